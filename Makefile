@@ -1,0 +1,48 @@
+# Longtail — thin wrapper; the work is done by Python modules and scripts.
+# `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+CRD_FILES := crds/rljob.yaml
+EXTRAS ?= operator,workers,dev
+
+.PHONY: help install test lint format typecheck contracts verify crds unit examples
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+install: ## Create .venv and install longtail with the operator, workers and dev extras
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	@$(VENV)/bin/longtail --version
+
+test: lint typecheck contracts verify unit ## Everything CI runs: lint, types, import walls, CRD drift, tests
+
+lint: ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: ## Apply ruff formatting and safe fixes
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+typecheck: ## mypy (strict) on the shared API, operator and CLI packages
+	$(VENV)/bin/mypy -p longtail_api -p longtail_operator -p longtail_cli
+
+contracts: ## Import-linter walls between the api, operator and workers packages
+	$(VENV)/bin/lint-imports
+
+verify: ## Fail if generated files (the CRD) drifted from their source
+	$(PY) -m longtail_api.crdgen --check $(CRD_FILES)
+
+crds: ## Regenerate the CRD from the spec dataclasses
+	$(PY) -m longtail_api.crdgen --write $(CRD_FILES)
+
+unit: ## Run the pytest suite
+	$(VENV)/bin/pytest
+
+examples: ## Validate the numbered examples
+	$(VENV)/bin/longtail validate examples/*.yaml

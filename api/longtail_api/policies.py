@@ -1,0 +1,164 @@
+"""Policy blocks of the RLJob spec: speculative decoding, drafter training, harvest, checkpoints.
+
+Split from ``spec.py`` to keep files small; same conventions (``spec_field`` bounds plus an
+attribute docstring per field). The rollout engine reads :class:`SpeculativeSpec`, the spot
+drafter trainer :class:`DrafterTrainingSpec`, the harvest decision function (operator and local
+coordinator alike) :class:`HarvestSpec`, and the trainer :class:`CheckpointSpec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from longtail_api.fields import spec_field
+
+DEFAULT_DCGM_QUERY = (
+    "avg by (pod) (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+    '{namespace="$namespace"}[$window]) * 100)'
+)
+"""Per-pod GPU busy percentage from dcgm-exporter, the preferred (fine-grained) signal."""
+
+HarvestRole = Literal["rollout", "trainer", "verifier"]
+
+
+@dataclass
+class StrategySpec:
+    """One speculative-decoding strategy the selector can pick."""
+
+    draft_depth: int = spec_field(4, minimum=1, maximum=32)
+    """Tokens the drafter proposes per step (chain depth)."""
+    verify_tokens: int | None = spec_field(None, minimum=1, maximum=256)
+    """Tokens the target scores per step; empty means equal to draft_depth (chain drafting).
+    Larger values are for tree drafting."""
+
+
+def _default_strategies() -> list[StrategySpec]:
+    # TLT's measured preference: deeper drafts at small batch, shallower ones as batch grows;
+    # the bandit picks per batch-size bucket among these.
+    return [StrategySpec(draft_depth=2), StrategySpec(draft_depth=4), StrategySpec(draft_depth=6)]
+
+
+@dataclass
+class SelectorSpec:
+    """How a strategy is chosen for each running-batch-size bucket."""
+
+    type: Literal["bandit", "fixed"] = spec_field("bandit")
+    """``bandit``: epsilon-greedy over strategies, reward = accepted tokens per second;
+    ``fixed``: always ``strategies[fixedIndex]``."""
+    epsilon: float = spec_field(0.1, minimum=0.0, maximum=1.0)
+    """Exploration probability of the bandit."""
+    window: int = spec_field(50, minimum=1, maximum=100000)
+    """Sliding window of recent rewards per (bucket, strategy) the bandit averages."""
+    fixed_index: int = spec_field(0, minimum=0)
+    """Index into ``strategies`` used by the ``fixed`` selector."""
+    buckets: list[int] = spec_field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 32], min_items=1, max_items=32
+    )
+    """Upper bounds of running-batch-size buckets, strictly increasing; each bucket learns its
+    own strategy."""
+
+
+@dataclass
+class SpeculativeSpec:
+    """Adaptive speculative decoding during rollout."""
+
+    enabled: bool = spec_field(True)
+    """Use speculative decoding in the rollout tail."""
+    batch_threshold: int = spec_field(32, minimum=1, maximum=65536)
+    """SD switches on once the running sequences on a worker are at most this many."""
+    warmup_steps: int = spec_field(3, minimum=0, maximum=10000)
+    """Consecutive decode steps at or below the threshold before SD switches on."""
+    strategies: list[StrategySpec] = spec_field(
+        default_factory=_default_strategies, min_items=1, max_items=16
+    )
+    """Candidate strategies (draft depth / tokens to verify)."""
+    selector: SelectorSpec = spec_field(default_factory=SelectorSpec)
+    """How a strategy is picked per batch-size bucket."""
+
+
+@dataclass
+class LossWeightsSpec:
+    """Weights of the drafter's training loss terms (TLT: 1.0 and 0.1)."""
+
+    smooth_l1: float = spec_field(1.0, minimum=0.0, maximum=100.0)
+    """Weight of SmoothL1 between predicted and target next hidden state."""
+    cross_entropy: float = spec_field(0.1, minimum=0.0, maximum=100.0)
+    """Weight of soft cross-entropy against the target's next-token distribution."""
+
+
+@dataclass
+class DrafterTrainingSpec:
+    """Online (spot) training of the drafter on GPUs idle during the rollout tail."""
+
+    enabled: bool = spec_field(True)
+    """Train the drafter online from the current rollouts."""
+    learning_rate: float = spec_field(3e-4, minimum=0.0, exclusive_minimum=True, maximum=1.0)
+    """AdamW learning rate of the drafter."""
+    window_tokens: int = spec_field(512, minimum=16, maximum=32768)
+    """Response tokens per training window; several windows are packed into one sequence."""
+    max_steps_per_window: int = spec_field(200, minimum=1, maximum=1_000_000)
+    """Most optimizer steps in one idle window (training also stops when rollout ends)."""
+    buffer_tokens: int = spec_field(262144, minimum=1024)
+    """Most captured tokens (with their hidden states) kept per worker for training."""
+    loss_weights: LossWeightsSpec = spec_field(default_factory=LossWeightsSpec)
+    """Weights of the loss terms."""
+    initial_drafter: str | None = spec_field(None)
+    """Drafter directory to start from; empty starts from a fresh drafter."""
+
+
+@dataclass
+class PrometheusSourceSpec:
+    """Where to read GPU idleness when ``harvest.source`` is ``prometheus``."""
+
+    url: str | None = spec_field(None, pattern=r"^https?://", pattern_hint="an http(s) URL")
+    """Prometheus base URL, e.g. ``http://prometheus-operated.monitoring:9090``."""
+    query: str = spec_field(DEFAULT_DCGM_QUERY, min_length=1)
+    """PromQL returning busy percentage per ``pod``; ``$namespace`` and ``$window`` are
+    substituted."""
+
+
+@dataclass
+class HarvestSpec:
+    """Reassigning idle GPUs to drafter training while the rollout tail runs."""
+
+    enabled: bool = spec_field(True)
+    """Harvest idle GPUs for drafter training."""
+    source: Literal["workers", "prometheus"] = spec_field("workers")
+    """Idleness signal: the workers' own reports, or Prometheus (DCGM exporter metrics)."""
+    prometheus: PrometheusSourceSpec = spec_field(default_factory=PrometheusSourceSpec)
+    """Prometheus settings, used when source is ``prometheus``."""
+    idle_utilization_threshold: float = spec_field(10.0, minimum=0.0, maximum=100.0)
+    """A GPU at or below this busy percentage counts as idle."""
+    idle_seconds: float = spec_field(2.0, minimum=0.0, maximum=3600.0)
+    """How long a worker must stay idle before it is harvested. With DCGM (30 s sampling by
+    default) use a value of at least the exporter's interval."""
+    poll_period_seconds: float = spec_field(1.0, minimum=0.1, maximum=600.0)
+    """How often idleness is polled."""
+    eligible_roles: list[HarvestRole] = spec_field(
+        default_factory=lambda: ["rollout"], min_items=1, max_items=3
+    )
+    """Roles whose idle GPUs may be harvested (``trainer`` helps in disaggregated
+    placements, where the trainer idles through the whole rollout)."""
+
+
+@dataclass
+class CheckpointSpec:
+    """Checkpoints of the policy, optimizer and drafter, and resume."""
+
+    location: str = spec_field("/checkpoints", min_length=1)
+    """Directory for checkpoints (inside the pods; relative to the run directory in local
+    mode)."""
+    persistent_volume_claim: str | None = spec_field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        pattern_hint="a PersistentVolumeClaim name",
+    )
+    """PVC mounted at ``location``; empty uses an emptyDir, which dies with the pod (tests
+    only)."""
+    every_steps: int = spec_field(10, minimum=1, maximum=1_000_000)
+    """Checkpoint every N RL steps (and on suspend and at the end)."""
+    keep_last: int = spec_field(3, minimum=1, maximum=1000)
+    """Checkpoints kept; older ones are deleted after a newer one is complete."""
+    resume: bool = spec_field(True)
+    """Resume from the newest complete checkpoint when one exists."""

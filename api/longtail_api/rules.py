@@ -1,0 +1,133 @@
+"""Cross-field rules of the RLJob spec: checks that no single field's bounds can express.
+
+Called by ``manifest.validate_manifest`` after field-level parsing. Each rule returns errors
+with the user-facing path and a fix. A rule whose inputs already had a field-level error is
+not reported (its input was replaced by a default, so it would only add noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from longtail_api.spec import RLJobSpec
+from longtail_api.validation import FieldError
+
+Rule = Callable[[RLJobSpec], Iterator[tuple[FieldError, tuple[str, ...]]]]
+"""A rule yields (error, paths the rule read) for each violation."""
+
+
+def _drafter_source(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    dt = s.drafter_training
+    if s.speculative.enabled and not dt.enabled and not dt.initial_drafter:
+        yield (
+            FieldError(
+                "spec.speculative.enabled",
+                "speculative decoding needs a drafter, but drafterTraining.enabled is false "
+                "and drafterTraining.initialDrafter is empty",
+                True,
+                "enable drafterTraining, set drafterTraining.initialDrafter, "
+                "or set speculative.enabled: false",
+            ),
+            ("spec.speculative", "spec.drafterTraining"),
+        )
+
+
+def _strategies(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    sp = s.speculative
+    for i, st in enumerate(sp.strategies):
+        if st.verify_tokens is not None and st.verify_tokens < st.draft_depth:
+            yield (
+                FieldError(
+                    f"spec.speculative.strategies[{i}].verifyTokens",
+                    f"must be >= draftDepth ({st.draft_depth})",
+                    st.verify_tokens,
+                    "the target verifies at least the drafted chain; omit it for chain drafting",
+                ),
+                (f"spec.speculative.strategies[{i}]",),
+            )
+    sel = sp.selector
+    if sel.type == "fixed" and sel.fixed_index >= len(sp.strategies):
+        yield (
+            FieldError(
+                "spec.speculative.selector.fixedIndex",
+                f"must be < the number of strategies ({len(sp.strategies)})",
+                sel.fixed_index,
+            ),
+            ("spec.speculative.selector", "spec.speculative.strategies"),
+        )
+    b = sel.buckets
+    if any(x < 1 for x in b) or any(x >= y for x, y in zip(b, b[1:], strict=False)):
+        yield (
+            FieldError(
+                "spec.speculative.selector.buckets",
+                "must be positive and strictly increasing",
+                b,
+                "e.g. [1, 2, 4, 8, 16, 32]",
+            ),
+            ("spec.speculative.selector.buckets",),
+        )
+
+
+def _harvest(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    h = s.harvest
+    if h.enabled and h.source == "prometheus" and not h.prometheus.url:
+        yield (
+            FieldError(
+                "spec.harvest.prometheus.url",
+                "is required when harvest.source is 'prometheus'",
+                None,
+                "set the Prometheus base URL, or use source: workers",
+            ),
+            ("spec.harvest",),
+        )
+    if h.enabled and not s.drafter_training.enabled:
+        yield (
+            FieldError(
+                "spec.harvest.enabled",
+                "harvesting idle GPUs trains the drafter, but drafterTraining.enabled is false",
+                True,
+                "set harvest.enabled: false or drafterTraining.enabled: true",
+            ),
+            ("spec.harvest", "spec.drafterTraining"),
+        )
+    if len(set(h.eligible_roles)) != len(h.eligible_roles):
+        yield (
+            FieldError("spec.harvest.eligibleRoles", "must not repeat a role", h.eligible_roles),
+            ("spec.harvest.eligibleRoles",),
+        )
+
+
+def _roles(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    if s.rollout.engine == "vllm" and s.rollout.resources.gpus < 1:
+        yield (
+            FieldError(
+                "spec.rollout.resources.gpus",
+                "must be >= 1 when rollout.engine is 'vllm'",
+                s.rollout.resources.gpus,
+                "give rollout workers GPUs, or use engine: torch",
+            ),
+            ("spec.rollout",),
+        )
+    if s.drafter is not None and not s.drafter_training.enabled:
+        yield (
+            FieldError(
+                "spec.drafter",
+                "a dedicated drafter role needs drafterTraining.enabled: true",
+                fix="remove spec.drafter or enable drafterTraining",
+            ),
+            ("spec.drafter", "spec.drafterTraining"),
+        )
+
+
+RULES: tuple[Rule, ...] = (_drafter_source, _strategies, _harvest, _roles)
+
+
+def check(spec: RLJobSpec, field_errors: list[FieldError]) -> list[FieldError]:
+    """Cross-field errors of a parsed spec, skipping rules whose inputs were invalid."""
+    bad = [e.path for e in field_errors]
+    out: list[FieldError] = []
+    for rule in RULES:
+        for err, reads in rule(spec):
+            if not any(p.startswith(r) or r.startswith(p) for p in bad for r in reads):
+                out.append(err)
+    return out

@@ -1,0 +1,209 @@
+"""The RLJob spec: what a user writes under ``spec:`` in ``rljob.yaml``.
+
+Typed dataclasses, one per block, each field with its default, bounds (:func:`spec_field`) and
+an attribute docstring. This module is the single source of truth of the RLJob API:
+``validation.py`` parses user dicts into these classes, ``schema.py`` generates
+``crds/rljob.yaml`` from them, and both the operator and local mode (``longtail run``) consume
+the parsed :class:`RLJobSpec`. Policy blocks (speculative decoding, drafter training, harvest,
+checkpointing) live in ``policies.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from longtail_api.fields import spec_field
+from longtail_api.policies import (
+    CheckpointSpec,
+    DrafterTrainingSpec,
+    HarvestSpec,
+    SpeculativeSpec,
+)
+
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_QUANTITY_HINT = "a Kubernetes quantity such as 2, 500m, 4Gi"
+_SOURCE_HINT = "a path, or builtin:<name>"
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Engine = Literal["torch", "vllm"]
+
+
+@dataclass
+class ModelSpec:
+    """The policy model that is trained and used for rollout."""
+
+    path: str = spec_field(
+        min_length=1, fix="use a local Hugging Face model directory or builtin:tiny"
+    )
+    """Local Hugging Face model directory (config.json, weights, tokenizer) mounted into the
+    pods, or ``builtin:<name>`` for a model that Longtail builds itself (``builtin:tiny``)."""
+    dtype: Dtype = spec_field("auto")
+    """Parameter dtype: ``auto`` picks bfloat16 on GPUs and float32 on CPUs."""
+
+
+@dataclass
+class DatasetSpec:
+    """Prompts with checkable answers, and the reward that checks them."""
+
+    path: str = spec_field(
+        min_length=1,
+        pattern_hint=_SOURCE_HINT,
+        fix="use a .jsonl or .parquet file, or builtin:arith",
+    )
+    """Training prompts: a ``.jsonl`` or ``.parquet`` file, or ``builtin:<name>`` for a built-in
+    task (``builtin:arith``: long-tailed step-by-step arithmetic)."""
+    prompt_key: str = spec_field("prompt", min_length=1)
+    """Column holding the prompt text."""
+    answer_key: str = spec_field("answer", min_length=1)
+    """Column holding the gold answer the reward compares against."""
+    eval_path: str | None = spec_field(None)
+    """Held-out evaluation prompts in the same format; built-in tasks use their own held-out
+    split when this is empty."""
+    eval_size: int = spec_field(200, minimum=0, maximum=100000)
+    """How many evaluation prompts to score (greedy) at each evaluation; 0 disables eval."""
+    reward: str = spec_field(
+        "math",
+        pattern=r"^[a-z][a-z0-9_.:-]*$",
+        pattern_hint="a lowercase reward name such as math",
+    )
+    """Name of the reward function the verifier applies (``math``: final answer from
+    ``\\boxed{...}`` or an ``Answer:`` line, normalised, exact match)."""
+    format_weight: float = spec_field(0.0, minimum=0.0, maximum=1.0)
+    """Weight of the optional format component added to the 0/1 correctness reward."""
+    apply_chat_template: bool = spec_field(True)
+    """Wrap prompts with the tokenizer's chat template when it defines one."""
+
+
+@dataclass
+class AlgorithmSpec:
+    """The RL algorithm and its sampling settings."""
+
+    name: Literal["grpo"] = spec_field("grpo")
+    """RL algorithm; GRPO (group-relative policy optimisation) is the one implemented."""
+    group_size: int = spec_field(
+        8, minimum=2, maximum=1024, fix="GRPO compares answers within a group: use 2 or more"
+    )
+    """Answers sampled per prompt; advantages are normalised within each group."""
+    prompts_per_step: int = spec_field(16, minimum=1, maximum=65536)
+    """Prompts per RL step (a step rolls out prompts_per_step x group_size answers)."""
+    total_steps: int = spec_field(100, minimum=1, maximum=10_000_000)
+    """RL steps to run before the job succeeds."""
+    learning_rate: float = spec_field(1e-6, minimum=0.0, exclusive_minimum=True, maximum=1.0)
+    """AdamW learning rate of the policy."""
+    kl_coef: float = spec_field(0.0, minimum=0.0, maximum=10.0)
+    """Weight of the KL penalty to the initial (reference) policy; 0 disables it."""
+    clip_ratio: float = spec_field(
+        0.2, minimum=0.0, exclusive_minimum=True, maximum=1.0, exclusive_maximum=True
+    )
+    """PPO-style clip range of the policy ratio."""
+    max_new_tokens: int = spec_field(1024, minimum=1, maximum=262144)
+    """Longest response, in tokens; the long tail runs up to this limit."""
+    temperature: float = spec_field(1.0, minimum=0.0, maximum=10.0)
+    """Sampling temperature during rollout (0 means greedy)."""
+    top_p: float = spec_field(1.0, minimum=0.0, exclusive_minimum=True, maximum=1.0)
+    """Nucleus sampling mass during rollout."""
+    seed: int = spec_field(0, minimum=0, maximum=2**31 - 1)
+    """Seed of prompt shuffling, sampling and initialisation; same seed, same run."""
+    eval_every_steps: int = spec_field(10, minimum=0, maximum=10_000_000)
+    """Evaluate every N steps (and after the last); 0 evaluates only at the start and end."""
+
+
+@dataclass
+class ResourcesSpec:
+    """Per-replica compute resources; they become the pod's requests and limits."""
+
+    gpus: int = spec_field(0, minimum=0, maximum=64)
+    """GPUs per replica (``nvidia.com/gpu``)."""
+    cpu: int | str = spec_field("1", pattern=QUANTITY_PATTERN, pattern_hint=_QUANTITY_HINT)
+    """CPU per replica."""
+    memory: int | str = spec_field("4Gi", pattern=QUANTITY_PATTERN, pattern_hint=_QUANTITY_HINT)
+    """Memory per replica."""
+
+
+@dataclass
+class RoleSpec:
+    """Fields every worker role has."""
+
+    replicas: int = spec_field(1, minimum=1, maximum=4096)
+    """Number of worker pods of this role."""
+    resources: ResourcesSpec = spec_field(default_factory=ResourcesSpec)
+    """Compute resources of each replica."""
+    image: str | None = spec_field(None)
+    """Worker image; empty uses the operator's default worker image (Helm value
+    ``workerImage``)."""
+    template: dict[str, Any] = spec_field(default_factory=dict, free_form=True)
+    """Pod template override (``metadata`` and ``spec`` of a PodTemplateSpec), merged into the
+    generated pod: add tolerations, node selectors, volumes, env, sidecars."""
+
+
+@dataclass
+class RolloutSpec(RoleSpec):
+    """Rollout workers: generate answers with the adaptive speculative-decoding engine and
+    train the drafter on their idle GPUs."""
+
+    replicas: int = spec_field(2, minimum=1, maximum=4096)
+    """Number of rollout worker pods."""
+    engine: Engine = spec_field("torch")
+    """Generation backend: ``torch`` (native engine, CPU or GPU) or ``vllm`` (GPU only)."""
+
+
+@dataclass
+class VerifierSpec(RoleSpec):
+    """Verifier workers: score answers against gold answers (the reward)."""
+
+
+@dataclass
+class TrainerSpec(RoleSpec):
+    """The trainer: drives RL steps, computes GRPO updates and publishes policy weights."""
+
+    replicas: int = spec_field(
+        1, minimum=1, maximum=1, fix="the trainer is a single process today; use replicas: 1"
+    )
+    """Number of trainer pods (one today)."""
+
+
+@dataclass
+class DrafterRoleSpec(RoleSpec):
+    """Optional dedicated drafter trainers, in addition to harvested idle rollout GPUs."""
+
+
+@dataclass
+class RLJobSpec:
+    """Desired state of an RL training job with adaptive speculative rollout."""
+
+    model: ModelSpec
+    """The policy model."""
+    dataset: DatasetSpec
+    """Prompts, gold answers and reward."""
+    algorithm: AlgorithmSpec = spec_field(default_factory=AlgorithmSpec)
+    """RL algorithm and sampling settings."""
+    rollout: RolloutSpec = spec_field(default_factory=RolloutSpec)
+    """Rollout worker role."""
+    verifier: VerifierSpec = spec_field(default_factory=VerifierSpec)
+    """Verifier (reward) role."""
+    trainer: TrainerSpec = spec_field(default_factory=TrainerSpec)
+    """Trainer role."""
+    drafter: DrafterRoleSpec | None = spec_field(None)
+    """Optional dedicated drafter-training role; absent means drafters are trained only on
+    harvested idle GPUs."""
+    speculative: SpeculativeSpec = spec_field(default_factory=SpeculativeSpec)
+    """Adaptive speculative decoding in rollout."""
+    drafter_training: DrafterTrainingSpec = spec_field(default_factory=DrafterTrainingSpec)
+    """Online (spot) training of the drafter."""
+    harvest: HarvestSpec = spec_field(default_factory=HarvestSpec)
+    """Turning idle GPUs into drafter training."""
+    checkpoint: CheckpointSpec = spec_field(default_factory=CheckpointSpec)
+    """Checkpointing and resume."""
+    suspend: bool = spec_field(False)
+    """When true, the trainer checkpoints and the worker pods are deleted; setting it back to
+    false resumes from the last checkpoint."""
+    active_deadline_seconds: int | None = spec_field(None, minimum=1)
+    """Fail the job (reason DeadlineExceeded) once it has run this long."""
+    backoff_limit: int = spec_field(3, minimum=0, maximum=1000)
+    """How many times failed worker pods of one role are recreated before the job fails."""
+    ttl_seconds_after_finished: int | None = spec_field(None, minimum=0)
+    """Delete the finished job's pods and services this long after it succeeds or fails."""

@@ -1,0 +1,138 @@
+"""The RLJob status: what the operator reports under ``status:``.
+
+Typed like the spec (``spec.py``) so the CRD's status schema is generated from the same place
+that the operator's status derivation fills in. Conditions follow the ``metav1.Condition``
+shape. ``PHASES`` and the condition types are the stable vocabulary dashboards and alerts use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from longtail_api.fields import spec_field
+
+Phase = Literal["Pending", "Initializing", "Running", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[str, ...] = (
+    "Pending",
+    "Initializing",
+    "Running",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+)
+
+CONDITION_TYPES: tuple[str, ...] = (
+    "RolloutReady",
+    "VerifierReady",
+    "TrainerReady",
+    "DrafterReady",
+    "DrafterTraining",
+    "Suspended",
+    "Complete",
+    "Failed",
+    "ValidationFailed",
+)
+"""Condition types the operator sets (``<Role>Ready`` per role)."""
+
+
+@dataclass
+class Condition:
+    """One condition, with the fields of Kubernetes' metav1.Condition."""
+
+    type: str = spec_field(max_length=316)
+    """Condition type in CamelCase, e.g. ``RolloutReady``."""
+    status: Literal["True", "False", "Unknown"] = spec_field()
+    """Whether the condition holds."""
+    reason: str = spec_field(max_length=1024)
+    """CamelCase reason for the last transition."""
+    last_transition_time: str = spec_field()
+    """When the status last changed (RFC 3339)."""
+    message: str = spec_field("", max_length=32768)
+    """Human-readable detail."""
+    observed_generation: int | None = spec_field(None, minimum=0)
+    """The spec generation the condition was computed from."""
+
+
+@dataclass
+class DrafterStatus:
+    """The drafter's progress."""
+
+    version: int = spec_field(0, minimum=0)
+    """Newest published drafter version."""
+    acceptance_length: float | None = spec_field(None, minimum=0.0)
+    """Mean accepted tokens per verify step in the last rollout."""
+    last_trained: str | None = spec_field(None)
+    """When the newest version was published (RFC 3339)."""
+
+
+@dataclass
+class GpuStatus:
+    """GPU accounting for the job."""
+
+    total: int = spec_field(0, minimum=0)
+    """GPUs requested by all worker pods."""
+    idle: int = spec_field(0, minimum=0)
+    """GPUs currently idle."""
+    harvested: int = spec_field(0, minimum=0)
+    """GPUs currently reassigned to drafter training."""
+    harvested_gpu_seconds: float = spec_field(0.0, minimum=0.0)
+    """Total GPU-seconds spent on drafter training that would otherwise have idled."""
+
+
+@dataclass
+class RoleStatus:
+    """Readiness of one role."""
+
+    ready: int = spec_field(0, minimum=0)
+    """Ready replicas."""
+    total: int = spec_field(0, minimum=0)
+    """Desired replicas."""
+
+
+@dataclass
+class WorkerStatus:
+    """One worker pod's assigned versus observed role."""
+
+    name: str = spec_field()
+    """Pod name."""
+    role: str = spec_field()
+    """The pod's role in the job (rollout, verifier, trainer, drafter)."""
+    assigned_role: str | None = spec_field(None)
+    """Activity the operator last assigned (``rollout`` or ``drafter-train``)."""
+    observed_role: str | None = spec_field(None)
+    """Activity the worker last acknowledged."""
+    since: str | None = spec_field(None)
+    """When the assignment was sent (RFC 3339)."""
+
+
+@dataclass
+class RLJobStatus:
+    """Observed state of an RLJob."""
+
+    phase: Phase = spec_field("Pending")
+    """Lifecycle phase."""
+    conditions: list[Condition] = spec_field(default_factory=list)
+    """Current conditions."""
+    observed_generation: int | None = spec_field(None, minimum=0)
+    """The spec generation this status reflects."""
+    step: int = spec_field(0, minimum=0)
+    """Completed RL steps."""
+    total_steps: int | None = spec_field(None, minimum=0)
+    """RL steps the job will run."""
+    reward_mean: float | None = spec_field(None)
+    """Mean reward of the last completed step."""
+    policy_version: int = spec_field(0, minimum=0)
+    """Version of the policy weights rollout workers load."""
+    drafter: DrafterStatus = spec_field(default_factory=DrafterStatus)
+    """Drafter progress."""
+    gpus: GpuStatus = spec_field(default_factory=GpuStatus)
+    """GPU accounting."""
+    roles: dict[str, RoleStatus] = spec_field(default_factory=dict)
+    """Readiness per role name."""
+    workers: list[WorkerStatus] = spec_field(default_factory=list)
+    """Per worker: assigned versus observed role."""
+    start_time: str | None = spec_field(None)
+    """When the job started running (RFC 3339)."""
+    completion_time: str | None = spec_field(None)
+    """When the job succeeded or failed (RFC 3339)."""

@@ -1,0 +1,97 @@
+"""``longtail`` subcommands: validate, crd, worker, and --version.
+
+Called by the console script declared in pyproject.toml. Each subcommand is a small function
+returning an exit code; heavy packages are imported inside the subcommand that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from longtail_api import __version__
+from longtail_api.manifest import ManifestError, validate_file
+from longtail_api.schema import render_crd
+
+WORKER_ROLES: dict[str, str] = {
+    "verifier": "longtail_workers.verifier.service:main",
+}
+"""Worker roles runnable with ``longtail worker ROLE``: role -> ``module:function(argv)``."""
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate RLJob files; print every error, or one summary line per valid job."""
+    failed = False
+    for path in args.files:
+        try:
+            results = validate_file(path)
+        except ManifestError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        for i, res in enumerate(results):
+            where = path if len(results) == 1 else f"{path}[{i}]"
+            if res.errors:
+                failed = True
+                print(f"{where}: {len(res.errors)} error(s):", file=sys.stderr)
+                for err in res.errors:
+                    print(f"  - {err}", file=sys.stderr)
+                continue
+            s = res.spec
+            assert s is not None
+            sd = "on" if s.speculative.enabled else "off"
+            hv = s.harvest.source if s.harvest.enabled else "off"
+            print(
+                f"{where}: ok  rljob/{res.name}  model={s.model.path} dataset={s.dataset.path} "
+                f"rollout={s.rollout.replicas}x{s.rollout.resources.gpus}gpu({s.rollout.engine}) "
+                f"steps={s.algorithm.total_steps} sd={sd} harvest={hv}"
+            )
+    return 1 if failed else 0
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    """Print the generated RLJob CRD."""
+    sys.stdout.write(render_crd())
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run one worker role in this process (what a worker pod's command is)."""
+    target = WORKER_ROLES[args.role]
+    module_name, func_name = target.split(":")
+    entry: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), func_name)
+    return entry(list(args.worker_args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="longtail",
+        description="Longtail: RL training with adaptive speculative rollout on idle GPUs.",
+    )
+    ap.add_argument("--version", action="version", version=f"longtail {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="validate RLJob YAML files (all errors, with field paths)")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("crd", help="print the RLJob CustomResourceDefinition")
+    p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser("worker", help="run a worker role (used in worker pods and local mode)")
+    p.add_argument("role", choices=sorted(WORKER_ROLES))
+    p.add_argument("worker_args", nargs=argparse.REMAINDER, help="role options (see ROLE --help)")
+    p.set_defaults(func=cmd_worker)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
