@@ -6,6 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 CRD_FILES := crds/rljob.yaml
+REFERENCE := docs/rljob-reference.md
 EXTRAS ?= operator,workers,dev
 
 .PHONY: help install test lint format typecheck contracts verify crds unit examples
@@ -35,11 +36,13 @@ typecheck: ## mypy (strict) on the shared API, operator and CLI packages
 contracts: ## Import-linter walls between the api, operator and workers packages
 	$(VENV)/bin/lint-imports
 
-verify: ## Fail if generated files (the CRD) drifted from their source
+verify: ## Fail if generated files (CRD, RLJob reference) drifted from their source
 	$(PY) -m longtail_api.crdgen --check $(CRD_FILES)
+	$(PY) -m longtail_api.docgen --check $(REFERENCE)
 
-crds: ## Regenerate the CRD from the spec dataclasses
+crds: ## Regenerate the CRD and the RLJob reference from the spec dataclasses
 	$(PY) -m longtail_api.crdgen --write $(CRD_FILES)
+	$(PY) -m longtail_api.docgen --write $(REFERENCE)
 
 unit: ## Run the pytest suite
 	$(VENV)/bin/pytest

@@ -34,8 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         if have != want:
             drifted += 1
             diff = difflib.unified_diff(
-                have.splitlines(), want.splitlines(), f"{path} (committed)", f"{path} (generated)",
-                lineterm="", n=1,
+                have.splitlines(),
+                want.splitlines(),
+                f"{path} (committed)",
+                f"{path} (generated)",
+                lineterm="",
+                n=1,
             )
             print(f"DRIFT: {path} differs from the generated CRD. Run `make crds` and commit.")
             print("\n".join(list(diff)[:40]), file=sys.stderr)

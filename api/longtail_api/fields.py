@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import itertools
 import textwrap
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +98,11 @@ def constraints(f: dataclasses.Field[Any]) -> Constraints:
     return meta if isinstance(meta, Constraints) else Constraints()
 
 
+def format_number(x: float) -> str:
+    """A bound as users write it: ``1`` rather than ``1.0``, ``0.5`` as is."""
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
 def to_camel(name: str) -> str:
     """Python attribute name -> Kubernetes-style JSON name: ``top_p`` -> ``topP``."""
     head, *rest = name.split("_")
@@ -120,7 +126,7 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
         body = tree.body[0].body if isinstance(tree.body[0], ast.ClassDef) else []
-        for node, nxt in zip(body, body[1:], strict=False):
+        for node, nxt in itertools.pairwise(body):
             if (
                 isinstance(node, ast.AnnAssign)
                 and isinstance(node.target, ast.Name)

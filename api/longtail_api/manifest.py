@@ -70,7 +70,7 @@ def load_yaml_documents(path: str | Path) -> list[Any]:
     except OSError as exc:
         raise ManifestError(f"{p}: cannot read file: {exc.strerror or exc}") from exc
     try:
-        return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]  # noqa: S506
+        return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except yaml.YAMLError as exc:
         raise ManifestError(f"{p}: not valid YAML: {exc}") from exc
 
@@ -94,9 +94,7 @@ class ValidationResult:
 def _envelope(obj: dict[str, Any]) -> list[FieldError]:
     errors: list[FieldError] = []
     if obj.get("apiVersion") != API_VERSION:
-        errors.append(
-            FieldError("apiVersion", f"must be '{API_VERSION}'", obj.get("apiVersion"))
-        )
+        errors.append(FieldError("apiVersion", f"must be '{API_VERSION}'", obj.get("apiVersion")))
     if obj.get("kind") != KIND:
         errors.append(FieldError("kind", f"must be '{KIND}'", obj.get("kind")))
     meta = obj.get("metadata")

@@ -7,6 +7,7 @@ not reported (its input was replaced by a default, so it would only add noise).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 
 from longtail_api.spec import RLJobSpec
@@ -24,8 +25,7 @@ def _drafter_source(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]
                 "spec.speculative.enabled",
                 "speculative decoding needs a drafter, but drafterTraining.enabled is false "
                 "and drafterTraining.initialDrafter is empty",
-                True,
-                "enable drafterTraining, set drafterTraining.initialDrafter, "
+                fix="enable drafterTraining, set drafterTraining.initialDrafter, "
                 "or set speculative.enabled: false",
             ),
             ("spec.speculative", "spec.drafterTraining"),
@@ -56,7 +56,7 @@ def _strategies(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
             ("spec.speculative.selector", "spec.speculative.strategies"),
         )
     b = sel.buckets
-    if any(x < 1 for x in b) or any(x >= y for x, y in zip(b, b[1:], strict=False)):
+    if any(x < 1 for x in b) or any(x >= y for x, y in itertools.pairwise(b)):
         yield (
             FieldError(
                 "spec.speculative.selector.buckets",
@@ -75,8 +75,7 @@ def _harvest(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
             FieldError(
                 "spec.harvest.prometheus.url",
                 "is required when harvest.source is 'prometheus'",
-                None,
-                "set the Prometheus base URL, or use source: workers",
+                fix="set the Prometheus base URL, or use source: workers",
             ),
             ("spec.harvest",),
         )
@@ -85,8 +84,7 @@ def _harvest(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
             FieldError(
                 "spec.harvest.enabled",
                 "harvesting idle GPUs trains the drafter, but drafterTraining.enabled is false",
-                True,
-                "set harvest.enabled: false or drafterTraining.enabled: true",
+                fix="set harvest.enabled: false or drafterTraining.enabled: true",
             ),
             ("spec.harvest", "spec.drafterTraining"),
         )

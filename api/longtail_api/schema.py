@@ -74,7 +74,10 @@ def type_schema(tp: Any) -> dict[str, Any]:
     if origin in (Union, types.UnionType):
         members = [a for a in args if a is not type(None)]
         if set(members) == {int, str}:
-            return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+            return {
+                "x-kubernetes-int-or-string": True,
+                "anyOf": [{"type": "integer"}, {"type": "string"}],
+            }
         out = type_schema(members[0])
         if len(members) < len(args):
             out["nullable"] = True
@@ -129,7 +132,7 @@ def object_schema(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     props: dict[str, Any] = {}
     required: list[str] = []
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         props[json_name(f)] = _field_schema(cls, f, hints[f.name])
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             required.append(json_name(f))
@@ -164,7 +167,10 @@ def build_crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{PLURAL}.{GROUP}",
-            "labels": {"app.kubernetes.io/name": "longtail", "app.kubernetes.io/part-of": "longtail"},
+            "labels": {
+                "app.kubernetes.io/name": "longtail",
+                "app.kubernetes.io/part-of": "longtail",
+            },
         },
         "spec": {
             "group": GROUP,

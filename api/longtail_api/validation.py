@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, Union
 
-from longtail_api.fields import Constraints, constraints, json_name
+from longtail_api.fields import Constraints, constraints, format_number, json_name
 
 T = TypeVar("T")
 
@@ -58,24 +58,6 @@ def show_value(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _type_word(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return type(value).__name__
-
-
 class _Parser:
     """One parse: walks types and data together, appending to ``errors``."""
 
@@ -94,7 +76,9 @@ class _Parser:
             if key not in fields:
                 close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
                 hint = f"did you mean '{close[0]}'?" if close else "remove it"
-                self.fail(f"{path}.{key}", "unknown field", fix=f"{hint} Known: {', '.join(fields)}")
+                self.fail(
+                    f"{path}.{key}", "unknown field", fix=f"{hint} Known: {', '.join(fields)}"
+                )
         hints = typing.get_type_hints(cls)
         kwargs: dict[str, Any] = {}
         complete = True
@@ -125,18 +109,20 @@ class _Parser:
         if origin is dict:
             return self._dict(args[1], data, path, cons)
         if tp is bool:
-            return data if isinstance(data, bool) else self.fail(path, "must be true or false", data)
+            return (
+                data if isinstance(data, bool) else self.fail(path, "must be true or false", data)
+            )
         if tp is int:
             if isinstance(data, bool) or not isinstance(data, int):
-                return self.fail(path, f"must be an integer, not {_type_word(data)}", data)
+                return self.fail(path, "must be an integer", data)
             return self._bounds(data, path, cons)
         if tp is float:
             if isinstance(data, bool) or not isinstance(data, int | float):
-                return self.fail(path, f"must be a number, not {_type_word(data)}", data)
+                return self.fail(path, "must be a number", data)
             return self._bounds(float(data), path, cons)
         if tp is str:
             if not isinstance(data, str):
-                return self.fail(path, f"must be a string, not {_type_word(data)}", data)
+                return self.fail(path, "must be a string", data)
             return self._string(data, path, cons)
         raise TypeError(f"{path}: unsupported annotation {tp!r} in the API model")
 
@@ -146,7 +132,7 @@ class _Parser:
             return None
         if set(members) == {int, str}:  # Kubernetes int-or-string (quantities)
             if isinstance(data, bool) or not isinstance(data, int | str):
-                return self.fail(path, f"must be an integer or a string, not {_type_word(data)}", data)
+                return self.fail(path, "must be an integer or a string", data)
             return self._string(str(data), path, cons) if data is not _NO_VALUE else data
         if len(members) != 1:
             raise TypeError(f"{path}: unsupported union {args!r} in the API model")
@@ -162,44 +148,55 @@ class _Parser:
 
     def _list(self, item_tp: Any, data: Any, path: str, cons: Constraints) -> Any:
         if not isinstance(data, list):
-            return self.fail(path, f"must be a list, not {_type_word(data)}", data)
+            return self.fail(path, "must be a list", data)
         if cons.min_items is not None and len(data) < cons.min_items:
             return self.fail(path, f"must have at least {cons.min_items} item(s)", data, cons.fix)
         if cons.max_items is not None and len(data) > cons.max_items:
             return self.fail(path, f"must have at most {cons.max_items} items", data, cons.fix)
-        items = [self.parse_value(item_tp, v, f"{path}[{i}]", Constraints()) for i, v in enumerate(data)]
+        items = [
+            self.parse_value(item_tp, v, f"{path}[{i}]", Constraints()) for i, v in enumerate(data)
+        ]
         return _NO_VALUE if any(i is _NO_VALUE for i in items) else items
 
     def _dict(self, value_tp: Any, data: Any, path: str, cons: Constraints) -> Any:
         if not isinstance(data, dict):
-            return self.fail(path, f"must be a mapping, not {_type_word(data)}", data)
+            return self.fail(path, "must be a mapping", data)
         if cons.free_form:
             return data
-        out = {str(k): self.parse_value(value_tp, v, f"{path}.{k}", Constraints()) for k, v in data.items()}
+        out = {
+            str(k): self.parse_value(value_tp, v, f"{path}.{k}", Constraints())
+            for k, v in data.items()
+        }
         return _NO_VALUE if any(v is _NO_VALUE for v in out.values()) else out
 
     def _bounds(self, value: float, path: str, c: Constraints) -> Any:
-        if c.minimum is not None and (value <= c.minimum if c.exclusive_minimum else value < c.minimum):
+        if c.minimum is not None and (
+            value <= c.minimum if c.exclusive_minimum else value < c.minimum
+        ):
             op = ">" if c.exclusive_minimum else ">="
-            return self.fail(path, f"must be {op} {_num(c.minimum)}", value, c.fix)
-        if c.maximum is not None and (value >= c.maximum if c.exclusive_maximum else value > c.maximum):
+            return self.fail(path, f"must be {op} {format_number(c.minimum)}", value, c.fix)
+        if c.maximum is not None and (
+            value >= c.maximum if c.exclusive_maximum else value > c.maximum
+        ):
             op = "<" if c.exclusive_maximum else "<="
-            return self.fail(path, f"must be {op} {_num(c.maximum)}", value, c.fix)
+            return self.fail(path, f"must be {op} {format_number(c.maximum)}", value, c.fix)
         return value
 
     def _string(self, value: str, path: str, c: Constraints) -> Any:
         if c.min_length is not None and len(value) < c.min_length:
-            word = "must not be empty" if c.min_length == 1 else f"must be at least {c.min_length} characters"
+            word = (
+                "must not be empty"
+                if c.min_length == 1
+                else f"must be at least {c.min_length} characters"
+            )
             return self.fail(path, word, value, c.fix)
         if c.max_length is not None and len(value) > c.max_length:
             return self.fail(path, f"must be at most {c.max_length} characters", value, c.fix)
         if c.pattern is not None and not re.search(c.pattern, value):
-            return self.fail(path, f"must be {c.pattern_hint or 'match ' + c.pattern}", value, c.fix)
+            return self.fail(
+                path, f"must be {c.pattern_hint or 'match ' + c.pattern}", value, c.fix
+            )
         return value
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
 
 
 def parse(cls: type[T], data: Any, path: str) -> tuple[T | None, list[FieldError]]:

@@ -1,0 +1,223 @@
+"""RLJob validation: every error reported at once, with path, value and fix."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from longtail_api.manifest import (
+    ManifestError,
+    load_yaml_documents,
+    validate_file,
+    validate_manifest,
+)
+from longtail_api.spec import RLJobSpec
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+MINIMAL: dict[str, Any] = {
+    "apiVersion": "longtail.dev/v1alpha1",
+    "kind": "RLJob",
+    "metadata": {"name": "job"},
+    "spec": {"model": {"path": "builtin:tiny"}, "dataset": {"path": "builtin:arith"}},
+}
+
+
+def job(**spec_overrides: Any) -> dict[str, Any]:
+    obj = copy.deepcopy(MINIMAL)
+    obj["spec"].update(spec_overrides)
+    return obj
+
+
+def messages(obj: Any) -> list[str]:
+    return [str(e) for e in validate_manifest(obj).errors]
+
+
+def test_examples_exist_and_are_numbered() -> None:
+    names = [p.name for p in EXAMPLES]
+    assert "01-tiny-arith.yaml" in names and "02-qwen2.5-7b-gpu.yaml" in names
+    assert all(n[:2].isdigit() and n[2] == "-" for n in names)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_validate(path: Path) -> None:
+    (result,) = validate_file(path)
+    assert result.errors == []
+    assert isinstance(result.spec, RLJobSpec)
+
+
+def test_minimal_spec_gets_defaults() -> None:
+    res = validate_manifest(MINIMAL)
+    assert res.ok, res.errors
+    s = res.spec
+    assert s is not None
+    assert s.rollout.replicas == 2 and s.rollout.engine == "torch"
+    assert s.speculative.batch_threshold == 32
+    assert [st.draft_depth for st in s.speculative.strategies] == [2, 4, 6]
+    assert s.drafter_training.window_tokens == 512
+    assert s.drafter_training.loss_weights.smooth_l1 == 1.0
+    assert s.drafter_training.loss_weights.cross_entropy == 0.1
+    assert s.harvest.source == "workers" and s.drafter is None
+    assert s.backoff_limit == 3 and s.suspend is False
+
+
+def test_three_distinct_mistakes_all_reported() -> None:
+    obj = job(algorithm={"groupSize": "eight"}, rollout={"replicas": -1, "enigne": "torch"})
+    msgs = messages(obj)
+    assert len(msgs) == 3, msgs
+    assert "spec.algorithm.groupSize: must be an integer, got 'eight'" in msgs
+    assert "spec.rollout.replicas: must be >= 1, got -1" in msgs
+    unknown = [m for m in msgs if m.startswith("spec.rollout.enigne: unknown field")]
+    assert unknown and "did you mean 'engine'?" in unknown[0]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"algorithm": {"groupSize": 1}}, "spec.algorithm.groupSize: must be >= 2, got 1"),
+        ({"algorithm": {"learningRate": 0}}, "spec.algorithm.learningRate: must be > 0, got 0.0"),
+        ({"algorithm": {"clipRatio": 1.0}}, "spec.algorithm.clipRatio: must be < 1, got 1.0"),
+        ({"algorithm": {"topP": 1.5}}, "spec.algorithm.topP: must be <= 1, got 1.5"),
+        ({"algorithm": {"seed": True}}, "spec.algorithm.seed: must be an integer, got true"),
+        ({"algorithm": {"totalSteps": 2.0}}, "spec.algorithm.totalSteps: must be an integer"),
+        ({"algorithm": {"temperature": "hot"}}, "spec.algorithm.temperature: must be a number"),
+        ({"rollout": {"engine": "vlm"}}, "did you mean 'vllm'?"),
+        ({"rollout": {"resources": {"memory": "4 GB"}}}, "must be a Kubernetes quantity"),
+        ({"rollout": {"resources": {"cpu": [1]}}}, "must be an integer or a string"),
+        ({"rollout": {"template": "x"}}, "spec.rollout.template: must be a mapping"),
+        ({"rollout": 3}, "spec.rollout: must be a mapping, got 3"),
+        ({"trainer": {"replicas": 2}}, "the trainer is a single process today"),
+        ({"speculative": {"strategies": []}}, "must have at least 1 item(s)"),
+        ({"speculative": {"strategies": [{"draftDepth": 0}]}}, "strategies[0].draftDepth"),
+        ({"harvest": {"eligibleRoles": ["gpu"]}}, "spec.harvest.eligibleRoles[0]: must be one of"),
+        ({"suspend": "yes"}, "spec.suspend: must be true or false, got 'yes'"),
+        ({"checkpoint": {"persistentVolumeClaim": "Bad_Name"}}, "PersistentVolumeClaim name"),
+        ({"model": {}}, "spec.model.path: is required"),
+        ({"model": {"path": ""}}, "spec.model.path: must not be empty"),
+    ],
+)
+def test_field_errors(spec: dict[str, Any], expected: str) -> None:
+    msgs = messages(job(**spec))
+    assert any(expected in m for m in msgs), msgs
+
+
+def test_missing_required_blocks() -> None:
+    obj = copy.deepcopy(MINIMAL)
+    del obj["spec"]["dataset"]
+    res = validate_manifest(obj)
+    assert [str(e) for e in res.errors] == ["spec.dataset: is required"]
+    assert res.spec is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            {"drafterTraining": {"enabled": False}, "harvest": {"enabled": False}},
+            "spec.speculative.enabled: speculative decoding needs a drafter",
+        ),
+        (
+            {"speculative": {"strategies": [{"draftDepth": 4, "verifyTokens": 2}]}},
+            "spec.speculative.strategies[0].verifyTokens: must be >= draftDepth (4), got 2",
+        ),
+        (
+            {"speculative": {"selector": {"type": "fixed", "fixedIndex": 3}}},
+            "spec.speculative.selector.fixedIndex: must be < the number of strategies (3)",
+        ),
+        (
+            {"speculative": {"selector": {"buckets": [4, 2]}}},
+            "spec.speculative.selector.buckets: must be positive and strictly increasing",
+        ),
+        ({"harvest": {"source": "prometheus"}}, "spec.harvest.prometheus.url: is required"),
+        (
+            {"speculative": {"enabled": False}, "drafterTraining": {"enabled": False}},
+            "spec.harvest.enabled: harvesting idle GPUs trains the drafter",
+        ),
+        (
+            {"harvest": {"eligibleRoles": ["rollout", "rollout"]}},
+            "spec.harvest.eligibleRoles: must not repeat",
+        ),
+        ({"rollout": {"engine": "vllm"}}, "spec.rollout.resources.gpus: must be >= 1 when"),
+        (
+            {
+                "drafter": {},
+                "drafterTraining": {"enabled": False},
+                "speculative": {"enabled": False},
+                "harvest": {"enabled": False},
+            },
+            "spec.drafter: a dedicated drafter role needs drafterTraining.enabled",
+        ),
+    ],
+)
+def test_cross_field_rules(spec: dict[str, Any], expected: str) -> None:
+    msgs = messages(job(**spec))
+    assert any(m.startswith(expected) for m in msgs), msgs
+
+
+def test_cross_field_rule_is_fine_with_an_initial_drafter() -> None:
+    obj = job(
+        drafterTraining={"enabled": False, "initialDrafter": "/d"}, harvest={"enabled": False}
+    )
+    assert messages(obj) == []
+
+
+def test_cross_field_rule_skipped_when_its_input_is_invalid() -> None:
+    # drafterTraining.enabled is invalid: the drafter-source rule must not pile on.
+    msgs = messages(job(drafterTraining={"enabled": "no"}))
+    assert msgs == ["spec.drafterTraining.enabled: must be true or false, got 'no'"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda o: o.update(apiVersion="v1"), "apiVersion: must be 'longtail.dev/v1alpha1'"),
+        (lambda o: o.update(kind="Job"), "kind: must be 'RLJob'"),
+        (lambda o: o["metadata"].update(name="Bad_Name"), "metadata.name: must be a lowercase"),
+        (lambda o: o["metadata"].update(name="x" * 41), "metadata.name: must be a lowercase DNS"),
+        (lambda o: o.update(extra=1), "extra: unknown top-level field"),
+        (lambda o: o.pop("spec"), "spec: is required"),
+    ],
+)
+def test_envelope_errors(mutate: Any, expected: str) -> None:
+    obj = copy.deepcopy(MINIMAL)
+    mutate(obj)
+    assert any(m.startswith(expected) for m in messages(obj)), messages(obj)
+
+
+def test_non_mapping_document() -> None:
+    assert messages(["a"]) == ['(document): must be a mapping, got ["a"]']
+
+
+def test_yaml_reads_exponent_floats_like_kubectl(tmp_path: Path) -> None:
+    f = tmp_path / "j.yaml"
+    obj = job(algorithm={"learningRate": "PLACEHOLDER"})
+    f.write_text(yaml.safe_dump(obj).replace("PLACEHOLDER", "1e-6"))
+    (res,) = validate_file(f)
+    assert res.ok, res.errors
+    assert res.spec is not None and res.spec.algorithm.learning_rate == pytest.approx(1e-6)
+
+
+def test_duplicate_keys_are_an_error(tmp_path: Path) -> None:
+    f = tmp_path / "dup.yaml"
+    f.write_text("kind: RLJob\nkind: RLJob\n")
+    with pytest.raises(ManifestError, match="duplicate key 'kind'"):
+        load_yaml_documents(f)
+
+
+def test_multi_document_file_and_empty_file(tmp_path: Path) -> None:
+    f = tmp_path / "two.yaml"
+    bad = job(rollout={"replicas": 0})
+    f.write_text(yaml.safe_dump(MINIMAL) + "---\n" + yaml.safe_dump(bad))
+    first, second = validate_file(f)
+    assert first.ok and not second.ok
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing\n")
+    with pytest.raises(ManifestError, match="no YAML documents"):
+        validate_file(empty)
+    with pytest.raises(ManifestError, match="cannot read file"):
+        validate_file(tmp_path / "missing.yaml")

@@ -1,0 +1,79 @@
+"""The `longtail` console script, run as a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from longtail_api import __version__
+from longtail_api.schema import render_crd
+
+REPO = Path(__file__).resolve().parents[3]
+LONGTAIL = str(Path(sys.executable).parent / "longtail")
+
+BAD = """\
+apiVersion: longtail.dev/v1alpha1
+kind: RLJob
+metadata: {name: bad-job}
+spec:
+  model: {path: builtin:tiny}
+  dataset: {path: builtin:arith}
+  algorithm: {groupSize: eight}
+  rollout: {replicas: -1, gpuCount: 1}
+"""
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([LONGTAIL, *args], cwd=REPO, capture_output=True, text=True, check=False)
+
+
+def test_version() -> None:
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"longtail {__version__}"
+
+
+def test_validate_examples_ok() -> None:
+    examples = sorted(str(p) for p in (REPO / "examples").glob("*.yaml"))
+    out = run("validate", *examples)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == len(examples)
+    assert all(": ok  rljob/" in line for line in lines)
+
+
+def test_validate_three_mistakes(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD)
+    out = run("validate", str(bad))
+    assert out.returncode == 1
+    assert "3 error(s)" in out.stderr
+    for path in ("spec.algorithm.groupSize", "spec.rollout.replicas", "spec.rollout.gpuCount"):
+        assert f"  - {path}: " in out.stderr, out.stderr
+
+
+def test_validate_mixed_files_reports_each(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed\n")
+    out = run("validate", str(REPO / "examples" / "01-tiny-arith.yaml"), str(bad), str(broken))
+    assert out.returncode == 1
+    assert "01-tiny-arith.yaml: ok" in out.stdout
+    assert "bad.yaml: 3 error(s)" in out.stderr
+    assert "broken.yaml: not valid YAML" in out.stderr
+
+
+def test_validate_missing_file() -> None:
+    out = run("validate", "does-not-exist.yaml")
+    assert out.returncode == 1 and "cannot read file" in out.stderr
+
+
+def test_crd_prints_generated_crd() -> None:
+    out = run("crd")
+    assert out.returncode == 0 and out.stdout == render_crd()
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    out = run("frobnicate")
+    assert out.returncode == 2 and "invalid choice" in out.stderr
