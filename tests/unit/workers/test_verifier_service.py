@@ -1,0 +1,293 @@
+"""The verifier service over real HTTP on loopback: scoring, error answers, metrics, shutdown."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from longtail_workers.rewards import RewardResult, register_reward, unregister_reward
+from longtail_workers.verifier import (
+    VerifierClient,
+    VerifierConfig,
+    VerifierError,
+    VerifierServer,
+)
+from longtail_workers.verifier.service import LISTENING_PREFIX, main
+
+GOOD = {
+    "items": [
+        {"answer": r"so \boxed{\frac{1}{2}}", "gold": "0.5"},
+        {"answer": "Answer: 41", "gold": "42"},
+        {"answer": "no idea", "gold": "7"},
+    ]
+}
+
+
+@pytest.fixture
+def server() -> Iterator[VerifierServer]:
+    config = VerifierConfig(port=0, max_batch=8, max_answer_chars=1000, max_body_bytes=64 * 1024)
+    with VerifierServer(config) as srv:
+        yield srv
+
+
+def call(
+    srv: VerifierServer, method: str, path: str, body: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """One request with urllib; returns (status, headers, body) for 2xx and error answers."""
+    req = urllib.request.Request(srv.url + path, data=body, method=method)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def verify(srv: VerifierServer, payload: Any) -> tuple[int, dict[str, Any]]:
+    raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    status, _, body = call(srv, "POST", "/v1/verify", raw)
+    return status, json.loads(body)
+
+
+def test_health_and_readiness(server: VerifierServer) -> None:
+    assert call(server, "GET", "/healthz")[::2] == (200, b"ok\n")
+    assert call(server, "GET", "/readyz")[::2] == (200, b"ready\n")
+    status, headers, body = call(server, "HEAD", "/healthz")
+    assert (status, body, headers["Content-Length"]) == (200, b"", "3")
+
+
+def test_good_batch(server: VerifierServer) -> None:
+    status, body = verify(server, {**GOOD, "formatWeight": 0.1})
+    assert status == 200
+    assert body["reward"] == "math"
+    assert body["results"] == [
+        {"reward": 1.0, "correct": True, "extracted": r"\frac{1}{2}", "formatted": True},
+        {"reward": pytest.approx(0.1), "correct": False, "extracted": "41", "formatted": True},
+        {"reward": 0.0, "correct": False, "extracted": None, "formatted": False},
+    ]
+    assert body["rewardMean"] == pytest.approx(1.1 / 3)
+
+
+def test_empty_batch(server: VerifierServer) -> None:
+    assert verify(server, {"items": []}) == (
+        200,
+        {"results": [], "reward": "math", "rewardMean": None},
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "message"),
+    [
+        (b'{"items": [', 400, "malformed JSON: Expecting value at line 1 column 12"),
+        (b'{"items": "\xff"}', 400, "not valid UTF-8"),
+        (b"   ", 400, "request body is empty"),
+        (b"[" * 100_000 + b"]" * 100_000, 413, "over the limit of 65536 bytes"),
+        (b"[" * 30_000 + b"]" * 30_000, 400, "nested too deeply"),
+        (b'{"items": [], "formatWeight": NaN}', 400, "NaN is not valid JSON"),
+        (json.dumps({"items": [{"answer": "a", "gold": 5}]}).encode(), 400, "items[0].gold"),
+        (json.dumps({"items": [{"answer": "a", "gold": "b"}] * 9}), 413, "batch limit of 8"),
+        (
+            json.dumps(
+                {"items": [{"answer": "a", "gold": "b"}, {"answer": "x" * 1001, "gold": "b"}]}
+            ),
+            413,
+            "items[1].answer: is 1001 characters, over the limit of 1000",
+        ),
+        (json.dumps({**GOOD, "reward": "nope"}), 400, "unknown reward 'nope'; known rewards: "),
+    ],
+)
+def test_bad_requests_get_clear_errors_and_server_keeps_serving(
+    server: VerifierServer, payload: bytes | str, status: int, message: str
+) -> None:
+    raw = payload.encode() if isinstance(payload, str) else payload
+    got_status, _, body = call(server, "POST", "/v1/verify", raw)
+    assert got_status == status
+    assert message in json.loads(body)["error"]
+    assert verify(server, GOOD)[0] == 200  # still serving
+
+
+def test_unknown_reward_lists_math(server: VerifierServer) -> None:
+    status, body = verify(server, {**GOOD, "reward": "nope"})
+    assert status == 400 and "math" in body["error"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "allow"),
+    [
+        ("GET", "/nope", 404, None),
+        ("POST", "/nope", 404, None),
+        ("GET", "/v1/verify", 405, "POST"),
+        ("POST", "/healthz", 405, "GET, HEAD"),
+        ("DELETE", "/metrics", 405, "GET, HEAD"),
+    ],
+)
+def test_wrong_path_or_method(
+    server: VerifierServer, method: str, path: str, status: int, allow: str | None
+) -> None:
+    got, headers, body = call(server, method, path, b"{}" if method == "POST" else None)
+    assert got == status
+    assert json.loads(body)["error"]
+    assert headers.get("Allow") == allow
+
+
+def test_content_length_cap_is_checked_before_reading(server: VerifierServer) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.putrequest("POST", "/v1/verify")
+    conn.putheader("Content-Length", str(10 * 1024 * 1024))
+    conn.endheaders()  # the 10 MiB body is never sent: the server must answer anyway
+    resp = conn.getresponse()
+    assert resp.status == 413
+    assert "over the limit of 65536 bytes" in json.loads(resp.read())["error"]
+    assert resp.getheader("Connection") == "close"
+    conn.close()
+
+
+def test_missing_content_length(server: VerifierServer) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.putrequest("POST", "/v1/verify")
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 411
+    assert "Content-Length header is required" in json.loads(resp.read())["error"]
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("POST", "/v1/verify", b"{oops", 400),
+        ("POST", "/nope", b'{"items": []}', 404),
+        ("PUT", "/v1/verify", b"{}", 405),
+        ("POST", "/v1/verify", b"[" * 70_000, 413),  # over max_body_bytes, drained
+    ],
+)
+def test_keep_alive_connection_survives_errors(
+    server: VerifierServer, method: str, path: str, body: bytes, status: int
+) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request(method, path, body=body)
+    first = conn.getresponse()
+    assert first.status == status and first.getheader("Connection") is None
+    first.read()
+    conn.request("POST", "/v1/verify", body=json.dumps(GOOD).encode())
+    second = conn.getresponse()
+    assert second.status == 200 and len(json.loads(second.read())["results"]) == 3
+    conn.close()
+
+
+def test_buggy_reward_gives_500_naming_it(server: VerifierServer) -> None:
+    @register_reward("test.buggy")
+    def buggy(answer: str, gold: str, *, format_weight: float = 0.0) -> RewardResult:
+        raise ZeroDivisionError("oops")
+
+    try:
+        status, body = verify(server, {**GOOD, "reward": "test.buggy"})
+    finally:
+        unregister_reward("test.buggy")
+    assert status == 500
+    assert "reward 'test.buggy' failed on items[0]: ZeroDivisionError: oops" in body["error"]
+    assert verify(server, GOOD)[0] == 200
+
+
+def test_metrics_count_requests_and_items(server: VerifierServer) -> None:
+    verify(server, GOOD)
+    verify(server, b"not json")
+    call(server, "GET", "/nope")
+    status, headers, body = call(server, "GET", "/metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    text = body.decode()
+    assert 'longtail_verifier_requests_total{code="200",endpoint="/v1/verify"} 1.0' in text
+    assert 'longtail_verifier_requests_total{code="400",endpoint="/v1/verify"} 1.0' in text
+    assert 'longtail_verifier_requests_total{code="404",endpoint="other"} 1.0' in text
+    assert 'longtail_verifier_items_scored_total{reward="math"} 3.0' in text
+    assert 'longtail_verifier_items_correct_total{reward="math"} 1.0' in text
+    assert 'longtail_verifier_items_unformatted_total{reward="math"} 1.0' in text
+    assert 'longtail_verifier_reward_count{reward="math"} 3.0' in text
+    assert "longtail_verifier_request_duration_seconds_bucket" in text
+
+
+def test_two_servers_have_separate_metrics(server: VerifierServer) -> None:
+    with VerifierServer(VerifierConfig(port=0)) as other:
+        verify(other, GOOD)
+        assert other.port != server.port
+        assert b'code="200",endpoint="/v1/verify"' not in call(server, "GET", "/metrics")[2]
+
+
+def test_stop_turns_readiness_off_and_closes() -> None:
+    srv = VerifierServer(VerifierConfig(port=0)).start()
+    url = srv.url
+    srv.stop()
+    assert not srv.ready
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "/healthz", timeout=2)
+    srv.stop()  # idempotent
+
+
+def test_client(server: VerifierServer) -> None:
+    client = VerifierClient(server.url)
+    client.wait_ready(timeout_s=5)
+    response = client.verify([(r"\boxed{3}", "3"), ("x", "3")], format_weight=0.2)
+    assert [r.correct for r in response.results] == [True, False]
+    assert response.reward_mean == pytest.approx(0.5)
+    with pytest.raises(VerifierError, match=r"HTTP 400: reward: unknown reward 'nope'") as info:
+        client.verify([("a", "b")], reward="nope")
+    assert info.value.status == 400
+
+
+def test_client_unreachable() -> None:
+    srv = VerifierServer(VerifierConfig(port=0)).start()
+    url = srv.url
+    srv.stop()
+    with pytest.raises(VerifierError, match=r"cannot reach .*is the verifier running"):
+        VerifierClient(url, timeout_s=2).verify([("a", "b")])
+    with pytest.raises(TimeoutError, match=r"not ready after 0.3s"):
+        VerifierClient(url).wait_ready(timeout_s=0.3, poll_s=0.05)
+
+
+def test_main_rejects_unknown_default_reward(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--port", "0", "--reward", "nope"]) == 2
+    assert "--reward: unknown reward 'nope'; known rewards: math" in capsys.readouterr().err
+
+
+def test_main_rejects_missing_plugin_module(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--port", "0", "--reward-module", "no_such_module_xyz"]) == 2
+    assert "--reward-module no_such_module_xyz: cannot import it" in capsys.readouterr().err
+
+
+def test_main_port_in_use(server: VerifierServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--port", str(server.port)]) == 1
+    assert f"cannot listen on 127.0.0.1:{server.port}" in capsys.readouterr().err
+
+
+def test_main_serves_until_sigterm() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "longtail_workers.verifier.service", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith(LISTENING_PREFIX), (line, proc.stderr and proc.stderr.read())
+        url = line.removeprefix(LISTENING_PREFIX).strip()
+        with urllib.request.urlopen(url + "/healthz", timeout=5) as resp:
+            assert resp.read() == b"ok\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

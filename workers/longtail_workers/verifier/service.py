@@ -1,0 +1,193 @@
+"""``longtail worker verifier``: run the verifier service until SIGTERM or SIGINT.
+
+The CLI routes ``longtail worker verifier ARGS...`` to :func:`main` (``ARGS`` as a list); a
+verifier pod's command is exactly that, and local mode starts the same command as a process.
+Once the socket is bound, one line is printed to stdout::
+
+    longtail verifier listening on http://127.0.0.1:8100
+
+(with ``--port 0`` the port in it is the free one the OS picked), so a parent process can read
+the URL. SIGTERM/SIGINT trigger a graceful stop: readiness turns 503, the listener closes, and
+in-flight requests get ``--grace-seconds`` to finish. ``python -m
+longtail_workers.verifier.service`` works too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+from longtail_workers.rewards import UnknownRewardError, get_reward, known_rewards
+from longtail_workers.verifier.server import VerifierConfig, VerifierServer
+
+LISTENING_PREFIX = "longtail verifier listening on "
+"""Start of the line printed on stdout once the server is bound; the URL follows."""
+
+
+def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = f" and <= {maximum}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{upper}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = VerifierConfig()
+    ap = argparse.ArgumentParser(
+        prog="longtail worker verifier",
+        description="Score model answers against gold answers over HTTP (POST /v1/verify).",
+    )
+    ap.add_argument(
+        "--host",
+        default=defaults.host,
+        help="address to bind (default %(default)s; use 0.0.0.0 in a pod so other pods reach it)",
+    )
+    ap.add_argument(
+        "--port",
+        type=_int_at_least(0, 65535),
+        default=defaults.port,
+        help="TCP port (default %(default)s; 0 picks a free port and prints it)",
+    )
+    ap.add_argument(
+        "--max-batch",
+        type=_int_at_least(1),
+        default=defaults.max_batch,
+        help="most items per request; larger batches get HTTP 413 (default %(default)s)",
+    )
+    ap.add_argument(
+        "--max-answer-chars",
+        type=_int_at_least(1),
+        default=defaults.max_answer_chars,
+        help="longest answer or gold string; longer ones get HTTP 413 (default %(default)s)",
+    )
+    ap.add_argument(
+        "--max-body-bytes",
+        type=_int_at_least(1024),
+        default=defaults.max_body_bytes,
+        help="largest request body; larger ones get HTTP 413 (default %(default)s)",
+    )
+    ap.add_argument(
+        "--reward",
+        default=defaults.default_reward,
+        help="reward used when a request names none (default %(default)s)",
+    )
+    ap.add_argument(
+        "--reward-module",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first, so its @register_reward functions exist (repeatable)",
+    )
+    ap.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=5.0,
+        help="on SIGTERM, how long in-flight requests may take to finish (default %(default)s)",
+    )
+    ap.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default %(default)s; DEBUG logs every request)",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) -> int:
+    """Run the verifier until SIGTERM/SIGINT (or until ``stop`` is set, for in-process use).
+
+    Returns 0 on a clean stop, 1 when the port cannot be bound, 2 on bad arguments or an
+    unknown default reward (argparse itself exits 2 on unparsable flags).
+    """
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    error = _load_rewards(args.reward_module, args.reward)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    config = VerifierConfig(
+        host=args.host,
+        port=args.port,
+        max_batch=args.max_batch,
+        max_answer_chars=args.max_answer_chars,
+        max_body_bytes=args.max_body_bytes,
+        default_reward=args.reward,
+    )
+    server = VerifierServer(config)
+    try:
+        server.start()
+    except OSError as exc:
+        print(
+            f"error: cannot listen on {args.host}:{args.port}: {exc} "
+            f"(pick another --port, or --port 0 for a free one)",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{LISTENING_PREFIX}{server.url}", flush=True)
+    stop = stop if stop is not None else threading.Event()
+    restore = _install_signal_handlers(stop)
+    try:
+        stop.wait()
+    finally:
+        restore()
+        server.stop(grace_s=args.grace_seconds)
+    return 0
+
+
+def _load_rewards(modules: list[str], default_reward: str) -> str | None:
+    """Import plugin modules and check the default reward exists; an error message or None."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            return (
+                f"--reward-module {module}: cannot import it: {exc} "
+                f"(is it installed, and on PYTHONPATH?)"
+            )
+    try:
+        get_reward(default_reward)
+    except UnknownRewardError as exc:
+        return f"--reward: {exc}"
+    logging.getLogger(__name__).info("rewards available: %s", ", ".join(known_rewards()))
+    return None
+
+
+def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
+    """Make SIGTERM/SIGINT set ``stop``; returns a function restoring the previous handlers.
+
+    Signal handlers can only be installed from the main thread; elsewhere (``main`` called from
+    a test thread) this does nothing and the caller stops the server another way.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logging.getLogger(__name__).info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
