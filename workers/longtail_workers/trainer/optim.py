@@ -1,0 +1,199 @@
+"""The policy optimiser and one GRPO update: :func:`train_step`.
+
+The trainer's step driver builds the optimiser once with :func:`build_optimizer` and calls
+:func:`train_step` once per RL step with the step's :class:`~longtail_workers.trainer.batch.
+GrpoBatch`. A step is: micro-batched forward passes (token budget), :func:`~longtail_workers.
+trainer.grpo.grpo_loss` normalised by the whole batch's token count (so the accumulated
+gradient is exactly the full batch's), backward, gradient-norm clipping, AdamW step, zeroed
+gradients. A non-finite gradient norm skips the update (the weights stay as they were) and is
+reported in the stats, as veRL does, rather than writing NaN into the policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from longtail_api.spec import AlgorithmSpec
+from longtail_workers.trainer.batch import GrpoBatch, micro_batches
+from longtail_workers.trainer.grpo import LossStats, grpo_loss, sequence_logprobs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimiser and loss settings of the policy update."""
+
+    learning_rate: float = 1e-6
+    weight_decay: float = 0.0
+    """Decoupled (AdamW) decay on matrices only. 0 by default: RL fine-tunes a pretrained
+    policy, and decay pulls it toward zero rather than toward anything useful."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this; ``None`` measures it without clipping."""
+    clip_ratio: float = 0.2
+    kl_coef: float = 0.0
+    temperature: float = 1.0
+    """Rollout sampling temperature; log-probs are taken at the same temperature."""
+    micro_batch_tokens: int | None = None
+    """Most padded tokens per forward pass; ``None`` runs the whole batch at once."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "learning_rate": self.learning_rate > 0,
+            "weight_decay": self.weight_decay >= 0,
+            "adam_eps": self.adam_eps > 0,
+            "max_grad_norm": self.max_grad_norm is None or self.max_grad_norm > 0,
+            "clip_ratio": 0 < self.clip_ratio < 1,
+            "kl_coef": self.kl_coef >= 0,
+            "temperature": self.temperature > 0,
+            "micro_batch_tokens": self.micro_batch_tokens is None or self.micro_batch_tokens > 0,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            shown = ", ".join(f"{n}={getattr(self, n)!r}" for n in bad)
+            raise ValueError(
+                f"invalid TrainConfig: {shown} (need learning_rate, adam_eps, temperature > 0; "
+                "weight_decay, kl_coef >= 0; 0 < clip_ratio < 1; max_grad_norm and "
+                "micro_batch_tokens > 0 or None)"
+            )
+
+    @classmethod
+    def from_algorithm(cls, algorithm: AlgorithmSpec, **overrides: Any) -> TrainConfig:
+        """The RLJob's ``spec.algorithm`` settings; ``overrides`` set the other fields.
+
+        A greedy rollout (``temperature: 0``) is scored at temperature 1.
+        """
+        values: dict[str, Any] = {
+            "learning_rate": algorithm.learning_rate,
+            "clip_ratio": algorithm.clip_ratio,
+            "kl_coef": algorithm.kl_coef,
+            "temperature": algorithm.temperature if algorithm.temperature > 0 else 1.0,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; no weight decay on biases and norm weights."""
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    if not decay and not no_decay:
+        raise ValueError("model has no trainable parameters (all requires_grad=False)")
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]],
+        lr=cfg.learning_rate,
+        betas=cfg.betas,
+        eps=cfg.adam_eps,
+    )
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one :func:`train_step` did; loss terms are token means over the whole batch."""
+
+    loss: float
+    pg_loss: float
+    kl_ref: float
+    clip_fraction: float
+    approx_kl: float
+    ratio_mean: float
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    grad_clipped: bool
+    skipped: bool
+    """True when the gradient was not finite and the update was skipped."""
+    tokens: int
+    sequences: int
+    micro_batches: int
+    learning_rate: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: GrpoBatch, cfg: TrainConfig
+) -> StepStats:
+    """One GRPO policy update on ``batch``; returns its :class:`StepStats`."""
+    total_tokens = batch.num_tokens
+    if total_tokens == 0:
+        raise ValueError("batch has no response tokens (response_mask is all 0)")
+    optimizer.zero_grad(set_to_none=True)  # a stray gradient must not leak into this update
+    loss_sum = 0.0
+    parts: list[LossStats] = []
+    chunks = micro_batches(batch, cfg.micro_batch_tokens)
+    for mb in chunks:
+        logprobs = sequence_logprobs(
+            model, mb.input_ids, mb.attention_mask, mb.response_mask, cfg.temperature
+        )  # [b, t]
+        loss, stats = grpo_loss(
+            logprobs,
+            mb.old_logprobs,
+            mb.advantages,
+            mb.response_mask,
+            cfg.clip_ratio,
+            ref_logprobs=mb.ref_logprobs,
+            kl_coef=cfg.kl_coef,
+            num_tokens=total_tokens,  # token-mean over the whole batch, not per micro-batch
+        )
+        loss.backward()  # type: ignore[no-untyped-call]  # accumulates across micro-batches
+        loss_sum += float(loss.detach())
+        parts.append(stats)
+
+    grad_norm, clipped, skipped = _clip_and_step(optimizer, cfg.max_grad_norm)
+    optimizer.zero_grad(set_to_none=True)
+
+    def mean(field: str) -> float:  # token-weighted, so it equals the whole batch's mean
+        return float(sum(getattr(p, field) * p.tokens for p in parts)) / total_tokens
+
+    return StepStats(
+        loss=loss_sum,
+        pg_loss=mean("pg_loss"),
+        kl_ref=mean("kl_ref"),
+        clip_fraction=mean("clip_fraction"),
+        approx_kl=mean("approx_kl"),
+        ratio_mean=mean("ratio_mean"),
+        grad_norm=grad_norm,
+        grad_clipped=clipped,
+        skipped=skipped,
+        tokens=total_tokens,
+        sequences=batch.num_sequences,
+        micro_batches=len(chunks),
+        learning_rate=float(optimizer.param_groups[0]["lr"]),
+    )
+
+
+def _clip_and_step(
+    optimizer: torch.optim.Optimizer, max_grad_norm: float | None
+) -> tuple[float, bool, bool]:
+    """Clip, then step unless the norm is not finite: ``(pre-clip norm, clipped, skipped)``."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    if not params:
+        raise RuntimeError("no parameter received a gradient; is the model in torch.no_grad?")
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = float(nn.utils.get_total_norm(grads))
+    if not math.isfinite(norm):
+        log.warning("gradient norm is %s: skipping this update (weights unchanged)", norm)
+        return norm, False, True
+    clipped = False
+    if max_grad_norm is not None and norm > max_grad_norm:
+        nn.utils.clip_grads_with_norm_(params, max_grad_norm, torch.tensor(norm))
+        clipped = True
+    optimizer.step()
+    return norm, clipped, False

@@ -1,0 +1,344 @@
+"""HTTP pull of versioned policy weights: the default transport, works anywhere.
+
+The trainer runs a :class:`WeightServer` (standard library ``ThreadingHTTPServer`` in a
+background thread) over a :class:`~longtail_workers.weights.store.WeightStore`; each rollout
+worker uses an :class:`HttpWeightClient` between rollouts::
+
+    GET /v1/weights/latest     -> 200 JSON {"version", "checksum", "size", "dtypes"}
+                                  404 JSON {"error"} before the first publish
+    GET /v1/weights/{version}  -> 200 safetensors bytes, headers X-Longtail-Weights-Version
+                                  and X-Longtail-Weights-Sha256; 404 when not kept (any more)
+
+The client downloads with a per-request timeout, retries unreachable-server and 5xx failures
+with exponential backoff and jitter (many workers pull at once after each step), and verifies
+the sha256 of the bytes and the version before anything reaches the model.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import random
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+
+from longtail_workers.weights.checksum import sha256_hex
+from longtail_workers.weights.store import WeightStore
+from longtail_workers.weights.sync import (
+    StateDict,
+    WeightFetchError,
+    WeightIntegrityError,
+    WeightPublisher,
+    WeightsManifest,
+    WeightSource,
+    WeightVersionError,
+)
+
+log = logging.getLogger(__name__)
+
+LATEST_PATH = "/v1/weights/latest"
+VERSION_PATH = "/v1/weights/{version}"
+VERSION_HEADER = "X-Longtail-Weights-Version"
+CHECKSUM_HEADER = "X-Longtail-Weights-Sha256"
+_VERSION_RE = re.compile(r"^/v1/weights/(\d{1,18})$")
+_CHUNK = 1 << 20  # write large bodies in 1 MiB pieces
+NOTHING_PUBLISHED = "no policy weights published yet"
+
+
+class WeightServer(WeightPublisher):
+    """Serves a :class:`WeightStore` over HTTP; ``publish`` goes straight to the store."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        keep_last: int = 2,
+        request_timeout_s: float = 300.0,
+    ) -> None:
+        self.host = host
+        self.requested_port = port
+        self.store = WeightStore(keep_last=keep_last)
+        self.request_timeout_s = request_timeout_s
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
+        return self.store.publish(version, state_dict)
+
+    def start(self) -> WeightServer:
+        """Bind and serve in a daemon thread. Raises ``OSError`` if binding fails."""
+        if self._httpd is not None:
+            raise RuntimeError("WeightServer.start(): already started (create a new server)")
+        self._httpd = _HTTPServer((self.host, self.requested_port), app=self)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},  # also the latency of stop()
+            name=f"weights-http-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("policy weights served on %s", self.url)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving and close the socket (idempotent)."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def __enter__(self) -> WeightServer:
+        return self.start() if self._httpd is None else self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("WeightServer.port: not started (call start() first)")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:8200``."""
+        host = "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
+        return f"http://{host}:{self.port}"
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # an idle keep-alive connection must not block shutdown
+
+    def __init__(self, address: tuple[str, int], *, app: WeightServer) -> None:
+        self.app = app
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        # Socket timeout, so a stalled client cannot hold this thread forever.
+        self.connection.settimeout(self.server.app.request_timeout_s)
+
+    def do_GET(self) -> None:
+        store = self.server.app.store
+        path = self.path.split("?", 1)[0]
+        if path == LATEST_PATH:
+            entry = store.latest()
+            if entry is None:
+                self._json(404, {"error": f"{NOTHING_PUBLISHED}; retry later"})
+            else:
+                self._json(200, entry.manifest.to_dict())
+            return
+        match = _VERSION_RE.match(path)
+        if match is None:
+            self._json(
+                404, {"error": f"unknown path {path!r}; use {LATEST_PATH} or {VERSION_PATH}"}
+            )
+            return
+        version = int(match.group(1))
+        entry = store.get(version)
+        if entry is None:
+            kept = store.versions()
+            self._json(404, {"error": f"version {version} is not kept; kept versions: {kept}"})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(entry.data)))
+        self.send_header(VERSION_HEADER, str(entry.manifest.version))
+        self.send_header(CHECKSUM_HEADER, entry.manifest.checksum)
+        self.end_headers()
+        view = memoryview(entry.data)
+        for start in range(0, len(view), _CHUNK):
+            self.wfile.write(view[start : start + _CHUNK])
+
+    def _json(self, status: int, obj: dict[str, Any]) -> None:
+        body = json.dumps(obj).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+class HttpWeightClient(WeightSource):
+    """Pulls verified policy versions from a :class:`WeightServer` at ``base_url``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 300.0,
+        retries: int = 5,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 10.0,
+    ) -> None:
+        if retries < 0 or backoff_s < 0 or timeout_s <= 0:
+            raise ValueError(
+                f"need retries >= 0, backoff_s >= 0, timeout_s > 0; got {retries}, "
+                f"{backoff_s}, {timeout_s}"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    def latest(self) -> WeightsManifest | None:
+        """The newest advertised version, or ``None`` when nothing is published yet."""
+        status, _, body = self._get(LATEST_PATH)
+        if status == 404:
+            text = _error_text(body)
+            if text.startswith(NOTHING_PUBLISHED):
+                return None
+            raise WeightFetchError(
+                f"{self.base_url}{LATEST_PATH} answered 404 ({text}); is {self.base_url} the "
+                "trainer's weight server?"
+            )
+        try:
+            obj = json.loads(body)
+            return WeightsManifest(
+                version=int(obj["version"]),
+                checksum=str(obj["checksum"]),
+                size=int(obj["size"]),
+                dtypes={str(k): str(v) for k, v in obj["dtypes"].items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise WeightFetchError(
+                f"unreadable manifest from {self.base_url}{LATEST_PATH}: {exc}"
+            ) from exc
+
+    def fetch(self, version: int | None = None) -> tuple[int, StateDict]:
+        if version is not None:
+            return version, self._download(version, manifest=None)
+        # The newest version can be evicted between reading the manifest and downloading it
+        # (a publish in between with keep_last=1); then read the manifest again.
+        for _ in range(3):
+            manifest = self.latest()
+            if manifest is None:
+                raise WeightVersionError(
+                    f"{self.base_url} has {NOTHING_PUBLISHED}; "
+                    "use wait_for_version() to wait for the first one",
+                    requested=None,
+                    received=None,
+                )
+            try:
+                return manifest.version, self._download(manifest.version, manifest=manifest)
+            except WeightVersionError as exc:
+                if exc.received is not None:
+                    raise
+                log.info("version %d evicted while fetching; re-reading latest", manifest.version)
+        raise WeightFetchError(
+            f"{self.base_url}: the newest version was replaced during each of 3 downloads; "
+            "raise the trainer's keep_last so a version outlives one download"
+        )
+
+    def wait_for_version(self, min_version: int, timeout_s: float, poll_s: float = 0.5) -> int:
+        """Block until a version >= ``min_version`` is published; return the newest version.
+
+        An unreachable trainer counts as "not yet" (a rollout worker may start first) until
+        ``timeout_s``; the ``TimeoutError`` then names the last problem seen.
+        """
+        deadline = time.monotonic() + timeout_s
+        seen: str = "nothing published"
+        while True:
+            try:
+                manifest = self.latest()
+                if manifest is not None and manifest.version >= min_version:
+                    return manifest.version
+                seen = "nothing published" if manifest is None else f"version {manifest.version}"
+            except WeightFetchError as exc:
+                seen = str(exc)
+            if time.monotonic() + poll_s > deadline:
+                raise TimeoutError(
+                    f"no policy version >= {min_version} at {self.base_url} after "
+                    f"{timeout_s:g}s (last seen: {seen}); is the trainer stepping?"
+                )
+            time.sleep(poll_s)
+
+    def _download(self, version: int, manifest: WeightsManifest | None) -> StateDict:
+        path = VERSION_PATH.format(version=version)
+        status, headers, body = self._get(path)
+        if status == 404:
+            raise WeightVersionError(
+                f"{self.base_url}{path}: {_error_text(body)}", requested=version, received=None
+            )
+        got = headers.get(VERSION_HEADER)
+        if got != str(version):
+            raise WeightVersionError(
+                f"asked {self.base_url} for policy version {version}, got version {got}; "
+                "nothing was loaded",
+                requested=version,
+                received=int(got) if got and got.isdigit() else -1,
+            )
+        # The manifest (when there is one) and the response header must advertise the same
+        # checksum, and the bytes must hash to it.
+        advertised = headers.get(CHECKSUM_HEADER, "")
+        expected = manifest.checksum if manifest is not None else advertised
+        actual = sha256_hex(body)
+        if actual != expected or advertised != expected:
+            shown = expected if advertised == expected else f"{expected} (header: {advertised})"
+            raise WeightIntegrityError(version, shown, actual, source=self.base_url + path)
+        try:
+            return dict(load_safetensors(body))
+        except SafetensorError as exc:
+            raise WeightFetchError(
+                f"{self.base_url}{path}: checksum ok but not safetensors data: {exc}"
+            ) from exc
+
+    def _get(self, path: str) -> tuple[int, Message, bytes]:
+        """GET with retries; returns 200 and 404 answers, raises on anything else."""
+        url = self.base_url + path
+        last = "no attempt made"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+                time.sleep(delay * random.uniform(0.5, 1.0))  # jitter: workers pull together
+            try:
+                with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:
+                    return resp.status, resp.headers, resp.read()
+            except urllib.error.HTTPError as exc:
+                body = exc.read()
+                if exc.code == 404:
+                    return 404, exc.headers, body
+                last = f"HTTP {exc.code}: {_error_text(body)}"
+                if exc.code < 500:
+                    break  # a client error does not go away by asking again
+            except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+            log.warning(
+                "GET %s failed (attempt %d/%d): %s", url, attempt + 1, self.retries + 1, last
+            )
+        raise WeightFetchError(
+            f"GET {url} failed after {attempt + 1} attempt(s); last error: {last} "
+            "(is the trainer's weight server running and reachable?)"
+        )
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return body.decode("utf-8", errors="replace")[:300] or "(empty body)"

@@ -1,0 +1,90 @@
+"""The trainer's store of published policy versions: the last K, each immutable and whole.
+
+:class:`WeightStore` is what :class:`~longtail_workers.weights.http_sync.WeightServer` serves
+from, and what a trainer process with its own HTTP server can serve from too. Publishing is
+atomic: the canonical bytes and their sha256 are built completely *outside* the lock, then one
+assignment under the lock makes the new version visible. A reader takes a reference to an
+immutable :class:`PublishedWeights` under the lock and reads it afterwards, so it sees either
+the previous version or the new one, never a half-written one, and a slow download never blocks
+the trainer's next publish.
+
+Memory: the store holds ``keep_last`` serialised copies (about 2 bytes per bf16 parameter
+each). Two is enough for pull-based sync (the newest, plus the one workers may still be
+downloading); more lets lagging workers catch up to an older version.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from longtail_workers.weights.checksum import dtype_map, serialize_state_dict, sha256_hex
+from longtail_workers.weights.sync import WeightPublisher, WeightsManifest
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    """One published version: its manifest and its canonical safetensors bytes."""
+
+    manifest: WeightsManifest
+    data: bytes
+
+
+class WeightStore(WeightPublisher):
+    """Thread-safe store of the last ``keep_last`` published versions."""
+
+    def __init__(self, keep_last: int = 2) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 (versions kept for readers), got {keep_last}")
+        self.keep_last = keep_last
+        self._lock = threading.Lock()
+        self._versions: OrderedDict[int, PublishedWeights] = OrderedDict()
+        self._latest: PublishedWeights | None = None
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
+        """Serialise and hash ``state_dict`` fully, then make it visible as ``version``."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be a non-negative int, got {version!r}")
+        self._check_newer(version)  # fail before the (slow) serialisation
+        data = serialize_state_dict(state_dict)
+        manifest = WeightsManifest(
+            version=version,
+            checksum=sha256_hex(data),
+            size=len(data),
+            dtypes=dtype_map(state_dict),
+        )
+        entry = PublishedWeights(manifest=manifest, data=data)
+        with self._lock:
+            self._check_newer(version)  # again: another thread may have published meanwhile
+            self._versions[version] = entry
+            self._latest = entry
+            while len(self._versions) > self.keep_last:
+                self._versions.popitem(last=False)
+        return manifest
+
+    def latest(self) -> PublishedWeights | None:
+        """The newest version, or ``None`` before the first publish."""
+        with self._lock:
+            return self._latest
+
+    def get(self, version: int) -> PublishedWeights | None:
+        """``version`` if it is still kept, else ``None``."""
+        with self._lock:
+            return self._versions.get(version)
+
+    def versions(self) -> list[int]:
+        """Versions currently kept, oldest first."""
+        with self._lock:
+            return list(self._versions)
+
+    def _check_newer(self, version: int) -> None:
+        latest = self._latest
+        if latest is not None and version <= latest.manifest.version:
+            raise ValueError(
+                f"version {version} is not newer than the last published version "
+                f"{latest.manifest.version}; versions must increase (use the RL step number)"
+            )

@@ -1,0 +1,159 @@
+"""The weight-sync interface: the trainer publishes policy versions, rollout workers load them.
+
+The trainer calls :meth:`WeightPublisher.publish` after each optimiser step; a rollout worker
+calls :meth:`WeightSource.load_into` between rollouts (never during one). Two transports
+implement the pair: ``http_sync`` (the trainer serves versions over HTTP, workers pull; the
+default, works anywhere) and ``dist_sync`` (torch.distributed broadcast from rank 0).
+
+The guarantee every transport gives, and the reason this module exists: **a rollout worker
+never generates with a mix of versions.** :func:`apply_state_dict` (used by every
+``load_into``) receives a complete state dict whose checksum and version were already verified
+by the transport, checks names and shapes against the model, and only then copies; if anything
+is wrong it raises before the first parameter is touched, so the model keeps its previous
+version whole. (``nn.Module.load_state_dict`` alone is not enough: it copies parameters one by
+one and reports shape errors only after copying the others.)
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+StateDict = dict[str, torch.Tensor]
+
+
+class WeightSyncError(RuntimeError):
+    """Base class of weight-sync failures."""
+
+
+class WeightIntegrityError(WeightSyncError):
+    """The bytes received do not hash to the checksum the trainer advertised."""
+
+    def __init__(self, version: int, expected: str, actual: str, source: str) -> None:
+        super().__init__(
+            f"policy weights version {version} from {source} failed the integrity check: "
+            f"advertised sha256 {expected}, received data hashes to {actual}; "
+            "nothing was loaded (the model keeps its previous weights). A corrupted transfer "
+            "or a trainer publishing non-canonical bytes; fetch again, and if it repeats "
+            "compare the trainer's and this worker's longtail versions"
+        )
+        self.version = version
+        self.expected = expected
+        self.actual = actual
+        self.source = source
+
+
+class WeightVersionError(WeightSyncError):
+    """The version received is not the one asked for, or is not available any more."""
+
+    def __init__(self, message: str, *, requested: int | None, received: int | None) -> None:
+        super().__init__(message)
+        self.requested = requested
+        self.received = received
+
+
+class WeightFetchError(WeightSyncError):
+    """The weights could not be obtained at all (trainer unreachable after all retries)."""
+
+
+class WeightMismatchError(WeightSyncError, ValueError):
+    """The weights do not fit the model (names or shapes differ)."""
+
+
+@dataclass(frozen=True)
+class WeightsManifest:
+    """What the trainer advertises about one published version."""
+
+    version: int
+    checksum: str
+    """sha256 (hex) of the canonical safetensors bytes (``weights.checksum``)."""
+    size: int
+    """Length of those bytes."""
+    dtypes: dict[str, str]
+    """``{name: dtype}``, e.g. ``{"lm_head.weight": "bfloat16"}``."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "version": self.version,
+            "checksum": self.checksum,
+            "size": self.size,
+            "dtypes": dict(self.dtypes),
+        }
+
+
+class WeightPublisher(abc.ABC):
+    """Trainer side: make a new policy version available to rollout workers."""
+
+    @abc.abstractmethod
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
+        """Publish ``state_dict`` as ``version`` (strictly greater than the last one)."""
+
+
+class WeightSource(abc.ABC):
+    """Rollout side: obtain a verified version and load it into the policy."""
+
+    @abc.abstractmethod
+    def fetch(self, version: int | None = None) -> tuple[int, StateDict]:
+        """A complete, checksum-verified state dict: ``version``, or the newest when ``None``.
+
+        Raises :class:`WeightIntegrityError`, :class:`WeightVersionError` or
+        :class:`WeightFetchError`; never returns partial weights.
+        """
+
+    def load_into(self, model: nn.Module, version: int | None = None) -> int:
+        """Fetch ``version`` (newest when ``None``), load it whole into ``model``, return it.
+
+        On any error the model is left exactly as it was.
+        """
+        got, state_dict = self.fetch(version)
+        apply_state_dict(model, state_dict, version=got)
+        return got
+
+
+def check_compatible(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> None:
+    """Raise :class:`WeightMismatchError` unless ``state_dict`` fits ``model`` exactly.
+
+    Names must match one to one and shapes must be equal. Floating dtypes may differ (the
+    trainer may keep fp32 weights for a bf16 rollout engine; the copy casts), but a floating
+    tensor may not land in an integer buffer or the other way round.
+    """
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    problems: list[str] = []
+    if missing:
+        problems.append(f"missing {len(missing)} key(s): {_sample(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {len(unexpected)} key(s): {_sample(unexpected)}")
+    for key in sorted(set(own) & set(state_dict)):
+        mine, theirs = own[key], state_dict[key]
+        if tuple(mine.shape) != tuple(theirs.shape):
+            problems.append(f"{key}: shape {tuple(theirs.shape)} != model's {tuple(mine.shape)}")
+        elif mine.is_floating_point() != theirs.is_floating_point():
+            problems.append(f"{key}: dtype {theirs.dtype} cannot replace model's {mine.dtype}")
+    if problems:
+        raise WeightMismatchError(
+            "weights do not fit the model (was the trainer started with another model?): "
+            + "; ".join(problems[:10])
+            + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        )
+
+
+def apply_state_dict(
+    model: nn.Module, state_dict: Mapping[str, torch.Tensor], *, version: int
+) -> None:
+    """Load a verified ``state_dict`` into ``model``: all of it, or (on error) nothing."""
+    try:
+        check_compatible(model, state_dict)
+    except WeightMismatchError as exc:
+        raise WeightMismatchError(f"version {version}: {exc}") from None
+    with torch.no_grad():
+        model.load_state_dict(state_dict, strict=True)
+
+
+def _sample(keys: list[str], n: int = 5) -> str:
+    return ", ".join(keys[:n]) + (f", ... ({len(keys) - n} more)" if len(keys) > n else "")
