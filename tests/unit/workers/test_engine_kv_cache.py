@@ -1,0 +1,104 @@
+"""PaddedKVCache: holes, compaction and merging never change what a forward computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from longtail_workers.engine.kv_cache import attention_mask
+from longtail_workers.engine.target import TargetModel
+from longtail_workers.engine.testing import tiny_qwen2
+
+
+@pytest.fixture(scope="module")
+def target() -> TargetModel:
+    torch.set_num_threads(1)
+    return TargetModel(tiny_qwen2(seed=5, vocab_size=32, sharpness=5.0, dtype=torch.float64))
+
+
+def _reference(target: TargetModel, tokens: list[int]) -> torch.Tensor:
+    """Last-position logits of an uncached forward ``[V]``."""
+    with torch.no_grad():
+        return target.model(input_ids=torch.tensor([tokens])).logits[0, -1]
+
+
+def _prefill(target: TargetModel, prompts: list[list[int]]):
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts])
+    pos = (valid.cumsum(1) - 1).clamp(min=0)
+    kv = target.new_cache(len(prompts))
+    target.forward(ids, pos, kv, valid)
+    return kv
+
+
+def _step(target, kv, tokens: list[int], positions: list[int]) -> torch.Tensor:
+    ones = torch.ones(len(tokens), 1, dtype=torch.bool)
+    logits, _ = target.forward(
+        torch.tensor(tokens)[:, None], torch.tensor(positions)[:, None], kv, ones
+    )
+    return logits[:, 0]
+
+
+def test_mask_padding_queries_attend_only_to_themselves() -> None:
+    past = torch.tensor([[True, False, True]])
+    new = torch.tensor([[True, False]])
+    additive = attention_mask(past, new, torch.float64, "eager")[0, 0]  # [2, 5]
+    boolean = attention_mask(past, new, torch.float64, "sdpa")[0, 0]
+    assert boolean.tolist() == (additive == 0).tolist()
+    assert boolean.tolist() == [
+        [True, False, True, True, False],  # valid query: valid past + itself
+        [False, False, False, False, True],  # padding query: itself only
+    ]
+
+
+def test_holes_compaction_and_merge_preserve_results(target) -> None:
+    prompts = [[3, 4, 5, 6, 7], [8, 9]]
+    kv = _prefill(target, prompts)
+    # Speculate 3 tokens per row; row 0 keeps 1 input slot, row 1 keeps all 3 (ragged).
+    spec = torch.tensor([[10, 11, 12], [13, 14, 15]])
+    pos = torch.tensor([[5, 6, 7], [2, 3, 4]])
+    target.forward(spec, pos, kv, torch.ones(2, 3, dtype=torch.bool))
+    kv.invalidate_tail(torch.tensor([[True, False, False], [True, True, True]]))
+    seq0, seq1 = [3, 4, 5, 6, 7, 10], [8, 9, 13, 14, 15]
+    got = _step(target, kv, [20, 21], [6, 5])
+    torch.testing.assert_close(got[0], _reference(target, [*seq0, 20]), rtol=0, atol=1e-10)
+    torch.testing.assert_close(got[1], _reference(target, [*seq1, 21]), rtol=0, atol=1e-10)
+    seq0, seq1 = [*seq0, 20], [*seq1, 21]
+    slots_before = kv.num_slots
+    kv.compact()
+    assert kv.num_slots < slots_before and kv.valid_counts().tolist() == [7, 6]
+    got = _step(target, kv, [22, 23], [7, 6])
+    torch.testing.assert_close(got[0], _reference(target, [*seq0, 22]), rtol=0, atol=1e-10)
+    torch.testing.assert_close(got[1], _reference(target, [*seq1, 23]), rtol=0, atol=1e-10)
+    seq0, seq1 = [*seq0, 22], [*seq1, 23]
+    # Merge a newly prefilled row with a longer prompt, then drop row 0.
+    other = _prefill(target, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]])
+    kv.extend(other)
+    got = _step(target, kv, [24, 25, 26], [8, 7, 11])
+    torch.testing.assert_close(got[2], _reference(target, [*range(1, 12), 26]), rtol=0, atol=1e-10)
+    torch.testing.assert_close(got[1], _reference(target, [*seq1, 25]), rtol=0, atol=1e-10)
+    kv.select(torch.tensor([1, 2]))
+    got = _step(target, kv, [27, 28], [8, 12])
+    torch.testing.assert_close(got[0], _reference(target, [*seq1, 25, 27]), rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        got[1], _reference(target, [*range(1, 12), 26, 28]), rtol=0, atol=1e-10
+    )
+
+
+def test_drop_last_and_waste(target) -> None:
+    kv = _prefill(target, [[1, 2, 3], [4]])
+    assert kv.num_slots == 3 and kv.waste() == 0
+    target.forward(
+        torch.tensor([[5, 6], [7, 8]]),
+        torch.tensor([[3, 4], [1, 2]]),
+        kv,
+        torch.ones(2, 2, dtype=torch.bool),
+    )
+    kv.drop_last(2)
+    assert kv.num_slots == 3
+    got = _step(target, kv, [9, 10], [3, 1])
+    torch.testing.assert_close(got[0], _reference(target, [1, 2, 3, 9]), rtol=0, atol=1e-10)
+    torch.testing.assert_close(got[1], _reference(target, [4, 10]), rtol=0, atol=1e-10)
+    kv.invalidate_tail(torch.tensor([[False], [False]]))
+    assert kv.waste() == 1

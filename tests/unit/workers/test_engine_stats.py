@@ -1,0 +1,90 @@
+"""Engine statistics and their Prometheus metrics agree with what was generated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry, generate_latest
+
+from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.engine import stats as stats_mod
+from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.engine.stats import RolloutMetrics, RolloutStats, StepRecord
+from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+
+
+def test_stats_and_metrics_of_an_adaptive_run() -> None:
+    torch.set_num_threads(1)
+    model = tiny_qwen2(seed=6, vocab_size=24, sharpness=10.0)
+    spec = SpeculativeSpec(
+        enabled=True,
+        batch_threshold=3,
+        warmup_steps=1,
+        strategies=[StrategySpec(draft_depth=2), StrategySpec(draft_depth=4)],
+        selector=SelectorSpec(type="bandit", buckets=[1, 2, 4]),
+    )
+    registry = CollectorRegistry()
+    engine = TorchEngine(
+        model,
+        config=EngineConfig(max_running=4),
+        speculative=spec,
+        drafter=EagleDrafter(model, target_id="tiny-stats"),
+        metrics=RolloutMetrics(registry),
+    )
+    reqs = [GenerationRequest([1 + i, 2], max_new_tokens=4 + 4 * i, seed=i) for i in range(6)]
+    results = engine.generate(reqs)
+    st = engine.stats
+    generated = sum(len(r.output_token_ids) for r in results)
+    assert st.tokens == generated
+    assert st.sd_steps > 0 and st.plain_steps > 0 and st.prefill_steps >= 2
+    assert st.drafted == sum(r.drafted_tokens for r in results)
+    assert st.accepted == sum(r.accepted_tokens for r in results)
+    assert 0.0 <= st.acceptance_rate <= 1.0
+    assert st.mean_accepted_length >= 1.0 and st.max_batch_size == 4
+    snap = st.snapshot()
+    assert snap["tokens"] == generated and snap["accepted_length_hist"]
+
+    def value(name: str, labels: dict[str, str] | None = None) -> float:
+        v = registry.get_sample_value(name, labels or {})
+        assert v is not None, name
+        return v
+
+    assert value(stats_mod.METRIC_GENERATED_TOKENS) == generated
+    assert value(stats_mod.METRIC_DECODE_STEPS, {"mode": "sd"}) == st.sd_steps
+    assert value(stats_mod.METRIC_DECODE_STEPS, {"mode": "plain"}) == st.plain_steps
+    assert value(stats_mod.METRIC_DRAFT_TOKENS) == st.drafted
+    assert value(stats_mod.METRIC_ACCEPTED_DRAFT_TOKENS) == st.accepted
+    assert value(stats_mod.METRIC_ACCEPTED_LENGTH + "_count") == sum(
+        st.accepted_length_hist.values()
+    )
+    assert value(stats_mod.METRIC_ACCEPTANCE_RATE) == pytest.approx(st.acceptance_rate)
+    exposition = generate_latest(registry).decode()
+    for name in stats_mod.ALL_METRICS:
+        assert name.startswith("longtail_rollout_")
+        assert name in exposition, name
+
+
+def test_rollout_stats_accounting() -> None:
+    st = RolloutStats()
+    st.record(StepRecord("prefill", 2, 2, 0.5))
+    st.record(StepRecord("plain", 2, 2, 0.5))
+    st.record(
+        StepRecord(
+            "sd",
+            2,
+            5,
+            1.0,
+            draft_depth=3,
+            drafted_tokens=6,
+            accepted_drafts=3,
+            accepted_lengths=[1, 4],
+        )
+    )
+    assert (st.steps, st.sd_steps, st.plain_steps, st.prefill_steps) == (3, 1, 1, 1)
+    assert st.tokens == 9 and st.tokens_per_second == pytest.approx(4.5)
+    assert st.acceptance_rate == pytest.approx(0.5)
+    assert st.mean_accepted_length == pytest.approx(2.5)
+    st.reset()
+    assert st.steps == 0 and not st.accepted_length_hist

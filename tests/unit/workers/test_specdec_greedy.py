@@ -1,0 +1,186 @@
+"""Greedy speculative decoding is token-identical to plain greedy decoding (and to HF generate).
+
+The target is a tiny random Qwen2 in float64 (so batched/verify forwards cannot flip a near-tie
+by rounding). The drafter is briefly fitted on the target's own rollouts, so it is partly right:
+rows accept different numbers of drafts in the same step (ragged rollback of both KV caches).
+Prompts have different lengths, there are more prompts than running slots (continuous admission
+while SD is on), budgets are small enough that ``max_new_tokens`` falls inside accepted runs,
+and a frequent token is a stop token so that EOS lands inside accepted runs too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_workers.drafter.fit import collect_training_sequences, fit_drafter
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.engine.interface import GenerationRequest, GenerationResult
+from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+
+VOCAB = 48
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    torch.set_num_threads(1)
+    return tiny_qwen2(seed=4, vocab_size=VOCAB, sharpness=30.0, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def fitted_drafter(target: torch.nn.Module) -> EagleDrafter:
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, VOCAB, (int(n),), generator=gen).tolist() for n in range(2, 34)]
+    requests = [
+        GenerationRequest(p, max_new_tokens=40, temperature=1.0, seed=i)
+        for i, p in enumerate(prompts)
+    ]
+    seqs = collect_training_sequences(
+        TorchEngine(target, config=EngineConfig(max_running=32)), requests
+    )
+    drafter = EagleDrafter(target, target_id="tiny-greedy", seed=1)
+    fit_drafter(drafter, seqs, steps=120, batch_size=16, seed=0)
+    return drafter
+
+
+def _prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(42)
+    return [torch.randint(0, VOCAB, (2 + (i * 7) % 19,), generator=gen).tolist() for i in range(20)]
+
+
+def _requests(stop: tuple[int, ...]) -> list[GenerationRequest]:
+    budgets = [1, 2, 3, 5, 7, 11, 24, 30]
+    return [
+        GenerationRequest(
+            p,
+            max_new_tokens=budgets[i % len(budgets)],
+            temperature=0.0,
+            stop_token_ids=stop,
+            return_hidden_states=True,
+            request_id=f"r{i}",
+        )
+        for i, p in enumerate(_prompts())
+    ]
+
+
+def _spec(threshold: int = 1024, warmup: int = 0, selector: str = "bandit") -> SpeculativeSpec:
+    return SpeculativeSpec(
+        enabled=True,
+        batch_threshold=threshold,
+        warmup_steps=warmup,
+        strategies=[StrategySpec(draft_depth=d) for d in (2, 4, 6)],
+        selector=SelectorSpec(type=selector, epsilon=0.2, buckets=[2, 4, 8, 16]),
+    )
+
+
+def _stop_token(target: torch.nn.Module) -> int:
+    """A token that greedy outputs produce often, mid-sequence: EOS will land inside drafts."""
+    runs = TorchEngine(target).generate(
+        [GenerationRequest(p, max_new_tokens=30, temperature=0.0) for p in _prompts()]
+    )
+    counts = Counter(t for r in runs for t in r.output_token_ids[2:])
+    return counts.most_common(1)[0][0]
+
+
+def _assert_same(plain: list[GenerationResult], spec: list[GenerationResult]) -> None:
+    for a, b in zip(plain, spec, strict=True):
+        assert b.output_token_ids == a.output_token_ids, a.request_id
+        assert b.finish_reason == a.finish_reason, a.request_id
+        assert b.output_logprobs == pytest.approx(a.output_logprobs, abs=1e-9)
+        assert a.hidden_states is not None and b.hidden_states is not None
+        torch.testing.assert_close(b.hidden_states, a.hidden_states, rtol=0, atol=1e-9)
+
+
+def test_greedy_sd_equals_plain_with_ragged_acceptance(target, fitted_drafter) -> None:
+    stop = (_stop_token(target),)
+    requests = _requests(stop)
+    plain = TorchEngine(target, config=EngineConfig(max_running=6)).generate(requests)
+    engine = TorchEngine(
+        target,
+        config=EngineConfig(max_running=6, compact_min_waste=4),
+        speculative=_spec(),
+        drafter=fitted_drafter,
+    )
+    spec = engine.generate(requests)
+    _assert_same(plain, spec)
+    # The scenario really covered what it claims.
+    reasons = Counter(r.finish_reason for r in plain)
+    assert reasons["stop"] >= 3 and reasons["length"] >= 3, reasons
+    # Stop tokens and budgets fell inside accepted runs (tokens after them were discarded).
+    assert engine.stats.sd_cut_by_stop > 0 and engine.stats.sd_cut_by_length > 0
+    hist = engine.stats.accepted_length_hist
+    assert engine.stats.sd_steps > 0
+    assert len(hist) >= 3, f"acceptance lengths not ragged enough: {hist}"
+    assert sum(c for n, c in hist.items() if n > 1) > 0
+    accepted = [r.accepted_tokens / max(r.drafted_tokens, 1) for r in spec if r.spec_steps]
+    assert len(set(accepted)) > 3
+
+
+def test_greedy_sd_switching_on_mid_generation(target, fitted_drafter) -> None:
+    """SD switches on when the batch shrinks: the drafter is re-prefilled from the survivors."""
+    requests = _requests(stop=())
+    plain = TorchEngine(target, config=EngineConfig(max_running=12)).generate(requests)
+    engine = TorchEngine(
+        target,
+        config=EngineConfig(max_running=12),
+        speculative=_spec(threshold=5, warmup=2),
+        drafter=fitted_drafter,
+    )
+    spec = engine.generate(requests)
+    _assert_same(plain, spec)
+    assert engine.stats.plain_steps > 0 and engine.stats.sd_steps > 0
+    assert engine.stats.accepted > 0
+
+
+def test_greedy_sd_with_short_drafter_context(target, fitted_drafter) -> None:
+    """A truncated drafter context only changes proposals, never the output."""
+    requests = _requests(stop=())
+    plain = TorchEngine(target, config=EngineConfig(max_running=20)).generate(requests)
+    engine = TorchEngine(
+        target,
+        config=EngineConfig(max_running=20, drafter_context_window=3),
+        speculative=_spec(threshold=8, warmup=1, selector="fixed"),
+        drafter=fitted_drafter,
+    )
+    _assert_same(plain, engine.generate(requests))
+    assert engine.stats.sd_steps > 0
+
+
+def test_greedy_sd_matches_hf_generate(target, fitted_drafter) -> None:
+    """An independent oracle: Hugging Face's own greedy generate."""
+    engine = TorchEngine(target, speculative=_spec(), drafter=fitted_drafter)
+    prompts = _prompts()[:3]
+    results = engine.generate(
+        [GenerationRequest(p, max_new_tokens=25, temperature=0.0) for p in prompts]
+    )
+    for prompt, result in zip(prompts, results, strict=True):
+        ids = torch.tensor([prompt])
+        out = target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=25,
+            pad_token_id=0,
+        )
+        assert result.output_token_ids == out[0, len(prompt) :].tolist()
+    assert engine.stats.sd_steps > 0
+
+
+def test_greedy_rows_stay_exact_in_a_batch_mixed_with_sampled_rows(target, fitted_drafter) -> None:
+    greedy = _requests(stop=())
+    mixed = [
+        r if i % 2 == 0 else GenerationRequest(r.prompt_token_ids, 20, temperature=1.0, seed=i)
+        for i, r in enumerate(greedy)
+    ]
+    plain = TorchEngine(target, config=EngineConfig(max_running=20)).generate(greedy)
+    engine = TorchEngine(
+        target, config=EngineConfig(max_running=20), speculative=_spec(), drafter=fitted_drafter
+    )
+    spec = engine.generate(mixed)
+    for i in range(0, len(greedy), 2):
+        assert spec[i].output_token_ids == plain[i].output_token_ids
+    assert engine.stats.sd_steps > 0 and engine.stats.accepted > 0

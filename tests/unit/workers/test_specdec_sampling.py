@@ -1,0 +1,196 @@
+"""Speculative sampling is lossless: SD output is distributed exactly as the target's sampling.
+
+For a tiny vocabulary the exact distribution of the first few generated tokens is computed by
+enumerating every continuation with direct (uncached) target forwards and the engine's own
+definition of the sampling distribution (``sampling_probs``: temperature, then top-p). 20k
+sequences (seeds 0..19999, one batch) are generated with SD forced on from the first decode
+step, and their empirical distribution is compared with the exact one by Pearson's chi-square
+test (cells with expected count < 5 pooled; critical value from the Wilson-Hilferty
+approximation at alpha = 1e-4). The same check must FAIL for deliberately broken acceptance
+rules plugged into the engine: that shows the test has the power to catch a lossy engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.engine.rejection import AcceptanceRule, Verdict, rejection_sample
+from longtail_workers.engine.sampling import sample_from_probs, sampling_probs
+from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+
+VOCAB = 8
+PROMPT = [1, 2, 3]
+SAMPLES = 20_000
+Z_ALPHA = 3.719  # standard normal upper quantile for alpha = 1e-4
+
+
+def _target() -> torch.nn.Module:
+    return tiny_qwen2(
+        seed=11,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=4,
+        num_kv_heads=2,
+        sharpness=12.0,
+        dtype=torch.float64,
+    )
+
+
+def _exact_distribution(
+    model: torch.nn.Module, n_tokens: int, temperature: float, top_p: float, stop: int | None
+) -> dict[tuple[int, ...], float]:
+    """P(continuation) for every continuation of PROMPT of n_tokens (shorter if it hits stop)."""
+    done: dict[tuple[int, ...], float] = {}
+    frontier: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n_tokens):
+        prefixes = list(frontier)
+        ids = torch.tensor([PROMPT + list(p) for p in prefixes])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[:, -1:, :]  # [M, 1, V]
+        m = len(prefixes)
+        probs = sampling_probs(
+            logits,
+            torch.full((m,), temperature, dtype=torch.float64),
+            torch.full((m,), top_p, dtype=torch.float64),
+        )[:, 0]
+        nxt: dict[tuple[int, ...], float] = {}
+        for row, prefix in enumerate(prefixes):
+            for tok in range(VOCAB):
+                pr = frontier[prefix] * float(probs[row, tok])
+                if pr == 0.0:
+                    continue
+                seq = (*prefix, tok)
+                (done if tok == stop else nxt)[seq] = pr
+        frontier = nxt
+    done.update(frontier)
+    return done
+
+
+def _chi_square(observed: Counter[tuple[int, ...]], exact: dict[tuple[int, ...], float], n: int):
+    """(statistic, critical value, df); cells with expected < 5 are pooled into one."""
+    unknown = [seq for seq in observed if seq not in exact]
+    assert not unknown, f"engine produced impossible continuations {unknown[:5]}"
+    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
+    for seq, pr in exact.items():
+        expected = n * pr
+        if expected < 5:
+            pooled_obs += observed.get(seq, 0)
+            pooled_exp += expected
+            continue
+        stat += (observed.get(seq, 0) - expected) ** 2 / expected
+        cells += 1
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        cells += 1
+    df = cells - 1
+    crit = df * (1 - 2 / (9 * df) + Z_ALPHA * math.sqrt(2 / (9 * df))) ** 3
+    return stat, crit, df
+
+
+def _sd_samples(
+    model: torch.nn.Module,
+    *,
+    n_tokens: int,
+    depth: int,
+    temperature: float,
+    top_p: float,
+    stop: int | None,
+    rule: AcceptanceRule = rejection_sample,
+) -> tuple[Counter[tuple[int, ...]], TorchEngine]:
+    spec = SpeculativeSpec(
+        enabled=True,
+        batch_threshold=65536,
+        warmup_steps=0,
+        strategies=[StrategySpec(draft_depth=depth)],
+        selector=SelectorSpec(type="fixed"),
+    )
+    drafter = EagleDrafter(model, target_id="tiny-sampling", seed=5)
+    engine = TorchEngine(
+        model,
+        config=EngineConfig(max_running=SAMPLES, max_prefill_tokens=10 * SAMPLES),
+        speculative=spec,
+        drafter=drafter,
+        acceptance_rule=rule,
+    )
+    stops: Sequence[int] = () if stop is None else (stop,)
+    requests = [
+        GenerationRequest(
+            PROMPT,
+            max_new_tokens=n_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=i,
+            stop_token_ids=stops,
+        )
+        for i in range(SAMPLES)
+    ]
+    results = engine.generate(requests)
+    return Counter(tuple(r.output_token_ids) for r in results), engine
+
+
+def _accept_always(p, q, drafts, u_accept, u_next) -> Verdict:
+    """Broken: every draft is accepted (output follows the drafter, not the target)."""
+    b, k = drafts.shape
+    bonus = sample_from_probs(p[:, k : k + 1], u_next[:, k : k + 1]).squeeze(1)
+    return Verdict(torch.full((b,), k, dtype=torch.long), bonus)
+
+
+def _resample_from_p(p, q, drafts, u_accept, u_next) -> Verdict:
+    """Broken: on rejection resample from p instead of norm(max(0, p - q))."""
+    b, k = drafts.shape
+    px = p[:, :k].gather(-1, drafts[..., None]).squeeze(-1)
+    qx = q.gather(-1, drafts[..., None]).squeeze(-1)
+    accepted = torch.cumprod((u_accept * qx < px).long(), dim=1).sum(1)
+    rows = torch.arange(b)
+    nxt = sample_from_probs(p[rows, accepted][:, None], u_next[rows, accepted][:, None])
+    return Verdict(accepted, nxt.squeeze(1))
+
+
+CASES = {
+    # temperature 1, no top-p, k=2: paths reject@1, accept1+reject@2, accept both + bonus.
+    "t1-k2": dict(n_tokens=4, depth=2, temperature=1.0, top_p=1.0, stop=None),
+    # temperature and top-p processing on both p and q, deeper drafts, and a stop token that
+    # ends sequences inside accepted runs.
+    "t0.7-p0.9-k3-stop": dict(n_tokens=4, depth=3, temperature=0.7, top_p=0.9, stop=0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sd_sampling_matches_target_distribution(case: str) -> None:
+    torch.set_num_threads(1)
+    cfg = CASES[case]
+    model = _target()
+    exact = _exact_distribution(
+        model, cfg["n_tokens"], cfg["temperature"], cfg["top_p"], cfg["stop"]
+    )
+    observed, engine = _sd_samples(model, **cfg)
+    # SD really ran, with both acceptances and rejections (otherwise the test proves little).
+    assert engine.stats.sd_steps > 0
+    assert 0.05 < engine.stats.acceptance_rate < 0.95, engine.stats.snapshot()
+    stat, crit, df = _chi_square(observed, exact, SAMPLES)
+    assert stat < crit, f"chi-square {stat:.1f} >= {crit:.1f} (df={df}): SD is not lossless"
+
+
+@pytest.mark.parametrize(
+    "rule", [_accept_always, _resample_from_p], ids=["accept-always", "resample-p"]
+)
+def test_broken_acceptance_rules_are_caught(rule: AcceptanceRule) -> None:
+    torch.set_num_threads(1)
+    cfg = CASES["t1-k2"]
+    model = _target()
+    exact = _exact_distribution(
+        model, cfg["n_tokens"], cfg["temperature"], cfg["top_p"], cfg["stop"]
+    )
+    observed, _ = _sd_samples(model, rule=rule, **cfg)
+    stat, crit, _ = _chi_square(observed, exact, SAMPLES)
+    assert stat > crit, f"broken rule passed the check: chi-square {stat:.1f} < {crit:.1f}"

@@ -1,0 +1,116 @@
+"""The rollout-engine contract: what a request asks for and what a result promises.
+
+The rollout worker (and the GRPO step driver behind it) talks to any generation backend only
+through :class:`RolloutEngine`: the native ``torch_engine.TorchEngine`` implements it today, a
+vLLM backend can implement it later. The numbers in a result are defined
+here, once, because GRPO's importance ratios and the drafter trainer both depend on them:
+
+* ``output_logprobs[i]`` is ``log_softmax(logits_i / T)[y_i]`` where ``logits_i`` are the target's
+  logits that produced token ``y_i`` and ``T`` the request's temperature: the log-probability of
+  the sampled token under the policy at temperature ``T``, taken BEFORE top-p truncation (so it is
+  the policy's own number, comparable with a trainer-side forward at the same temperature). For a
+  greedy request (``temperature == 0``) ``T`` is taken as 1: the raw policy log-probability. The
+  speculative path returns the target's numbers too, never the drafter's.
+* ``hidden_states[i]`` is the target's last-layer hidden state (after the final norm, i.e. what
+  the LM head consumes) that produced ``y_i``: ``logits_i == lm_head(hidden_states[i])``. So
+  ``hidden_states[0]`` belongs to the last prompt position.
+* The stop token that ended a sequence is part of ``output_token_ids`` (GRPO needs its log-prob).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+FinishReason = Literal["stop", "length"]
+"""``stop``: the last output token is one of the request's stop tokens; ``length``:
+``max_new_tokens`` were generated."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to complete."""
+
+    prompt_token_ids: Sequence[int]
+    """Prompt tokens; at least one."""
+    max_new_tokens: int
+    """Most tokens to generate (the stop token counts)."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 means greedy (argmax)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``."""
+    seed: int | None = None
+    """Seed of this request's random stream; results depend only on it (and the model), not on
+    which other requests share the batch. ``None`` draws a fresh seed."""
+    stop_token_ids: Sequence[int] = ()
+    """Tokens that end the sequence (EOS and friends); the stop token is kept in the output."""
+    return_hidden_states: bool = False
+    """Also return the target's last-layer hidden states of the generated tokens."""
+    request_id: str | None = None
+    """Caller's identifier, echoed in the result."""
+
+    def validate(self, vocab_size: int, max_positions: int | None) -> None:
+        """Raise ``ValueError`` naming the offending field when the request cannot run."""
+        if len(self.prompt_token_ids) == 0:
+            raise ValueError(f"request {self.request_id!r}: prompt_token_ids is empty; pass >= 1")
+        bad = [t for t in self.prompt_token_ids if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise ValueError(
+                f"request {self.request_id!r}: prompt_token_ids {bad[:5]} outside the model's "
+                f"vocabulary [0, {vocab_size})"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError(
+                f"request {self.request_id!r}: max_new_tokens={self.max_new_tokens}; must be >= 1"
+            )
+        if self.temperature < 0:
+            raise ValueError(
+                f"request {self.request_id!r}: temperature={self.temperature}; must be >= 0 "
+                "(0 = greedy)"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"request {self.request_id!r}: top_p={self.top_p}; must be in (0, 1]")
+        total = len(self.prompt_token_ids) + self.max_new_tokens
+        if max_positions is not None and total > max_positions:
+            raise ValueError(
+                f"request {self.request_id!r}: prompt ({len(self.prompt_token_ids)}) + "
+                f"max_new_tokens ({self.max_new_tokens}) = {total} exceeds the model's "
+                f"max_position_embeddings ({max_positions}); lower max_new_tokens"
+            )
+
+
+@dataclass
+class GenerationResult:
+    """The completion of one :class:`GenerationRequest` (see the module text for definitions)."""
+
+    request_id: str | None
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    output_logprobs: list[float]
+    """Target log-probs of the output tokens at the request's temperature, before top-p."""
+    finish_reason: FinishReason
+    hidden_states: torch.Tensor | None = None
+    """``[T_out, H]`` target last-layer states that produced each output token, or ``None``
+    when the request did not ask for them. On the model's device, in the model's dtype."""
+    spec_steps: int = 0
+    """Speculative steps this sequence took part in (0 when SD never ran for it)."""
+    drafted_tokens: int = 0
+    """Draft tokens proposed for this sequence."""
+    accepted_tokens: int = 0
+    """Draft tokens the target accepted for this sequence."""
+
+
+class RolloutEngine(abc.ABC):
+    """A batched generation backend. Implementations: TorchEngine (native), vLLM (later)."""
+
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Complete every request; results come back in request order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release engine resources (GPU memory, worker processes)."""

@@ -1,0 +1,211 @@
+"""Rollout statistics: per-step records, cumulative counters, and their Prometheus metrics.
+
+The torch engine records one :class:`StepRecord` per decode step into :class:`RolloutStats`
+(plain Python, what the worker's status endpoint and the run summary read) and, when a registry
+was given, into :class:`RolloutMetrics`. "Accepted length" is the number of tokens one sequence
+gains in one speculative step: accepted draft tokens plus the correction/bonus token (so 1 means
+every draft was rejected); acceptance rate is accepted drafts / proposed drafts.
+
+Metric names are module constants so the shared metrics module and dashboards can refer to them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import Counter as PromCounter
+
+METRIC_DECODE_STEPS = "longtail_rollout_decode_steps_total"
+METRIC_GENERATED_TOKENS = "longtail_rollout_generated_tokens_total"
+METRIC_DRAFT_TOKENS = "longtail_rollout_draft_tokens_total"
+METRIC_ACCEPTED_DRAFT_TOKENS = "longtail_rollout_accepted_draft_tokens_total"
+METRIC_ACCEPTED_LENGTH = "longtail_rollout_accepted_length"
+METRIC_STEP_SECONDS = "longtail_rollout_step_seconds"
+METRIC_RUNNING_SEQUENCES = "longtail_rollout_running_sequences"
+METRIC_WAITING_SEQUENCES = "longtail_rollout_waiting_sequences"
+METRIC_SD_ACTIVE = "longtail_rollout_sd_active"
+METRIC_DRAFT_DEPTH = "longtail_rollout_draft_depth"
+METRIC_TOKENS_PER_SECOND = "longtail_rollout_tokens_per_second"
+METRIC_ACCEPTANCE_RATE = "longtail_rollout_acceptance_rate"
+
+ALL_METRICS = (
+    METRIC_DECODE_STEPS,
+    METRIC_GENERATED_TOKENS,
+    METRIC_DRAFT_TOKENS,
+    METRIC_ACCEPTED_DRAFT_TOKENS,
+    METRIC_ACCEPTED_LENGTH,
+    METRIC_STEP_SECONDS,
+    METRIC_RUNNING_SEQUENCES,
+    METRIC_WAITING_SEQUENCES,
+    METRIC_SD_ACTIVE,
+    METRIC_DRAFT_DEPTH,
+    METRIC_TOKENS_PER_SECOND,
+    METRIC_ACCEPTANCE_RATE,
+)
+
+StepMode = Literal["sd", "plain", "prefill"]
+
+
+@dataclass
+class StepRecord:
+    """What one engine step did."""
+
+    mode: StepMode
+    batch_size: int
+    emitted_tokens: int
+    latency_s: float
+    draft_depth: int = 0
+    drafted_tokens: int = 0
+    accepted_drafts: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    """Per row of an SD step: accepted drafts + 1 (before stop/length truncation)."""
+    cut_by_stop: int = 0
+    """Rows of an SD step whose accepted run was cut after a stop token."""
+    cut_by_length: int = 0
+    """Rows of an SD step whose accepted run was cut at max_new_tokens."""
+
+
+@dataclass
+class RolloutStats:
+    """Cumulative counters over an engine's life (or since :meth:`reset`)."""
+
+    steps: int = 0
+    sd_steps: int = 0
+    plain_steps: int = 0
+    prefill_steps: int = 0
+    tokens: int = 0
+    sd_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    time_s: float = 0.0
+    sd_time_s: float = 0.0
+    max_batch_size: int = 0
+    sd_cut_by_stop: int = 0
+    sd_cut_by_length: int = 0
+    accepted_length_hist: Counter[int] = field(default_factory=Counter)
+    last: StepRecord | None = None
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def record(self, step: StepRecord) -> None:
+        self.steps += 1
+        self.tokens += step.emitted_tokens
+        self.time_s += step.latency_s
+        if step.mode != "prefill":
+            self.max_batch_size = max(self.max_batch_size, step.batch_size)
+        if step.mode == "sd":
+            self.sd_steps += 1
+            self.sd_tokens += step.emitted_tokens
+            self.sd_time_s += step.latency_s
+            self.drafted += step.drafted_tokens
+            self.accepted += step.accepted_drafts
+            self.accepted_length_hist.update(step.accepted_lengths)
+            self.sd_cut_by_stop += step.cut_by_stop
+            self.sd_cut_by_length += step.cut_by_length
+        elif step.mode == "plain":
+            self.plain_steps += 1
+        else:
+            self.prefill_steps += 1
+        self.last = step
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        n = sum(self.accepted_length_hist.values())
+        return sum(k * c for k, c in self.accepted_length_hist.items()) / n if n else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.time_s if self.time_s > 0 else 0.0
+
+    def snapshot(self) -> dict[str, object]:
+        """Plain-data view for status endpoints and summaries."""
+        return {
+            "steps": self.steps,
+            "sd_steps": self.sd_steps,
+            "plain_steps": self.plain_steps,
+            "prefill_steps": self.prefill_steps,
+            "tokens": self.tokens,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "tokens_per_second": self.tokens_per_second,
+            "max_batch_size": self.max_batch_size,
+            "accepted_length_hist": dict(sorted(self.accepted_length_hist.items())),
+            "sd_active": self.last is not None and self.last.mode == "sd",
+            "running": self.last.batch_size if self.last else 0,
+        }
+
+
+class RolloutMetrics:
+    """Prometheus view of the same numbers, registered in the registry passed in."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.steps = PromCounter(
+            METRIC_DECODE_STEPS,
+            "Engine steps by mode (sd, plain, prefill).",
+            ["mode"],
+            registry=registry,
+        )
+        self.tokens = PromCounter(
+            METRIC_GENERATED_TOKENS, "Tokens generated (committed).", registry=registry
+        )
+        self.drafted = PromCounter(
+            METRIC_DRAFT_TOKENS, "Draft tokens proposed by the drafter.", registry=registry
+        )
+        self.accepted = PromCounter(
+            METRIC_ACCEPTED_DRAFT_TOKENS, "Draft tokens accepted by the target.", registry=registry
+        )
+        self.accepted_length = Histogram(
+            METRIC_ACCEPTED_LENGTH,
+            "Tokens gained per sequence per speculative step (accepted drafts + 1).",
+            buckets=[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33],
+            registry=registry,
+        )
+        self.step_seconds = Histogram(
+            METRIC_STEP_SECONDS, "Latency of one engine step by mode.", ["mode"], registry=registry
+        )
+        self.running = Gauge(
+            METRIC_RUNNING_SEQUENCES, "Sequences being decoded.", registry=registry
+        )
+        self.waiting = Gauge(METRIC_WAITING_SEQUENCES, "Sequences queued.", registry=registry)
+        self.sd_active = Gauge(
+            METRIC_SD_ACTIVE, "1 while speculative decoding is on.", registry=registry
+        )
+        self.draft_depth = Gauge(
+            METRIC_DRAFT_DEPTH, "Draft depth of the last SD step.", registry=registry
+        )
+        self.tokens_per_second = Gauge(
+            METRIC_TOKENS_PER_SECOND, "Tokens per second of the last step.", registry=registry
+        )
+        self.acceptance_rate = Gauge(
+            METRIC_ACCEPTANCE_RATE,
+            "Cumulative accepted / proposed draft tokens.",
+            registry=registry,
+        )
+
+    def observe(self, step: StepRecord, stats: RolloutStats, waiting: int) -> None:
+        self.steps.labels(mode=step.mode).inc()
+        self.tokens.inc(step.emitted_tokens)
+        self.step_seconds.labels(mode=step.mode).observe(step.latency_s)
+        self.running.set(step.batch_size)
+        self.waiting.set(waiting)
+        if step.mode != "prefill":
+            self.sd_active.set(1 if step.mode == "sd" else 0)
+        if step.latency_s > 0:
+            self.tokens_per_second.set(step.emitted_tokens / step.latency_s)
+        if step.mode == "sd":
+            self.drafted.inc(step.drafted_tokens)
+            self.accepted.inc(step.accepted_drafts)
+            self.draft_depth.set(step.draft_depth)
+            for n in step.accepted_lengths:
+                self.accepted_length.observe(n)
+            self.acceptance_rate.set(stats.acceptance_rate)

@@ -1,0 +1,97 @@
+"""The target (policy) model as the engine sees it: one cached forward -> (logits, last hidden).
+
+Wraps a Hugging Face causal LM (``Qwen2ForCausalLM``, Llama-style models and others whose
+``get_decoder()`` returns the base model and whose output head is a plain ``nn.Linear``). The
+engine calls the base model and the LM head separately because it needs the last-layer hidden
+states anyway (drafter input, drafter training data) and because prefill only needs logits at the
+last prompt position, not ``[B, P, V]``. At construction a probe forward checks that
+``lm_head(last_hidden_state)`` reproduces the model's own logits, so a model that post-processes
+logits (soft-capping, scaling) is refused instead of being sampled from wrongly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from longtail_workers.engine.kv_cache import PaddedKVCache, check_attention_implementation
+
+
+class TargetModel:
+    """Cached forward of the policy with explicit positions and a per-slot validity mask."""
+
+    def __init__(self, model: nn.Module) -> None:
+        if model.training:
+            raise ValueError(
+                "the target model is in training mode (dropout active); call model.eval() "
+                "before handing it to the rollout engine"
+            )
+        self.model = model
+        self.config: Any = model.config  # a transformers PretrainedConfig
+        check_attention_implementation(self.config)
+        self.decoder = model.get_decoder()  # type: ignore[operator]
+        head = model.get_output_embeddings()  # type: ignore[operator]
+        if not isinstance(head, nn.Linear):
+            raise ValueError(
+                f"the torch engine needs an nn.Linear output head; {type(model).__name__} has "
+                f"{type(head).__name__}"
+            )
+        self.lm_head: nn.Linear = head
+        self.embed_tokens: nn.Module = model.get_input_embeddings()  # type: ignore[operator]
+        self.vocab_size = int(head.out_features)
+        self.hidden_size = int(head.in_features)
+        self.max_positions: int | None = getattr(self.config, "max_position_embeddings", None)
+        self._probe()
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @torch.no_grad()
+    def _probe(self) -> None:
+        ids = torch.tensor([[0, min(1, self.vocab_size - 1)]], device=self.device)
+        ref = self.model(input_ids=ids, use_cache=False).logits
+        mine = self.lm_head(self.decoder(input_ids=ids, use_cache=False).last_hidden_state)
+        if ref.shape != mine.shape or not torch.allclose(ref, mine, rtol=1e-4, atol=1e-4):
+            raise ValueError(
+                f"{type(self.model).__name__}: lm_head(last_hidden_state) does not reproduce the "
+                "model's logits (the model post-processes logits, e.g. soft-capping); the torch "
+                "engine cannot sample from it correctly"
+            )
+
+    def new_cache(self, batch_size: int) -> PaddedKVCache:
+        return PaddedKVCache(self.config, batch_size, self.device)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv: PaddedKVCache,
+        new_valid: torch.Tensor,
+        logits_last: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``input_ids`` ``[B, Q]`` at ``positions`` ``[B, Q]`` after the cached slots.
+
+        Appends Q slots to ``kv`` (validity ``new_valid`` ``[B, Q]``). Returns ``(logits, hidden)``:
+        hidden ``[B, Q, H]`` (post-final-norm) and logits for the last ``logits_last`` positions
+        (all when ``None``) ``[B, Q', V]``.
+        """
+        mask = kv.mask_for(new_valid, self.dtype)  # [B, 1, Q, L+Q]
+        out = self.decoder(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=kv.cache,
+            use_cache=True,
+        )
+        kv.commit(new_valid)
+        hidden = out.last_hidden_state  # [B, Q, H]
+        kept = hidden if logits_last is None else hidden[:, -logits_last:]
+        return self.lm_head(kept), hidden

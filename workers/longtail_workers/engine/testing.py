@@ -1,0 +1,47 @@
+"""Tiny random Qwen2 targets for engine tests, CPU smoke runs and examples (no downloads).
+
+Used by the engine/drafter unit tests. Randomly initialised transformer LMs with the default
+initializer range produce near-uniform next-token distributions, which make speculative decoding
+meaningless (nothing to predict) and greedy decoding fragile (near-ties). ``sharpness`` scales
+the LM head so that distributions are peaked like a trained model's, and the model is built
+under a private RNG so the global torch seed is untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+
+def tiny_qwen2(
+    *,
+    seed: int = 0,
+    vocab_size: int = 48,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    sharpness: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+    max_position_embeddings: int = 512,
+    attn_implementation: str = "sdpa",
+) -> Qwen2ForCausalLM:
+    """A seeded random ``Qwen2ForCausalLM`` in eval mode; ``sharpness`` multiplies the logits."""
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = attn_implementation
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    return model.to(dtype).eval()
