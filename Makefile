@@ -9,7 +9,7 @@ CRD_FILES := crds/rljob.yaml
 REFERENCE := docs/rljob-reference.md
 EXTRAS ?= operator,workers,dev
 
-.PHONY: help install test lint format typecheck contracts verify crds unit examples
+.PHONY: help install test lint format typecheck contracts verify crds unit integration controlplane examples
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -44,8 +44,14 @@ crds: ## Regenerate the CRD and the RLJob reference from the spec dataclasses
 	$(PY) -m longtail_api.crdgen --write $(CRD_FILES)
 	$(PY) -m longtail_api.docgen --write $(REFERENCE)
 
-unit: ## Run the pytest suite
-	$(VENV)/bin/pytest
+unit: ## Unit tests (no control plane, no GPU)
+	$(VENV)/bin/pytest -m "not integration"
+
+integration: ## Tests against a real Kubernetes v1.20 control plane (first run builds it: 10-15 min)
+	$(VENV)/bin/pytest -m integration tests/integration
+
+controlplane: ## Build (cached under ~/.cache/longtail/kube) the local Kubernetes control plane
+	e2e/controlplane.sh build
 
 examples: ## Validate the numbered examples
 	$(VENV)/bin/longtail validate examples/*.yaml
