@@ -42,6 +42,8 @@ def save_drafter(drafter: EagleDrafter, directory: str | Path, version: int | No
         "drafter": {
             "layers": 1,
             "final_norm": False,
+            "input_norm": drafter.input_norm,
+            "fc_bias": drafter.fc_bias,
             "pairing": "input (embed(x[t+1]), h[t]) at position t -> predicts h[t+1]",
         },
         "dtype": str(drafter.fc.weight.dtype).removeprefix("torch."),
@@ -90,7 +92,14 @@ def load_drafter(directory: str | Path, target: nn.Module, *, target_id: str) ->
             f"drafter in {directory} does not belong to this target ({'; '.join(diffs)}); "
             "load a drafter trained for this model or start from a fresh one"
         )
-    drafter = EagleDrafter(target, target_id=target_id)
+    layout = config.get("drafter")
+    layout = layout if isinstance(layout, dict) else {}
+    drafter = EagleDrafter(
+        target,
+        target_id=target_id,
+        input_norm=bool(layout.get("input_norm", True)),
+        fc_bias=bool(layout.get("fc_bias", True)),
+    )
     weights = load_file(str(Path(directory) / WEIGHTS_FILE), device=str(drafter.fc.weight.device))
     expected = drafter.trainable_state_dict()
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))

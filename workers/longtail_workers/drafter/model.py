@@ -16,7 +16,9 @@ to the LM head (EAGLE-1 does the same); a norm would also break SmoothL1 on the 
 The decoder layer is the target's own layer class (``Qwen2DecoderLayer`` for Qwen2, likewise for
 Llama-style models) built from a one-layer copy of the target config, with its own rotary
 embedding; it is used unmodified (EAGLE-1 drops the layer's input norm; we keep it, since the
-fc output is not normalised and the layer class should stay the stock one).
+fc output is not normalised and the layer class should stay the stock one). ``input_norm=False``
+and ``fc_bias=False`` give EAGLE-1's serving layout instead (what vLLM's and SGLang's EAGLE
+drafters compute; needed for an exact export, see ``spot/export.py``).
 
 The embedding and LM head are held as plain references, not registered submodules,
 so they are never in ``state_dict()``, never in ``parameters()`` (an optimizer cannot see them)
@@ -97,6 +99,8 @@ class EagleDrafter(nn.Module):
         target_id: str,
         seed: int = 0,
         attn_implementation: str = "sdpa",
+        input_norm: bool = True,
+        fc_bias: bool = True,
     ) -> None:
         super().__init__()
         embedding = target.get_input_embeddings()  # type: ignore[operator]
@@ -117,8 +121,11 @@ class EagleDrafter(nn.Module):
         self.config: Any = _layer_config(target, attn_implementation)
         hidden = self.info.hidden_size
         self._shared = _SharedParts(embedding, lm_head)
-        self.fc = nn.Linear(2 * hidden, hidden, bias=True)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
         self.layer = type(decoder.layers[0])(self.config, layer_idx=0)
+        if not input_norm:  # EAGLE-1 / vLLM / SGLang layout: no input norm in layer 0
+            self.layer.input_layernorm = nn.Identity()
+        self.input_norm, self.fc_bias = input_norm, fc_bias
         self.rotary_emb = type(decoder.rotary_emb)(config=self.config)
         self._init_weights(seed)
         device, dtype = lm_head.weight.device, lm_head.weight.dtype

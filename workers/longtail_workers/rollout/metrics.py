@@ -1,0 +1,113 @@
+"""Prometheus view of a rollout worker: role, idleness, versions, buffer and spot trainer.
+
+Registered by :class:`~longtail_workers.rollout.control.RolloutWorker` on its own
+``CollectorRegistry`` (several workers can live in one process, as in tests and local mode).
+:class:`WorkerCollector` reads the worker's state at scrape time, so the numbers exported are
+exactly the ones ``GET /v1/status`` reports and nothing is counted twice. The role-info gauge
+(``longtail_worker_role{role=...}``) lets dashboards join per-pod GPU metrics to activities.
+Metric names and help texts come from ``spot/metrics.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from longtail_api.metrics import MetricSpec
+from longtail_workers.spot import metrics as names
+
+if TYPE_CHECKING:
+    from longtail_workers.rollout.control import RolloutWorker
+
+TRAINER_STATES = ("idle", "training", "stopping", "failed")
+ROLES = ("rollout", "drafter-train")
+
+
+def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
+    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels) or None)
+
+
+def _counter(spec: MetricSpec) -> CounterMetricFamily:
+    # CounterMetricFamily appends "_total" itself; the spec holds the full exposition name.
+    name = spec.name.removesuffix("_total")
+    return CounterMetricFamily(name, spec.help, labels=list(spec.labels) or None)
+
+
+def role_switch_histogram(registry: CollectorRegistry) -> Histogram:
+    spec = names.WORKER_ROLE_SWITCH_SECONDS
+    return Histogram(
+        spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets or ()
+    )
+
+
+def control_requests_counter(registry: CollectorRegistry) -> Counter:
+    spec = names.WORKER_CONTROL_REQUESTS_TOTAL
+    return Counter(spec.name, spec.help, spec.labels, registry=registry)
+
+
+class WorkerCollector(Collector):
+    """Scrape-time gauges and counters from one :class:`RolloutWorker`."""
+
+    def __init__(self, worker: RolloutWorker) -> None:
+        self.worker = worker
+
+    def collect(self) -> Iterator[Metric]:
+        w = self.worker
+        _, observed, _, generating, idle_since = w.activity()
+        role = _gauge(names.WORKER_ROLE)
+        for r in ROLES:
+            role.add_metric([r], 1.0 if r == observed else 0.0)
+        yield role
+        yield GaugeMetricFamily(
+            names.WORKER_GENERATING.name, names.WORKER_GENERATING.help, 1.0 if generating else 0.0
+        )
+        idle = 0.0 if idle_since is None else max(0.0, w.clock() - idle_since)
+        yield GaugeMetricFamily(
+            names.WORKER_IDLE_SECONDS.name, names.WORKER_IDLE_SECONDS.help, idle
+        )
+        for spec, value in (
+            (names.POLICY_VERSION, w.policy_version),
+            (names.DRAFTER_VERSION, w.drafter_version),
+            (names.SPOT_BUFFER_TOKENS, w.buffer.num_tokens),
+            (names.SPOT_BUFFER_BYTES, w.buffer.num_bytes),
+        ):
+            yield GaugeMetricFamily(spec.name, spec.help, float(value))
+        yield from self._buffer_counters()
+        yield from self._trainer()
+
+    def _buffer_counters(self) -> Iterator[Metric]:
+        buf = self.worker.buffer
+        captured = _counter(names.SPOT_BUFFER_CAPTURED_TOKENS_TOTAL)
+        captured.add_metric([], float(buf.added_tokens))
+        yield captured
+        for spec, table in (
+            (names.SPOT_BUFFER_DROPPED_TOTAL, buf.dropped),
+            (names.SPOT_BUFFER_EVICTED_TOTAL, buf.evicted),
+        ):
+            family = _counter(spec)
+            for reason, count in sorted(dict(table).items()):
+                family.add_metric([reason], float(count))
+            yield family
+
+    def _trainer(self) -> Iterator[Metric]:
+        trainer = self.worker.trainer
+        if trainer is None:
+            return
+        status = trainer.status()
+        steps = _counter(names.SPOT_TRAIN_STEPS_TOTAL)
+        steps.add_metric([], float(status.total_steps))
+        yield steps
+        state = _gauge(names.SPOT_TRAINER_STATE)
+        for s in TRAINER_STATES:
+            state.add_metric([s], 1.0 if s == status.state else 0.0)
+        yield state
+        if status.last_loss is not None:
+            spec = names.SPOT_TRAIN_LOSS
+            yield GaugeMetricFamily(spec.name, spec.help, status.last_loss)
+        if trainer.stop_latencies:
+            spec = names.SPOT_STOP_LATENCY_SECONDS
+            yield GaugeMetricFamily(spec.name, spec.help, trainer.stop_latencies[-1])

@@ -1,0 +1,339 @@
+"""Versioned drafter publishing: atomic versions, a ``LATEST`` pointer, and per-window candidates.
+
+The rollout worker submits the drafter its spot trainer produced as a *candidate* of the version
+it started from; at the step boundary one caller (the step driver, or the worker itself in local
+mode) calls :meth:`DrafterRegistry.merge_candidates`, which token-weight-averages the candidates
+(``merge.py``) and publishes version ``d+1``, tagged with the policy version it was trained
+against, its training loss and held-out top-1 accuracy. Rollout workers read
+:meth:`DrafterRegistry.latest` at the start of each rollout (never mid-sequence) and hand the
+loaded drafter to ``TorchEngine.set_drafter``. Layout under ``root``::
+
+    LATEST                      "7\\n": the newest complete version (replaced atomically)
+    versions/000007/            save_drafter() output + version.json (immutable once renamed)
+    candidates/base-000007/<worker>-<id>/   a worker's drafter trained from version 7
+    .staging/                   temporary directories being written
+
+Atomicity: everything is written into ``.staging/<uuid>``, each file and the directory fsynced,
+then the directory is renamed into place (``rename`` is atomic on one filesystem) and only then
+``LATEST`` is replaced via ``os.replace`` of an fsynced temp file. A reader that resolves
+``LATEST`` therefore always finds a complete version. Version numbers are claimed under an
+``fcntl`` lock on ``root/.lock`` so that concurrent publishers (processes on one host or on a
+POSIX-locking shared filesystem) never collide or move ``LATEST`` backwards. Old versions
+beyond ``keep_versions`` are deleted; a reader that lost that race retries with the new latest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+from torch import nn
+
+from longtail_workers.drafter.checkpoint import WEIGHTS_FILE, load_drafter, save_drafter
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.spot.merge import merge_state_dicts
+
+log = logging.getLogger(__name__)
+
+LATEST_FILE = "LATEST"
+META_FILE = "version.json"
+CANDIDATE_FILE = "candidate.json"
+
+
+class VersionConflictError(RuntimeError):
+    """The version being published already exists."""
+
+
+@dataclass(frozen=True)
+class VersionMeta:
+    """What a published drafter version is (``version.json``)."""
+
+    version: int
+    parent_version: int | None
+    policy_version: int
+    train_loss: float | None
+    heldout_top1: float | None
+    trained_tokens: int
+    steps: int
+    merged_from: tuple[str, ...] = ()
+    heldout_top1_is_estimate: bool = False
+    """True for merges: the token-weighted mean of the candidates' accuracies."""
+    created_unix: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VersionMeta:
+        return cls(**{**data, "merged_from": tuple(data.get("merged_from", ()))})
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    version: int
+    path: Path
+    meta: VersionMeta
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A worker's drafter trained from ``base_version`` in one window (``candidate.json``)."""
+
+    path: Path
+    worker: str
+    base_version: int | None
+    policy_version: int
+    tokens: int
+    steps: int
+    train_loss: float | None
+    heldout_top1: float | None
+    created_unix: float
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _base_dir_name(base_version: int | None) -> str:
+    return "base-init" if base_version is None else f"base-{base_version:06d}"
+
+
+class DrafterRegistry:
+    """Published drafter versions and pending candidates under one directory."""
+
+    def __init__(self, root: str | Path, *, keep_versions: int = 5) -> None:
+        if keep_versions < 2:
+            raise ValueError(f"keep_versions={keep_versions}; keep at least 2 (readers race GC)")
+        self.root = Path(root)
+        self.keep_versions = keep_versions
+        for sub in ("versions", "candidates", ".staging"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def latest_version(self) -> int | None:
+        """The number in ``LATEST``, or None before anything was published."""
+        try:
+            text = (self.root / LATEST_FILE).read_text().strip()
+        except FileNotFoundError:
+            return None
+        return int(text)
+
+    def get(self, version: int) -> PublishedVersion:
+        path = self.root / "versions" / f"{version:06d}"
+        meta = json.loads((path / META_FILE).read_text())
+        return PublishedVersion(version, path, VersionMeta.from_dict(meta))
+
+    def latest(self) -> PublishedVersion | None:
+        """The newest complete version (retries if garbage collection raced the read)."""
+        for _ in range(3):
+            version = self.latest_version()
+            if version is None:
+                return None
+            with contextlib.suppress(FileNotFoundError):
+                return self.get(version)
+        raise FileNotFoundError(f"{self.root}: LATEST points at a missing version; is GC racing?")
+
+    def versions(self) -> list[int]:
+        return sorted(int(p.name) for p in (self.root / "versions").iterdir() if p.name.isdigit())
+
+    def load(
+        self, target: nn.Module, *, target_id: str, version: int | None = None
+    ) -> tuple[EagleDrafter, PublishedVersion]:
+        """Load ``version`` (default: the latest) as an eval-mode drafter on ``target``."""
+        for _ in range(3):
+            published = self.get(version) if version is not None else self.latest()
+            if published is None:
+                raise FileNotFoundError(f"{self.root}: no drafter version published yet")
+            try:
+                return load_drafter(published.path, target, target_id=target_id), published
+            except FileNotFoundError:
+                if version is not None:
+                    raise
+        raise FileNotFoundError(f"{self.root}: versions keep disappearing while loading")
+
+    # --- publishing -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.root / ".lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _stage(
+        self, drafter: EagleDrafter, version: int | None, meta: dict[str, Any], name: str
+    ) -> Path:
+        staging = self.root / ".staging" / uuid.uuid4().hex
+        save_drafter(drafter, staging, version=version)
+        _write_json(staging / name, meta)
+        for f in staging.iterdir():
+            _fsync_file(f)
+        _fsync_dir(staging)
+        return staging
+
+    def publish(
+        self,
+        drafter: EagleDrafter,
+        *,
+        policy_version: int,
+        train_loss: float | None = None,
+        heldout_top1: float | None = None,
+        trained_tokens: int = 0,
+        steps: int = 0,
+        merged_from: tuple[str, ...] = (),
+        heldout_top1_is_estimate: bool = False,
+        expected_parent: int | str | None = "any",
+    ) -> PublishedVersion:
+        """Publish ``drafter`` as version latest+1 (0 for the first) and move ``LATEST`` to it.
+
+        ``expected_parent`` (a version or None): refuse with :class:`VersionConflictError` when
+        the latest version is another one (someone published in between).
+        """
+        with self._locked():
+            parent = self.latest_version()
+            if expected_parent != "any" and parent != expected_parent:
+                raise VersionConflictError(
+                    f"expected to publish on top of version {expected_parent}, but {parent} is "
+                    "the latest; the candidates were trained from an old drafter"
+                )
+            version = 0 if parent is None else parent + 1
+            meta = VersionMeta(
+                version,
+                parent,
+                policy_version,
+                train_loss,
+                heldout_top1,
+                trained_tokens,
+                steps,
+                merged_from,
+                heldout_top1_is_estimate,
+                time.time(),
+            )
+            staging = self._stage(drafter, version, meta.to_dict(), META_FILE)
+            final = self.root / "versions" / f"{version:06d}"
+            if final.exists():
+                shutil.rmtree(staging)
+                raise VersionConflictError(f"{final} already exists; LATEST is behind the files")
+            os.rename(staging, final)
+            _fsync_dir(final.parent)
+            pointer = self.root / f".{LATEST_FILE}.{uuid.uuid4().hex}.tmp"
+            pointer.write_text(f"{version}\n")
+            _fsync_file(pointer)
+            os.replace(pointer, self.root / LATEST_FILE)
+            _fsync_dir(self.root)
+            self._collect_garbage(version)
+        log.info("published drafter version %d (policy version %d)", version, policy_version)
+        return PublishedVersion(version, final, meta)
+
+    def _collect_garbage(self, latest: int) -> None:
+        for old in self.versions()[: -self.keep_versions]:
+            if old != latest:
+                shutil.rmtree(self.root / "versions" / f"{old:06d}", ignore_errors=True)
+        for base in (self.root / "candidates").iterdir():
+            digits = base.name.removeprefix("base-")
+            if (digits.isdigit() and int(digits) < latest) or base.name == "base-init":
+                shutil.rmtree(base, ignore_errors=True)
+
+    # --- candidates and merge ---------------------------------------------------------------
+
+    def submit_candidate(
+        self,
+        drafter: EagleDrafter,
+        *,
+        worker: str,
+        base_version: int | None,
+        policy_version: int,
+        tokens: int,
+        steps: int,
+        train_loss: float | None = None,
+        heldout_top1: float | None = None,
+    ) -> Candidate:
+        """Store one worker's trained drafter for the merge of ``base_version``'s window."""
+        if not worker or "/" in worker:
+            raise ValueError(f"worker={worker!r}; must be a non-empty name without '/'")
+        info = {
+            "worker": worker, "base_version": base_version, "policy_version": policy_version,
+            "tokens": tokens, "steps": steps, "train_loss": train_loss,
+            "heldout_top1": heldout_top1, "created_unix": time.time(),
+        }  # fmt: skip
+        staging = self._stage(drafter, base_version, info, CANDIDATE_FILE)
+        parent = self.root / "candidates" / _base_dir_name(base_version)
+        parent.mkdir(parents=True, exist_ok=True)
+        final = parent / f"{worker}-{uuid.uuid4().hex[:8]}"
+        os.rename(staging, final)
+        _fsync_dir(parent)
+        return Candidate(path=final, **info)  # type: ignore[arg-type]
+
+    def candidates(self, base_version: int | None) -> list[Candidate]:
+        """The newest candidate of each worker for ``base_version``."""
+        parent = self.root / "candidates" / _base_dir_name(base_version)
+        if not parent.is_dir():
+            return []
+        newest: dict[str, Candidate] = {}
+        for path in parent.iterdir():
+            info = json.loads((path / CANDIDATE_FILE).read_text())
+            cand = Candidate(path=path, **info)
+            if cand.worker not in newest or cand.created_unix > newest[cand.worker].created_unix:
+                newest[cand.worker] = cand
+        return sorted(newest.values(), key=lambda c: c.worker)
+
+    def merge_candidates(
+        self, target: nn.Module, *, target_id: str, base_version: int | None = None
+    ) -> PublishedVersion | None:
+        """Merge the candidates trained from ``base_version`` (default: latest) and publish.
+
+        Returns None when no worker submitted one (nothing trained in this window).
+        """
+        base = self.latest_version() if base_version is None else base_version
+        cands = [c for c in self.candidates(base) if c.tokens > 0]
+        if not cands:
+            return None
+        merged = load_drafter(cands[0].path, target, target_id=target_id)
+        parts = [(load_file(str(c.path / WEIGHTS_FILE)), c.tokens) for c in cands]
+        merged.load_state_dict(merge_state_dicts(parts))
+        total = sum(c.tokens for c in cands)
+        return self.publish(
+            merged.eval(),
+            policy_version=max(c.policy_version for c in cands),
+            train_loss=_weighted([(c.train_loss, c.tokens) for c in cands]),
+            heldout_top1=_weighted([(c.heldout_top1, c.tokens) for c in cands]),
+            trained_tokens=total,
+            steps=max(c.steps for c in cands),
+            merged_from=tuple(c.worker for c in cands),
+            heldout_top1_is_estimate=len(cands) > 1,
+            expected_parent=base,
+        )
+
+
+def _weighted(values: list[tuple[float | None, int]]) -> float | None:
+    known = [(v, n) for v, n in values if v is not None and n > 0]
+    total = sum(n for _, n in known)
+    return sum(v * n for v, n in known) / total if total else None
