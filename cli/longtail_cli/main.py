@@ -1,4 +1,4 @@
-"""``longtail`` subcommands: validate, crd, worker, and --version.
+"""``longtail`` subcommands: validate, crd, worker, drafter export, and --version.
 
 Called by the console script declared in pyproject.toml. Each subcommand is a small function
 returning an exit code; heavy packages are imported inside the subcommand that needs them.
@@ -62,7 +62,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     target = WORKER_ROLES[args.role]
     module_name, func_name = target.split(":")
     entry: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), func_name)
-    return entry(list(args.worker_args))
+    return entry(list(args.forwarded))
+
+
+def cmd_drafter_export(args: argparse.Namespace) -> int:
+    """Export a drafter for EAGLE-capable serving engines (see docs/drafter-export.md)."""
+    module = importlib.import_module("longtail_workers.spot.export")
+    entry: Callable[[list[str]], int] = module.main
+    return entry(list(args.forwarded))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,15 +87,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("crd", help="print the RLJob CustomResourceDefinition")
     p.set_defaults(func=cmd_crd)
 
-    p = sub.add_parser("worker", help="run a worker role (used in worker pods and local mode)")
+    p = sub.add_parser(
+        "worker",
+        help="run a worker role (used in worker pods and local mode)",
+        add_help=False,  # `longtail worker ROLE --help` shows the role's own options
+    )
     p.add_argument("role", choices=sorted(WORKER_ROLES))
-    p.add_argument("worker_args", nargs=argparse.REMAINDER, help="role options (see ROLE --help)")
-    p.set_defaults(func=cmd_worker)
+    p.set_defaults(func=cmd_worker, forwards=True)
+
+    p = sub.add_parser("drafter", help="drafter utilities")
+    dsub = p.add_subparsers(dest="drafter_command", required=True, metavar="ACTION")
+    e = dsub.add_parser(
+        "export",
+        help="write a drafter as an EAGLE draft model for SGLang or vLLM",
+        add_help=False,  # --help goes to the exporter, which owns the options
+    )
+    e.set_defaults(func=cmd_drafter_export, forwards=True)
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Subcommands that hand their options to another module's own parser (worker roles, the
+    # drafter exporter) receive every argument argparse did not claim, --help included.
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "forwards", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.forwarded = rest
     code: int = args.func(args)
     return code
 

@@ -77,3 +77,24 @@ def test_crd_prints_generated_crd() -> None:
 def test_unknown_command_is_a_usage_error() -> None:
     out = run("frobnicate")
     assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+def test_unknown_option_is_a_usage_error() -> None:
+    out = run("validate", str(REPO / "examples" / "01-tiny-arith.yaml"), "--bogus")
+    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
+
+
+def test_worker_role_help_is_the_roles_own() -> None:
+    out = run("worker", "verifier", "--help")
+    assert out.returncode == 0
+    assert "usage: longtail worker verifier" in out.stdout and "--max-batch" in out.stdout
+
+
+def test_drafter_export_is_routed_to_the_exporter(tmp_path: Path) -> None:
+    out = run("drafter", "export", "--help")
+    assert out.returncode == 0 and "--engine" in out.stdout
+    missing = run(
+        "drafter", "export", str(tmp_path / "nope"), str(tmp_path / "out"), "--target", "x"
+    )
+    assert missing.returncode != 0
+    assert "nope" in missing.stderr + missing.stdout

@@ -5,7 +5,7 @@ Registered by :class:`~longtail_workers.rollout.control.RolloutWorker` on its ow
 :class:`WorkerCollector` reads the worker's state at scrape time, so the numbers exported are
 exactly the ones ``GET /v1/status`` reports and nothing is counted twice. The role-info gauge
 (``longtail_worker_role{role=...}``) lets dashboards join per-pod GPU metrics to activities.
-Metric names and help texts come from ``spot/metrics.py``.
+Metric names and help texts come from ``longtail_api.metrics``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from longtail_api import metrics as names
 from longtail_api.metrics import MetricSpec
-from longtail_workers.spot import metrics as names
 
 if TYPE_CHECKING:
     from longtail_workers.rollout.control import RolloutWorker

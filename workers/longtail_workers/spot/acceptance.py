@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from longtail_api.metrics import DRAFTER_ACCEPTED_LENGTH, POLICY_ACCEPTED_LENGTH
 from longtail_workers.engine.interface import GenerationResult
-from longtail_workers.spot.metrics import DRAFTER_ACCEPTED_LENGTH, POLICY_ACCEPTED_LENGTH
 
 INITIAL_DRAFTER = -1
 """Drafter version label of a worker's unpublished initial drafter."""

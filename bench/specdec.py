@@ -1,0 +1,301 @@
+"""Speculative-decoding benchmark of the native torch engine (issue: rollout engine).
+
+Run: ``.venv/bin/python bench/specdec.py`` (CPU, built-in tiny model) or
+``python bench/specdec.py --device cuda --model random:qwen2-0.5b --dtype bfloat16`` on a GPU.
+It prints tables and writes ``bench/results/specdec.json``; it asserts nothing (speed targets
+are read by people, never checked by tests, because the machines are shared and noisy).
+
+What it measures, all in one process and one sitting so ratios are comparable:
+
+1. A drafter fitted offline (``drafter.fit``) on the policy's own sampled rollouts of training
+   prompts (the same pairing and loss the online trainer uses).
+2. Throughput sweep: for each batch size, tokens/s of plain decoding vs SD forced on with a
+   fixed draft depth, plus the mean accepted length (draft tokens accepted + 1 per verify step).
+3. Long-tail batch: a batch of prompts whose lengths follow the task's heavy-tailed distribution,
+   generated to completion three ways: no SD, SD always on, and the adaptive policy (SD once the
+   running batch is at most the threshold, bandit over draft depths). Wall time of the batch.
+
+Each configuration runs ``--repeats`` times alternating with the others; the best time counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_workers.drafter.fit import collect_training_sequences, fit_drafter
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.engine.interface import GenerationRequest, GenerationResult
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.models.loading import load_policy
+from longtail_workers.tasks import arith
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class RunFigures:
+    """One timed generation of a batch."""
+
+    seconds: float
+    tokens: int
+    tokens_per_s: float
+    mean_accepted_length: float | None
+    sd_steps: int
+
+
+def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, object, str]:
+    """The target model, its tokenizer and an identifier for the drafter config."""
+    if args.model.startswith("random:"):
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        # GPU scale check without downloadable weights: Qwen2-0.5B's shape, random weights,
+        # the built-in tokenizer (the drafter is fitted to whatever the model emits).
+        _, tok = load_policy("builtin:tiny", dtype="float32", device="cpu")
+        cfg = Qwen2Config(
+            vocab_size=len(tok),
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            attn_implementation="sdpa",
+        )
+        torch.manual_seed(0)
+        dtype = getattr(torch, args.dtype) if args.dtype != "auto" else torch.bfloat16
+        model = Qwen2ForCausalLM(cfg).to(device=args.device, dtype=dtype).eval()
+        return model, tok, args.model
+    model, tok = load_policy(args.model, dtype=args.dtype, device=args.device)
+    return model, tok, args.model
+
+
+def requests_for(
+    tok: object, items: list[arith.TaskItem], max_new: int, temperature: float, seed: int
+) -> list[GenerationRequest]:
+    eos = tok.eos_token_id  # type: ignore[attr-defined]
+    return [
+        GenerationRequest(
+            prompt_token_ids=tok.encode(it.prompt, add_special_tokens=False),  # type: ignore[attr-defined]
+            max_new_tokens=max_new,
+            temperature=temperature,
+            seed=seed + i,
+            stop_token_ids=(eos,),
+            request_id=str(i),
+        )
+        for i, it in enumerate(items)
+    ]
+
+
+def sd_spec(threshold: int, warmup: int, depths: list[int], bandit: bool) -> SpeculativeSpec:
+    selector = SelectorSpec(
+        type="bandit" if bandit else "fixed",
+        epsilon=0.1,
+        window=50,
+        buckets=[1, 2, 4, 8, 16, 32, 64],
+    )
+    return SpeculativeSpec(
+        enabled=True,
+        batch_threshold=threshold,
+        warmup_steps=warmup,
+        strategies=[StrategySpec(draft_depth=k) for k in depths],
+        selector=selector,
+    )
+
+
+def timed(engine: TorchEngine, reqs: list[GenerationRequest], device: str) -> RunFigures:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        results: list[GenerationResult] = engine.generate(reqs)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    tokens = sum(len(r.output_token_ids) for r in results)
+    steps = sum(r.spec_steps for r in results)
+    accepted = sum(r.accepted_tokens for r in results)
+    mal = (accepted + steps) / steps if steps else None  # accepted drafts + 1 per verify step
+    return RunFigures(dt, tokens, tokens / dt, mal, steps)
+
+
+def best(runs: list[RunFigures]) -> RunFigures:
+    return min(runs, key=lambda r: r.seconds)
+
+
+def fit(
+    model: torch.nn.Module, tok: object, target_id: str, args: argparse.Namespace
+) -> tuple[EagleDrafter, dict]:
+    plain = TorchEngine(model, config=EngineConfig(max_running=64))
+    items = arith.generate(args.fit_prompts, seed=1, split="train")
+    t0 = time.perf_counter()
+    seqs = collect_training_sequences(
+        plain, requests_for(tok, items, args.fit_max_new, args.temperature, seed=10_000)
+    )
+    t_collect = time.perf_counter() - t0
+    drafter = EagleDrafter(model, target_id=target_id, seed=0).to(args.device)
+    t0 = time.perf_counter()
+    report = fit_drafter(drafter, seqs, steps=args.fit_steps, batch_size=16, seed=0)
+    t_fit = time.perf_counter() - t0
+    drafter.eval()
+    return drafter, {
+        "sequences": len(seqs),
+        "collect_s": t_collect,
+        "fit_s": t_fit,
+        "steps": args.fit_steps,
+        "loss_first": report.total[0],
+        "loss_last": report.total[-1],
+    }
+
+
+def sweep(
+    model: torch.nn.Module, tok: object, drafter: EagleDrafter, args: argparse.Namespace
+) -> list[dict]:
+    rows = []
+    items = arith.generate(max(args.batch_sizes), seed=2, split="eval")
+    for bs in args.batch_sizes:
+        reqs = requests_for(tok, items[:bs], args.max_new_tokens, args.temperature, seed=20_000)
+        plain = TorchEngine(model, config=EngineConfig(max_running=bs))
+        sd = TorchEngine(
+            model,
+            config=EngineConfig(max_running=bs),
+            drafter=drafter,
+            speculative=sd_spec(10**6, 0, [args.depth], bandit=False),
+        )
+        p_runs, s_runs = [], []
+        for _ in range(args.repeats):
+            p_runs.append(timed(plain, reqs, args.device))
+            s_runs.append(timed(sd, reqs, args.device))
+        p, s = best(p_runs), best(s_runs)
+        rows.append(
+            {
+                "batch": bs,
+                "plain_tok_s": p.tokens_per_s,
+                "sd_tok_s": s.tokens_per_s,
+                "speedup": s.tokens_per_s / p.tokens_per_s,
+                "mean_accepted_length": s.mean_accepted_length,
+                "plain": asdict(p),
+                "sd": asdict(s),
+            }
+        )
+        print(
+            f"  bs={bs:>3}  plain {p.tokens_per_s:8.1f} tok/s   SD(k={args.depth}) "
+            f"{s.tokens_per_s:8.1f} tok/s   x{s.tokens_per_s / p.tokens_per_s:4.2f}   "
+            f"accept {s.mean_accepted_length or 0:4.2f}",
+            flush=True,
+        )
+    return rows
+
+
+def long_tail(
+    model: torch.nn.Module, tok: object, drafter: EagleDrafter, args: argparse.Namespace
+) -> dict:
+    items = arith.generate(args.tail_batch, seed=3, split="eval")
+    reqs = requests_for(tok, items, args.tail_max_new, args.temperature, seed=30_000)
+    n = len(reqs)
+    depths = [2, 4, 6]
+    engines = {
+        "no_sd": TorchEngine(model, config=EngineConfig(max_running=n)),
+        "sd_always": TorchEngine(
+            model,
+            config=EngineConfig(max_running=n),
+            drafter=drafter,
+            speculative=sd_spec(10**6, 0, depths, bandit=True),
+        ),
+        "adaptive": TorchEngine(
+            model,
+            config=EngineConfig(max_running=n),
+            drafter=drafter,
+            speculative=sd_spec(args.threshold, 2, depths, bandit=True),
+        ),
+    }
+    runs: dict[str, list[RunFigures]] = {k: [] for k in engines}
+    for _ in range(args.repeats):
+        for name, eng in engines.items():
+            runs[name].append(timed(eng, reqs, args.device))
+    out = {name: asdict(best(r)) for name, r in runs.items()}
+    base = out["no_sd"]["seconds"]
+    for name, fig in out.items():
+        fig["speedup_vs_no_sd"] = base / fig["seconds"]
+        print(
+            f"  {name:<10} {fig['seconds']:7.2f} s  {fig['tokens']:6d} tokens  "
+            f"x{fig['speedup_vs_no_sd']:4.2f} vs no-SD",
+            flush=True,
+        )
+    out["adaptive_vs_sd_always"] = out["sd_always"]["seconds"] / out["adaptive"]["seconds"]
+    lengths = sorted(len(r.prompt_token_ids) for r in reqs)
+    out["batch"] = {"prompts": n, "threshold": args.threshold, "prompt_len_max": lengths[-1]}
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="builtin:tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--depth", type=int, default=4, help="draft depth k for the sweep")
+    ap.add_argument(
+        "--batch-sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 2, 4, 8, 16, 32, 64],
+    )
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--fit-prompts", type=int, default=256)
+    ap.add_argument("--fit-max-new", type=int, default=256)
+    ap.add_argument("--fit-steps", type=int, default=300)
+    ap.add_argument("--tail-batch", type=int, default=64)
+    ap.add_argument("--tail-max-new", type=int, default=512)
+    ap.add_argument("--threshold", type=int, default=8, help="adaptive: SD when running <= this")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=RESULTS / "specdec.json")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, tok, target_id = load_target(args)
+    print(
+        f"target {target_id} on {args.device}: "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params",
+        flush=True,
+    )
+    print("fitting drafter ...", flush=True)
+    drafter, fit_info = fit(model, tok, target_id, args)
+    print(f"  {fit_info}", flush=True)
+    print(f"throughput sweep (T={args.temperature}, {args.max_new_tokens} new tokens max):")
+    rows = sweep(model, tok, drafter, args)
+    print(f"long-tail batch ({args.tail_batch} prompts, adaptive threshold {args.threshold}):")
+    tail = long_tail(model, tok, drafter, args)
+    result = {
+        "machine": {
+            "device": args.device,
+            "threads": args.threads,
+            "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        },
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "fit": fit_info,
+        "sweep": rows,
+        "long_tail": tail,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
