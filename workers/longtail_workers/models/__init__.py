@@ -1,0 +1,11 @@
+"""Policy models: loading any Hugging Face directory, and the built-in ``builtin:tiny``.
+
+- :mod:`~longtail_workers.models.loading`: ``load_policy(path, dtype, device)``, the one loading
+  path for ``builtin:<name>`` and user directories;
+- :mod:`~longtail_workers.models.builtin`: the ``builtin:tiny`` recipe, build and cache;
+- :mod:`~longtail_workers.models.tokenizer`: its byte-level tokenizer;
+- :mod:`~longtail_workers.models.sft`: the supervised warm-start;
+- :mod:`~longtail_workers.models.evaluation`: greedy accuracy on task items.
+
+Submodules are imported explicitly by their users; importing this package loads nothing heavy.
+"""

@@ -1,0 +1,211 @@
+"""``builtin:tiny``: a small Qwen2 policy Longtail builds itself, warm-started on builtin:arith.
+
+No weights can be downloaded, yet a newcomer's first ``longtail run`` needs a real policy that
+already solves part of the built-in task (so GRPO gets mixed rewards within a group) and emits
+long-tailed responses. This module builds one: a real ``transformers`` ``Qwen2ForCausalLM``
+(random init, seeded) fitted for a few hundred steps by :mod:`longtail_workers.models.sft`, then
+measured greedily on the task's eval split with the ``math`` reward.
+
+The result is cached under ``$LONGTAIL_CACHE_DIR/models/tiny-<recipe hash>/`` (default root
+``~/.cache/longtail``) as an ordinary Hugging Face directory (``save_pretrained`` of model and
+tokenizer, plus ``longtail_build.json`` with the recipe, seed, accuracy and build time). A build
+goes to a temporary directory renamed into place, under a file lock, so concurrent workers build
+once and never see a half-written model. Called by
+:func:`longtail_workers.models.loading.load_policy` for ``builtin:tiny`` and by
+``bench/tiny_model.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+
+from longtail_workers.models.evaluation import greedy_accuracy
+from longtail_workers.models.sft import SftConfig, fit
+from longtail_workers.models.tokenizer import build_char_tokenizer
+from longtail_workers.tasks.arith import ArithConfig, generate
+
+log = logging.getLogger(__name__)
+CACHE_ENV = "LONGTAIL_CACHE_DIR"
+BUILD_INFO_FILE = "longtail_build.json"
+# Bump when the build code changes in a way that changes the weights for the same recipe.
+BUILD_CODE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Everything that determines the built weights; its hash names the cache directory."""
+
+    # Architecture (Qwen2). Tied embeddings: the LM head is the embedding, as in small Qwen2.5.
+    num_layers: int = 4
+    hidden_size: int = 256
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 2048
+    seed: int = 0  # model init and data order
+    sft: SftConfig = field(default_factory=SftConfig)
+    # SFT data: the task's own train split (long items included, so that the model also
+    # writes long, well-formed solutions for them: the rollout long tail).
+    train_items: int = 20000
+    train_task: ArithConfig = field(default_factory=ArithConfig)
+    # Measurement: greedy accuracy on the eval split of this task (the builtin:arith default).
+    task: ArithConfig = field(default_factory=ArithConfig)
+    eval_items: int = 200
+
+    def fingerprint(self) -> str:
+        """Short stable hash of the recipe and the build code version."""
+        blob = json.dumps(
+            {"recipe": dataclasses.asdict(self), "code": BUILD_CODE_VERSION}, sort_keys=True
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+DEFAULT_RECIPE = TinyRecipe()
+
+
+@dataclass
+class BuildReport:
+    """What a build measured; also written to ``longtail_build.json``."""
+
+    recipe: dict[str, Any]
+    fingerprint: str
+    seed: int
+    eval_accuracy: float
+    eval_items: int
+    eval_by_size: dict[str, list[int]]  # size -> [correct, n]
+    final_train_loss: float
+    build_seconds: float
+    train_seconds: float
+    torch_threads: int
+    parameters: int
+
+
+def cache_root() -> Path:
+    """Root of Longtail's cache: ``$LONGTAIL_CACHE_DIR`` or ``~/.cache/longtail``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "longtail"
+
+
+def tiny_dir(recipe: TinyRecipe = DEFAULT_RECIPE) -> Path:
+    """Where ``builtin:tiny`` built with ``recipe`` lives (it may not exist yet)."""
+    return cache_root() / "models" / f"tiny-{recipe.fingerprint()}"
+
+
+def model_config(recipe: TinyRecipe, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
+    """The Qwen2 config of the recipe, with the tokenizer's vocabulary and special ids."""
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_kv_heads,
+        max_position_embeddings=recipe.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def _build_threads() -> int:
+    """All cores this process may use: the build is CPU-bound and runs once."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def build_tiny(dest: Path, recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int = 0) -> BuildReport:
+    """Build, measure and save ``builtin:tiny`` into ``dest`` (a new or empty directory)."""
+    start = time.perf_counter()
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(_build_threads())
+    # fork_rng: seeding here must not reset the random stream of the process that asked.
+    with torch.random.fork_rng(devices=[]):
+        try:
+            torch.manual_seed(recipe.seed)
+            tokenizer = build_char_tokenizer()
+            model = Qwen2ForCausalLM(model_config(recipe, tokenizer))
+            train = generate(recipe.train_items, recipe.seed, "train", recipe.train_task)
+            fit_start = time.perf_counter()
+            loss = fit(model, tokenizer, train, recipe.sft, seed=recipe.seed, log_every=log_every)
+            train_seconds = time.perf_counter() - fit_start
+            held_out = generate(recipe.eval_items, recipe.seed, "eval", recipe.task)
+            result = greedy_accuracy(model, tokenizer, held_out)
+            threads = torch.get_num_threads()
+        finally:
+            torch.set_num_threads(previous_threads)
+    dest.mkdir(parents=True, exist_ok=True)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    report = BuildReport(
+        recipe=dataclasses.asdict(recipe),
+        fingerprint=recipe.fingerprint(),
+        seed=recipe.seed,
+        eval_accuracy=result.accuracy,
+        eval_items=result.n,
+        eval_by_size={str(k): [c, n] for k, (c, n) in result.by_size.items()},
+        final_train_loss=loss,
+        build_seconds=time.perf_counter() - start,
+        train_seconds=train_seconds,
+        torch_threads=threads,
+        parameters=sum(p.numel() for p in model.parameters()),
+    )
+    (dest / BUILD_INFO_FILE).write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+    return report
+
+
+def ensure_tiny(recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int = 100) -> Path:
+    """Return the cached ``builtin:tiny`` directory, building it first if it is missing.
+
+    Concurrent callers serialise on a lock file; the build is renamed into place only when
+    complete, so a directory that exists is always a whole model.
+    """
+    final = tiny_dir(recipe)
+    if (final / BUILD_INFO_FILE).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (final / BUILD_INFO_FILE).is_file():  # another process built it while we waited
+            return final
+        log.info("building builtin:tiny into %s (one-off, about 2-3 min on 2 CPU cores)", final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        try:
+            report = build_tiny(tmp, recipe, log_every=log_every)
+            if final.exists():  # left by hand without a build record: replace it
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+    log.info(
+        "built builtin:tiny in %.0f s, eval accuracy %.3f",
+        report.build_seconds,
+        report.eval_accuracy,
+    )
+    return final
+
+
+def read_build_info(model_dir: Path) -> dict[str, Any]:
+    """The ``longtail_build.json`` of a built model directory."""
+    path = Path(model_dir) / BUILD_INFO_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: {model_dir} is not a model built by Longtail "
+            f"(build builtin:tiny with load_policy('builtin:tiny'))"
+        )
+    return dict(json.loads(path.read_text()))

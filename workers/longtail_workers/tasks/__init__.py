@@ -1,0 +1,6 @@
+"""Built-in tasks: generated prompts with checkable answers (``dataset.path: builtin:<name>``).
+
+Each task module exposes ``generate(n, seed, split) -> list[TaskItem]`` (see
+:mod:`longtail_workers.tasks.arith`, the long-tailed arithmetic task ``builtin:arith``). The
+dataset loader imports a task module only when a job names it.
+"""
