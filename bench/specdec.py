@@ -57,14 +57,15 @@ def load_target(args: argparse.Namespace) -> tuple[torch.nn.Module, object, str]
     if args.model.startswith("random:"):
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        # GPU scale check without downloadable weights: Qwen2-0.5B's shape, random weights,
-        # the built-in tokenizer (the drafter is fitted to whatever the model emits).
+        # GPU scale check without downloadable weights: Qwen2-0.5B's layer shape, random
+        # weights, the built-in byte tokenizer (the drafter is fitted to whatever the model
+        # emits). 36 layers instead of 24 keep it >= 0.5B parameters without the 151k vocab.
         _, tok = load_policy("builtin:tiny", dtype="float32", device="cpu")
         cfg = Qwen2Config(
             vocab_size=len(tok),
             hidden_size=896,
             intermediate_size=4864,
-            num_hidden_layers=24,
+            num_hidden_layers=36,
             num_attention_heads=14,
             num_key_value_heads=2,
             max_position_embeddings=4096,
