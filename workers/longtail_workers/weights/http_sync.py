@@ -21,19 +21,18 @@ import json
 import logging
 import random
 import re
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http import HTTPStatus
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
+from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler
 from longtail_workers.weights.checksum import sha256_hex
 from longtail_workers.weights.store import WeightStore
 from longtail_workers.weights.sync import (
@@ -57,109 +56,36 @@ _CHUNK = 1 << 20  # write large bodies in 1 MiB pieces
 NOTHING_PUBLISHED = "no policy weights published yet"
 
 
-class WeightServer(WeightPublisher):
-    """Serves a :class:`WeightStore` over HTTP; ``publish`` goes straight to the store."""
-
-    def __init__(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        *,
-        keep_last: int = 2,
-        request_timeout_s: float = 300.0,
-    ) -> None:
-        self.host = host
-        self.requested_port = port
-        self.store = WeightStore(keep_last=keep_last)
-        self.request_timeout_s = request_timeout_s
-        self._httpd: _HTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
-        return self.store.publish(version, state_dict)
-
-    def start(self) -> WeightServer:
-        """Bind and serve in a daemon thread. Raises ``OSError`` if binding fails."""
-        if self._httpd is not None:
-            raise RuntimeError("WeightServer.start(): already started (create a new server)")
-        self._httpd = _HTTPServer((self.host, self.requested_port), app=self)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},  # also the latency of stop()
-            name=f"weights-http-{self.port}",
-            daemon=True,
-        )
-        self._thread.start()
-        log.info("policy weights served on %s", self.url)
-        return self
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop serving and close the socket (idempotent)."""
-        httpd, self._httpd = self._httpd, None
-        if httpd is None:
-            return
-        httpd.shutdown()
-        httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout_s)
-
-    def __enter__(self) -> WeightServer:
-        return self.start() if self._httpd is None else self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+class _Handler(JSONRequestHandler):
+    json_separators = None  # json.dumps' default, with spaces
 
     @property
-    def port(self) -> int:
-        if self._httpd is None:
-            raise RuntimeError("WeightServer.port: not started (call start() first)")
-        return int(self._httpd.server_address[1])
-
-    @property
-    def url(self) -> str:
-        """Base URL, e.g. ``http://127.0.0.1:8200``."""
-        host = "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
-        return f"http://{host}:{self.port}"
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True  # an idle keep-alive connection must not block shutdown
-
-    def __init__(self, address: tuple[str, int], *, app: WeightServer) -> None:
-        self.app = app
-        super().__init__(address, _Handler)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _HTTPServer
-
-    def setup(self) -> None:
-        super().setup()
-        # Socket timeout, so a stalled client cannot hold this thread forever.
-        self.connection.settimeout(self.server.app.request_timeout_s)
+    def app(self) -> WeightServer:
+        return self.server.app  # type: ignore[attr-defined, no-any-return]
 
     def do_GET(self) -> None:
-        store = self.server.app.store
+        store = self.app.store
         path = self.path.split("?", 1)[0]
         if path == LATEST_PATH:
             entry = store.latest()
             if entry is None:
-                self._json(404, {"error": f"{NOTHING_PUBLISHED}; retry later"})
+                self.send_json(HTTPStatus.NOT_FOUND, {"error": f"{NOTHING_PUBLISHED}; retry later"})
             else:
-                self._json(200, entry.manifest.to_dict())
+                self.send_json(HTTPStatus.OK, entry.manifest.to_dict())
             return
         match = _VERSION_RE.match(path)
         if match is None:
-            self._json(
-                404, {"error": f"unknown path {path!r}; use {LATEST_PATH} or {VERSION_PATH}"}
+            self.send_json(
+                HTTPStatus.NOT_FOUND,
+                {"error": f"unknown path {path!r}; use {LATEST_PATH} or {VERSION_PATH}"},
             )
             return
         version = int(match.group(1))
         entry = store.get(version)
         if entry is None:
             kept = store.versions()
-            self._json(404, {"error": f"version {version} is not kept; kept versions: {kept}"})
+            message = f"version {version} is not kept; kept versions: {kept}"
+            self.send_json(HTTPStatus.NOT_FOUND, {"error": message})
             return
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
@@ -171,16 +97,35 @@ class _Handler(BaseHTTPRequestHandler):
         for start in range(0, len(view), _CHUNK):
             self.wfile.write(view[start : start + _CHUNK])
 
-    def _json(self, status: int, obj: dict[str, Any]) -> None:
-        body = json.dumps(obj).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.address_string(), *args)
+class WeightServer(WeightPublisher, BackgroundHTTPServer):
+    """Serves a :class:`WeightStore` over HTTP; ``publish`` goes straight to the store."""
+
+    handler_class = _Handler
+    thread_name = "weights-http"
+    request_queue_size = 5  # socketserver's default
+    started_log = "policy weights served on %s"
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        keep_last: int = 2,
+        request_timeout_s: float = 300.0,
+    ) -> None:
+        super().__init__(host, port, request_timeout_s=request_timeout_s)
+        self.host = host
+        self.requested_port = port
+        self.store = WeightStore(keep_last=keep_last)
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
+        return self.store.publish(version, state_dict)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving and close the socket (idempotent); ``start()`` may be called again."""
+        super().stop(timeout_s)
+        self._httpd, self._stopping = None, False
 
 
 class HttpWeightClient(WeightSource):
