@@ -75,7 +75,7 @@ class _Parser:
         for key in data:
             if key not in fields:
                 close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
-                hint = f"did you mean '{close[0]}'?" if close else "remove it"
+                hint = f"did you mean '{close[0]}'?" if close else "remove it."
                 self.fail(
                     f"{path}.{key}", "unknown field", fix=f"{hint} Known: {', '.join(fields)}"
                 )

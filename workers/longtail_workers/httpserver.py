@@ -228,7 +228,8 @@ class JSONRequestHandler(BaseHTTPRequestHandler):
         )
 
     def _dispatch(self, method: str) -> None:
-        raise NotImplementedError
+        """Route one request; every server's handler subclass overrides this."""
+        raise NotImplementedError(f"{type(self).__name__} must override _dispatch")
 
     def read_body(self, max_bytes: int, errors: BodyErrors) -> bytes:
         """Read the request body after checking ``Content-Length`` against ``max_bytes``."""
