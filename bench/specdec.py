@@ -257,7 +257,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fit-steps", type=int, default=300)
     ap.add_argument("--tail-batch", type=int, default=64)
     ap.add_argument("--tail-max-new", type=int, default=512)
-    ap.add_argument("--threshold", type=int, default=8, help="adaptive: SD when running <= this")
+    ap.add_argument("--threshold", type=int, default=32, help="adaptive: SD when running <= this")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "specdec.json")
     return ap.parse_args(argv)
