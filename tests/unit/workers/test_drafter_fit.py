@@ -14,7 +14,7 @@ from longtail_workers.drafter.fit import (
 )
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.engine.testing import random_prompts, tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 
 VOCAB = 48
@@ -27,8 +27,7 @@ def target() -> torch.nn.Module:
 
 
 def _prompts(seed: int, n: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (2 + i % 9,), generator=gen).tolist() for i in range(n)]
+    return random_prompts(seed, n, VOCAB)
 
 
 def _mean_accepted_length(target, drafter: EagleDrafter, temperature: float) -> float:

@@ -10,7 +10,7 @@ import torch
 from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.engine.testing import random_prompts, tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.spot.buffer import CapturedSequence, RolloutBuffer
 from longtail_workers.spot.trainer import EmptyBufferError, SpotTrainer, SpotTrainingError
@@ -26,8 +26,7 @@ def target() -> torch.nn.Module:
 
 
 def _prompts(seed: int, n: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (2 + i % 9,), generator=gen).tolist() for i in range(n)]
+    return random_prompts(seed, n, VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -45,3 +45,9 @@ def tiny_qwen2(
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpness)
     return model.to(dtype).eval()
+
+
+def random_prompts(seed: int, n: int, vocab_size: int) -> list[list[int]]:
+    """``n`` seeded random prompts of 2-10 tokens (lengths cycle, so batches are ragged)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (2 + i % 9,), generator=gen).tolist() for i in range(n)]
