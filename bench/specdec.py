@@ -9,11 +9,17 @@ What it measures, all in one process and one sitting so ratios are comparable:
 
 1. A drafter fitted offline (``drafter.fit``) on the policy's own sampled rollouts of training
    prompts (the same pairing and loss the online trainer uses).
-2. Throughput sweep: for each batch size, tokens/s of plain decoding vs SD forced on with a
-   fixed draft depth, plus the mean accepted length (draft tokens accepted + 1 per verify step).
+2. Throughput sweep: for each batch size, tokens/s of plain decoding vs SD forced on with each
+   draft depth of ``--depths``, plus the mean accepted length (draft tokens accepted + 1 per
+   verify step). The best depth per batch size is what the adaptive policy's bandit converges
+   to, so the table reports it.
 3. Long-tail batch: a batch of prompts whose lengths follow the task's heavy-tailed distribution,
-   generated to completion three ways: no SD, SD always on, and the adaptive policy (SD once the
-   running batch is at most the threshold, bandit over draft depths). Wall time of the batch.
+   generated to completion: no SD, SD always on, and the adaptive policy (SD once the running
+   batch is at most the threshold, bandit over draft depths) with the spec's default threshold
+   and with the threshold calibrated from the sweep (the largest batch size at which SD was
+   still faster). Wall time of the batch.
+
+``--save-drafter DIR`` keeps the fitted drafter and ``--drafter DIR`` reuses it (skips fitting).
 
 Each configuration runs ``--repeats`` times alternating with the others; the best time counts.
 """
@@ -31,6 +37,7 @@ from pathlib import Path
 import torch
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
 from longtail_workers.drafter.fit import collect_training_sequences, fit_drafter
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
@@ -166,59 +173,92 @@ def sweep(
     for bs in args.batch_sizes:
         reqs = requests_for(tok, items[:bs], args.max_new_tokens, args.temperature, seed=20_000)
         plain = TorchEngine(model, config=EngineConfig(max_running=bs))
-        sd = TorchEngine(
-            model,
-            config=EngineConfig(max_running=bs),
-            drafter=drafter,
-            speculative=sd_spec(10**6, 0, [args.depth], bandit=False),
-        )
-        p_runs, s_runs = [], []
-        for _ in range(args.repeats):
+        sds = {
+            k: TorchEngine(
+                model,
+                config=EngineConfig(max_running=bs),
+                drafter=drafter,
+                speculative=sd_spec(10**6, 0, [k], bandit=False),
+            )
+            for k in args.depths
+        }
+        p_runs: list[RunFigures] = []
+        s_runs: dict[int, list[RunFigures]] = {k: [] for k in sds}
+        for _ in range(args.repeats):  # alternate, so drift in machine load hits all alike
             p_runs.append(timed(plain, reqs, args.device))
-            s_runs.append(timed(sd, reqs, args.device))
-        p, s = best(p_runs), best(s_runs)
+            for k, eng in sds.items():
+                s_runs[k].append(timed(eng, reqs, args.device))
+        p = best(p_runs)
+        by_depth = {k: best(r) for k, r in s_runs.items()}
+        k_best = max(by_depth, key=lambda k: by_depth[k].tokens_per_s)
+        s = by_depth[k_best]
         rows.append(
             {
                 "batch": bs,
                 "plain_tok_s": p.tokens_per_s,
+                "best_depth": k_best,
                 "sd_tok_s": s.tokens_per_s,
                 "speedup": s.tokens_per_s / p.tokens_per_s,
                 "mean_accepted_length": s.mean_accepted_length,
+                "by_depth": {
+                    str(k): {**asdict(f), "speedup": f.tokens_per_s / p.tokens_per_s}
+                    for k, f in by_depth.items()
+                },
                 "plain": asdict(p),
-                "sd": asdict(s),
             }
         )
+        per_k = "  ".join(
+            f"k={k}: x{f.tokens_per_s / p.tokens_per_s:4.2f} "
+            f"(acc {f.mean_accepted_length or 0:3.1f})"
+            for k, f in by_depth.items()
+        )
         print(
-            f"  bs={bs:>3}  plain {p.tokens_per_s:8.1f} tok/s   SD(k={args.depth}) "
-            f"{s.tokens_per_s:8.1f} tok/s   x{s.tokens_per_s / p.tokens_per_s:4.2f}   "
-            f"accept {s.mean_accepted_length or 0:4.2f}",
+            f"  bs={bs:>3}  plain {p.tokens_per_s:7.1f} tok/s  best SD(k={k_best}) "
+            f"{s.tokens_per_s:7.1f} tok/s  x{s.tokens_per_s / p.tokens_per_s:4.2f}   [{per_k}]",
             flush=True,
         )
     return rows
 
 
+def calibrated_threshold(rows: list[dict], margin: float = 1.05) -> int:
+    """Largest batch size of the sweep up to which SD was faster by ``margin`` at every size.
+
+    What an operator would set ``speculative.batchThreshold`` to after running this benchmark
+    on their hardware; 1 if SD never paid off.
+    """
+    threshold = 1
+    for row in sorted(rows, key=lambda r: r["batch"]):
+        if row["speedup"] < margin:
+            break
+        threshold = row["batch"]
+    return threshold
+
+
 def long_tail(
-    model: torch.nn.Module, tok: object, drafter: EagleDrafter, args: argparse.Namespace
+    model: torch.nn.Module,
+    tok: object,
+    drafter: EagleDrafter,
+    args: argparse.Namespace,
+    calibrated: int,
 ) -> dict:
     items = arith.generate(args.tail_batch, seed=3, split="eval")
     reqs = requests_for(tok, items, args.tail_max_new, args.temperature, seed=30_000)
     n = len(reqs)
-    depths = [2, 4, 6]
+    depths = args.depths
+
+    def sd_engine(threshold: int, warmup: int) -> TorchEngine:
+        spec = sd_spec(threshold, warmup, depths, bandit=True)
+        return TorchEngine(
+            model, config=EngineConfig(max_running=n), drafter=drafter, speculative=spec
+        )
+
     engines = {
         "no_sd": TorchEngine(model, config=EngineConfig(max_running=n)),
-        "sd_always": TorchEngine(
-            model,
-            config=EngineConfig(max_running=n),
-            drafter=drafter,
-            speculative=sd_spec(10**6, 0, depths, bandit=True),
-        ),
-        "adaptive": TorchEngine(
-            model,
-            config=EngineConfig(max_running=n),
-            drafter=drafter,
-            speculative=sd_spec(args.threshold, 2, depths, bandit=True),
-        ),
+        "sd_always": sd_engine(10**6, 0),
+        "adaptive": sd_engine(args.threshold, 2),
     }
+    if calibrated != args.threshold:
+        engines["adaptive_calibrated"] = sd_engine(calibrated, 2)
     runs: dict[str, list[RunFigures]] = {k: [] for k in engines}
     for _ in range(args.repeats):
         for name, eng in engines.items():
@@ -232,9 +272,15 @@ def long_tail(
             f"x{fig['speedup_vs_no_sd']:4.2f} vs no-SD",
             flush=True,
         )
-    out["adaptive_vs_sd_always"] = out["sd_always"]["seconds"] / out["adaptive"]["seconds"]
+    for name in [k for k in out if k.startswith("adaptive")]:
+        out[f"{name}_vs_sd_always"] = out["sd_always"]["seconds"] / out[name]["seconds"]
     lengths = sorted(len(r.prompt_token_ids) for r in reqs)
-    out["batch"] = {"prompts": n, "threshold": args.threshold, "prompt_len_max": lengths[-1]}
+    out["batch"] = {
+        "prompts": n,
+        "threshold": args.threshold,
+        "calibrated_threshold": calibrated,
+        "prompt_len_max": lengths[-1],
+    }
     return out
 
 
@@ -245,7 +291,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--depth", type=int, default=4, help="draft depth k for the sweep")
+    ap.add_argument(
+        "--depths",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[2, 4, 6, 8],
+        help="draft depths k: each is timed in the sweep; the adaptive bandit picks among them",
+    )
     ap.add_argument(
         "--batch-sizes",
         type=lambda s: [int(x) for x in s.split(",")],
@@ -260,6 +311,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threshold", type=int, default=32, help="adaptive: SD when running <= this")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "specdec.json")
+    ap.add_argument("--drafter", type=Path, help="load this fitted drafter instead of fitting")
+    ap.add_argument("--save-drafter", type=Path, help="save the fitted drafter here")
     return ap.parse_args(argv)
 
 
@@ -272,13 +325,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params",
         flush=True,
     )
-    print("fitting drafter ...", flush=True)
-    drafter, fit_info = fit(model, tok, target_id, args)
+    if args.drafter is not None:
+        drafter = load_drafter(args.drafter, model, target_id=target_id).to(args.device).eval()
+        fit_info: dict = {"loaded_from": str(args.drafter)}
+    else:
+        print("fitting drafter ...", flush=True)
+        drafter, fit_info = fit(model, tok, target_id, args)
+        if args.save_drafter is not None:
+            save_drafter(drafter, args.save_drafter)
     print(f"  {fit_info}", flush=True)
     print(f"throughput sweep (T={args.temperature}, {args.max_new_tokens} new tokens max):")
     rows = sweep(model, tok, drafter, args)
-    print(f"long-tail batch ({args.tail_batch} prompts, adaptive threshold {args.threshold}):")
-    tail = long_tail(model, tok, drafter, args)
+    calibrated = calibrated_threshold(rows)
+    print(
+        f"long-tail batch ({args.tail_batch} prompts; adaptive threshold {args.threshold}, "
+        f"calibrated from the sweep {calibrated}):"
+    )
+    tail = long_tail(model, tok, drafter, args, calibrated)
     result = {
         "machine": {
             "device": args.device,

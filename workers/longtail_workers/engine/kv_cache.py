@@ -57,6 +57,12 @@ def attention_mask(
 
 def _allowed(past_valid: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
     b, q = new_valid.shape
+    if q == 1:
+        # Decode and draft steps (one query per row): causality is trivial, so the mask is the
+        # cached validity gated by the query's own validity, plus the query's own slot. Same
+        # result as the general path below in ~3 ops instead of ~10 (this runs every step).
+        own = torch.ones(b, 1, dtype=torch.bool, device=new_valid.device)
+        return torch.cat([past_valid & new_valid, own], dim=1)[:, None, None, :]
     length = past_valid.shape[1]
     device = new_valid.device
     kv_valid = torch.cat([past_valid, new_valid], dim=1)  # [B, L+Q]
