@@ -20,6 +20,7 @@ DEFAULT_DCGM_QUERY = (
 """Per-pod GPU busy percentage from dcgm-exporter, the preferred (fine-grained) signal."""
 
 HarvestRole = Literal["rollout", "trainer", "verifier"]
+DrafterLayout = Literal["longtail", "eagle1"]
 
 
 @dataclass
@@ -105,6 +106,11 @@ class DrafterTrainingSpec:
     """Weights of the loss terms."""
     initial_drafter: str | None = spec_field(None)
     """Drafter directory to start from; empty starts from a fresh drafter."""
+    layout: DrafterLayout = spec_field("longtail")
+    """Drafter layout. ``longtail`` keeps the decoder layer's input norm and a bias on the
+    2H->H projection (drafts better in our measurements, docs/performance.md); ``eagle1`` is the
+    EAGLE-1 serving layout (neither), which ``longtail drafter export`` writes exactly for vLLM
+    and SGLang (a ``longtail`` drafter exports only approximately)."""
 
 
 @dataclass

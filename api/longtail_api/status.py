@@ -88,6 +88,9 @@ class RoleStatus:
     """Ready replicas."""
     total: int = spec_field(0, minimum=0)
     """Desired replicas."""
+    failed: int = spec_field(0, minimum=0)
+    """Worker pods of this role that failed and were replaced; the job fails (reason
+    BackoffLimitExceeded) once this exceeds ``backoffLimit``."""
 
 
 @dataclass
@@ -104,6 +107,9 @@ class WorkerStatus:
     """Activity the worker last acknowledged."""
     since: str | None = spec_field(None)
     """When the assignment was sent (RFC 3339)."""
+    message: str | None = spec_field(None, max_length=1024)
+    """Why the assignment is not acknowledged yet (the worker's refusal or the last error);
+    the operator keeps retrying with backoff."""
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -152,3 +153,11 @@ def test_role_round_trip_over_http(served) -> None:
     assert 'longtail_worker_control_requests_total{code="409",endpoint="/v1/role"}' not in metrics
     assert 'longtail_worker_control_requests_total{code="200",endpoint="/v1/role"} 3.0' in metrics
     assert 'longtail_worker_role_switch_seconds_count{role="drafter-train"} 2.0' in metrics
+
+
+def test_worker_builds_its_drafter_in_the_spec_layout(target) -> None:
+    spec = dataclasses.replace(SPEC, layout="eagle1")
+    worker = RolloutWorker(TorchEngine(target), target_id="tiny-ctl", training=spec)
+    assert worker.trainer is not None
+    drafter = worker.trainer.drafter_copy()
+    assert drafter.fc.bias is None and not drafter.input_norm

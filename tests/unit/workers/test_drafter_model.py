@@ -10,7 +10,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from longtail_api.policies import LossWeightsSpec
 from longtail_workers.drafter.loss import drafter_loss
-from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.kv_cache import PaddedKVCache
 from longtail_workers.engine.testing import tiny_qwen2
 
@@ -110,3 +110,14 @@ def test_unsupported_targets_are_refused() -> None:
     model.lm_head = torch.nn.Sequential(model.lm_head)
     with pytest.raises(ValueError, match=r"nn\.Linear LM head"):
         EagleDrafter(model, target_id="x")
+
+
+def test_named_layouts_build_the_documented_modules(target) -> None:
+    eagle1 = EagleDrafter(target, target_id="t", **layout_options("eagle1"))
+    assert eagle1.fc.bias is None
+    assert isinstance(eagle1.layer.input_layernorm, torch.nn.Identity)
+    default = EagleDrafter(target, target_id="t", **layout_options("longtail"))
+    assert default.fc.bias is not None
+    assert not isinstance(default.layer.input_layernorm, torch.nn.Identity)
+    with pytest.raises(ValueError, match="drafterTraining.layout"):
+        layout_options("medusa")

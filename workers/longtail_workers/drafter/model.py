@@ -77,6 +77,23 @@ class _SharedParts:
         return self
 
 
+LAYOUTS: dict[str, dict[str, bool]] = {
+    "longtail": {"input_norm": True, "fc_bias": True},
+    "eagle1": {"input_norm": False, "fc_bias": False},
+}
+"""``drafterTraining.layout`` values -> :class:`EagleDrafter` keyword arguments."""
+
+
+def layout_options(layout: str) -> dict[str, bool]:
+    """The :class:`EagleDrafter` arguments of a named layout (see ``DrafterTrainingSpec``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"unknown drafter layout {layout!r}; use one of {sorted(LAYOUTS)} "
+            "(spec field drafterTraining.layout)"
+        )
+    return dict(LAYOUTS[layout])
+
+
 def _layer_config(target: nn.Module, attn_implementation: str) -> Any:
     cfg: Any = copy.deepcopy(target.config)
     cfg.num_hidden_layers = 1

@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 
 from longtail_api.harvest import DRAFTER_TRAIN, Activity
 from longtail_api.policies import DrafterTrainingSpec
-from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.rollout.metrics import WorkerCollector, role_switch_histogram
@@ -106,7 +106,11 @@ class RolloutWorker:
         self.acceptance = AcceptanceTracker()
         initial = drafter or (engine.sd.drafter if engine.sd is not None else None)
         if initial is None:
-            initial = EagleDrafter(engine.target.model, target_id=target_id)
+            initial = EagleDrafter(
+                engine.target.model,
+                target_id=target_id,
+                **layout_options(self.training.layout),
+            )
         self.trainer: SpotTrainer | None = None
         if self.training.enabled:
             self.trainer = SpotTrainer(copy.deepcopy(initial), self.buffer, self.training)
