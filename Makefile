@@ -9,7 +9,7 @@ CRD_FILES := crds/rljob.yaml
 REFERENCE := docs/rljob-reference.md
 EXTRAS ?= operator,workers,dev
 
-.PHONY: help install test lint format typecheck contracts verify crds unit integration controlplane examples
+.PHONY: help install test lint format typecheck contracts verify crds unit integration controlplane examples chart images monitoring
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -20,7 +20,7 @@ install: ## Create .venv and install longtail with the operator, workers and dev
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	@$(VENV)/bin/longtail --version
 
-test: lint typecheck contracts verify unit ## Everything CI runs: lint, types, import walls, CRD drift, tests
+test: lint typecheck contracts verify unit integration ## Everything CI runs: lint, types, import walls, CRD drift, unit + control-plane tests
 
 lint: ## ruff lint and format check
 	$(VENV)/bin/ruff check .
@@ -36,18 +36,20 @@ typecheck: ## mypy (strict) on the shared API, operator and CLI packages
 contracts: ## Import-linter walls between the api, operator and workers packages
 	$(VENV)/bin/lint-imports
 
-verify: ## Fail if generated files (CRD, RLJob reference) drifted from their source
+verify: ## Fail if generated files (CRD, RLJob reference, chart files, observability doc) drifted
 	$(PY) -m longtail_api.crdgen --check $(CRD_FILES)
 	$(PY) -m longtail_api.docgen --check $(REFERENCE)
+	$(PY) helm/chartgen.py --check
 
 crds: ## Regenerate the CRD and the RLJob reference from the spec dataclasses
 	$(PY) -m longtail_api.crdgen --write $(CRD_FILES)
 	$(PY) -m longtail_api.docgen --write $(REFERENCE)
+	$(PY) helm/chartgen.py --write
 
 unit: ## Unit tests (no control plane, no GPU)
 	$(VENV)/bin/pytest -m "not integration"
 
-integration: ## Tests against a real Kubernetes v1.20 control plane (first run builds it: 10-15 min)
+integration: ## Operator and control-plane tests on a real Kubernetes v1.20 (first run builds it: 10-15 min)
 	$(VENV)/bin/pytest -m integration tests/integration
 
 controlplane: ## Build (cached under ~/.cache/longtail/kube) the local Kubernetes control plane
@@ -55,3 +57,13 @@ controlplane: ## Build (cached under ~/.cache/longtail/kube) the local Kubernete
 
 examples: ## Validate the numbered examples
 	$(VENV)/bin/longtail validate examples/*.yaml
+
+chart: ## Regenerate the chart's CRD/RBAC copies, dashboards, README and docs/observability.md tables
+	$(PY) helm/chartgen.py --write
+	$(VENV)/bin/helm lint --strict helm/longtail
+
+images: ## Build the operator and worker images, or print the docker commands without an engine
+	images/build.sh
+
+monitoring: ## Fetch (cached) Prometheus and promtool from Debian's archive for the tests
+	e2e/monitoring.sh version

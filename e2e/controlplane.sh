@@ -415,7 +415,9 @@ wait_until() {
   local deadline=$((SECONDS + timeout))
   until "$@" >/dev/null 2>&1; do
     for c in "${COMPONENTS[@]}"; do
-      if [[ -f "$dir/pids/$c.pid" ]] && ! pid_of "$dir" "$c" >/dev/null; then
+      # kill -0, not pid_of: these pids were written by this very run, and a component that was
+      # just forked may not have exec'd its binary yet (its cmdline is still ours under load).
+      if [[ -f "$dir/pids/$c.pid" ]] && ! kill -0 "$(cat "$dir/pids/$c.pid")" 2>/dev/null; then
         tail -n 30 "$dir/logs/$c.log" >&2 || true
         die "$c exited while waiting for $what (log: $dir/logs/$c.log)"
       fi

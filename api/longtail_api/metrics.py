@@ -8,7 +8,7 @@ naming conventions ask. Renaming a metric here is a breaking change for dashboar
 
 Pure module: standard library only. Add new roles' metrics as new sections below and list
 them in :data:`ALL_METRICS`. Sections: verifier, spot drafter training, rollout worker control,
-rollout engine.
+rollout engine, operator, trainer.
 """
 
 from __future__ import annotations
@@ -252,6 +252,157 @@ ROLLOUT_METRIC_NAMES: tuple[str, ...] = (
 )
 """Every metric the rollout engine exports."""
 
-ALL_METRICS: tuple[MetricSpec, ...] = VERIFIER_METRICS + SPOT_METRICS + WORKER_CONTROL_METRICS
+# --- operator -------------------------------------------------------------------------------
+# The operator's own /metrics (longtail_operator.metrics builds the collectors from these).
+
+LABEL_RESULT = "result"
+"""Outcome of one operation: for reconciles ``ok``, ``retry`` (temporary error, retried),
+``failed`` (permanent error) or ``invalid`` (spec failed validation); for role switches
+``acknowledged``, ``pending``, ``refused`` or ``error``."""
+LABEL_PHASE = "phase"
+"""An RLJob phase from ``longtail_api.status.PHASES``."""
+LABEL_NAMESPACE = "namespace"
+LABEL_RLJOB = "rljob"
+LABEL_TARGET = "target"
+"""Which status endpoint was polled: ``trainer`` or ``worker``."""
+LABEL_GPU_STATE = "state"
+"""GPU accounting bucket: ``total``, ``idle`` or ``harvested``."""
+
+OPERATOR_RECONCILE_TOTAL = MetricSpec(
+    "longtail_operator_reconcile_total",
+    "counter",
+    "RLJob reconciles, by result (ok, retry, failed, invalid).",
+    labels=(LABEL_RESULT,),
+)
+OPERATOR_RECONCILE_DURATION_SECONDS = MetricSpec(
+    "longtail_operator_reconcile_duration_seconds",
+    "histogram",
+    "Time of one RLJob reconcile (read children, create/delete, derive status), by result.",
+    labels=(LABEL_RESULT,),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+OPERATOR_RECONCILE_ERRORS_TOTAL = MetricSpec(
+    "longtail_operator_reconcile_errors_total",
+    "counter",
+    "Reconciles that raised, by CamelCase reason (e.g. ApiError, ValidationFailed).",
+    labels=(LABEL_REASON,),
+)
+OPERATOR_JOBS = MetricSpec(
+    "longtail_operator_jobs",
+    "gauge",
+    "RLJobs the operator currently tracks, by phase.",
+    labels=(LABEL_PHASE,),
+)
+OPERATOR_JOB_GPUS = MetricSpec(
+    "longtail_operator_job_gpus",
+    "gauge",
+    "GPUs of one RLJob by state (total requested, idle now, harvested for drafter training now).",
+    labels=(LABEL_NAMESPACE, LABEL_RLJOB, LABEL_GPU_STATE),
+)
+OPERATOR_HARVESTED_GPU_SECONDS_TOTAL = MetricSpec(
+    "longtail_operator_harvested_gpu_seconds_total",
+    "counter",
+    "GPU-seconds spent on drafter training by GPUs that would otherwise have idled.",
+    labels=(LABEL_NAMESPACE, LABEL_RLJOB),
+)
+OPERATOR_ROLE_SWITCHES_TOTAL = MetricSpec(
+    "longtail_operator_role_switches_total",
+    "counter",
+    "Role changes sent to workers, by target activity and result (acknowledged, pending, "
+    "refused, error).",
+    labels=(LABEL_ROLE, LABEL_RESULT),
+)
+OPERATOR_ROLE_SWITCH_SECONDS = MetricSpec(
+    "longtail_operator_role_switch_seconds",
+    "histogram",
+    "Harvest decision to acknowledged role switch, including retries (target p95 < 2 s).",
+    labels=(LABEL_ROLE,),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0),
+)
+OPERATOR_STATUS_POLLS_TOTAL = MetricSpec(
+    "longtail_operator_status_polls_total",
+    "counter",
+    "Polls of trainer and worker status endpoints, by target and result (ok, error).",
+    labels=(LABEL_TARGET, LABEL_RESULT),
+)
+
+OPERATOR_METRICS: tuple[MetricSpec, ...] = (
+    OPERATOR_RECONCILE_TOTAL,
+    OPERATOR_RECONCILE_DURATION_SECONDS,
+    OPERATOR_RECONCILE_ERRORS_TOTAL,
+    OPERATOR_JOBS,
+    OPERATOR_JOB_GPUS,
+    OPERATOR_HARVESTED_GPU_SECONDS_TOTAL,
+    OPERATOR_ROLE_SWITCHES_TOTAL,
+    OPERATOR_ROLE_SWITCH_SECONDS,
+    OPERATOR_STATUS_POLLS_TOTAL,
+)
+"""Everything the operator exports on its metrics port."""
+
+
+# --- trainer --------------------------------------------------------------------------------
+# The trainer (step driver) exports these on its /metrics; the RL job overview dashboard and the
+# "job stuck" alert read them.
+
+LABEL_STAGE = "stage"
+"""Part of one RL step: ``rollout`` (step start until the first rollout worker runs out of
+work), ``tail`` (from then until the last answer arrives: the long tail), ``train`` (rewards,
+advantages, policy update) or ``sync`` (new policy weights to the rollout workers)."""
+
+TRAINER_STEP = MetricSpec(
+    "longtail_trainer_step",
+    "gauge",
+    "Last RL step the trainer completed (0 before the first); resumes from the checkpoint.",
+)
+TRAINER_LAST_STEP_TIMESTAMP = MetricSpec(
+    "longtail_trainer_last_step_timestamp_seconds",
+    "gauge",
+    "Unix time the trainer completed its last step (its start time before the first step); "
+    "the 'job stuck' alert fires when this stops moving.",
+)
+TRAINER_STEP_SECONDS = MetricSpec(
+    "longtail_trainer_step_seconds",
+    "histogram",
+    "Wall time of one whole RL step (rollout + tail + train + sync).",
+    buckets=(1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0),
+)
+TRAINER_STAGE_SECONDS = MetricSpec(
+    "longtail_trainer_stage_seconds",
+    "histogram",
+    "Wall time of one stage of an RL step, by stage (rollout, tail, train, sync).",
+    labels=(LABEL_STAGE,),
+    buckets=(0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0),
+)
+TRAINER_REWARD_MEAN = MetricSpec(
+    "longtail_trainer_reward_mean",
+    "gauge",
+    "Mean reward of the answers of the last completed step.",
+)
+TRAINER_ACCURACY = MetricSpec(
+    "longtail_trainer_accuracy",
+    "gauge",
+    "Fraction of the last completed step's answers that the verifier scored correct.",
+)
+TRAINER_POLICY_VERSION = MetricSpec(
+    "longtail_trainer_policy_version",
+    "gauge",
+    "Policy weights version the trainer last published to the rollout workers.",
+)
+
+TRAINER_METRICS: tuple[MetricSpec, ...] = (
+    TRAINER_STEP,
+    TRAINER_LAST_STEP_TIMESTAMP,
+    TRAINER_STEP_SECONDS,
+    TRAINER_STAGE_SECONDS,
+    TRAINER_REWARD_MEAN,
+    TRAINER_ACCURACY,
+    TRAINER_POLICY_VERSION,
+)
+"""Everything the trainer exports (dashboards and alerts need all of them)."""
+
+
+ALL_METRICS: tuple[MetricSpec, ...] = (
+    VERIFIER_METRICS + SPOT_METRICS + WORKER_CONTROL_METRICS + OPERATOR_METRICS + TRAINER_METRICS
+)
 """Every Longtail metric declared as a spec; dashboards and tests check names against this
 (plus :data:`ROLLOUT_METRIC_NAMES`)."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,6 +45,10 @@ from typing import Any, TypeVar
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# Helper modules of this directory (fakekubelet.py) are imported by name under
+# --import-mode=importlib, which does not put test directories on sys.path.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 SCRIPT = REPO / "e2e" / "controlplane.sh"
 SKIP_ENV = "LONGTAIL_SKIP_INTEGRATION"
 BUILD_TIMEOUT_S = 3600.0  # cold build is ~6-10 min on 2 cores; cached: seconds

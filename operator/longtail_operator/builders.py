@@ -1,0 +1,272 @@
+"""Pure manifest builders: an RLJob's spec in, the pods, Services and ConfigMap it needs out.
+
+No Kubernetes client here: every function takes plain values (the job's identity, the parsed
+:class:`~longtail_api.spec.RLJobSpec`, :class:`~longtail_operator.settings.Settings`) and
+returns plain dicts, so the unit tests read them directly and ``reconcile.py`` hands them to the
+API. Naming: pod ``<job>-<role>-<index>``, headless Service ``<job>-<role>``, ConfigMap
+``<job>-config``. Every object carries the ``longtail.dev/*`` and ``app.kubernetes.io/*``
+labels and a controller owner reference to the RLJob, so deleting the RLJob garbage-collects
+it. The worker contract (args, ``LONGTAIL_*`` env) is documented in docs/operator.md.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from longtail_api import API_VERSION, KIND
+from longtail_api.spec import RLJobSpec, RoleSpec
+from longtail_operator.merge import deep_merge
+from longtail_operator.settings import Settings
+
+LABEL_JOB = "longtail.dev/rljob"
+LABEL_ROLE = "longtail.dev/role"
+LABEL_INDEX = "longtail.dev/replica-index"
+ROLES: tuple[str, ...] = ("trainer", "verifier", "rollout", "drafter")
+"""Worker roles, in creation order (the trainer first: the others discover it)."""
+GPU_RESOURCE = "nvidia.com/gpu"
+CONTAINER = "worker"
+CONFIG_DIR = "/etc/longtail"
+CONFIG_FILE = "rljob.yaml"
+WORK_DIR = "/var/lib/longtail"
+"""Working directory of worker containers; relative checkpoint locations resolve under it."""
+MANAGER = "longtail-operator"
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """Identity of one RLJob object."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int = 1
+
+
+def role_specs(spec: RLJobSpec) -> dict[str, RoleSpec]:
+    """The roles this job runs (``drafter`` only when the spec asks for it), in ROLES order."""
+    roles: dict[str, RoleSpec | None] = {
+        "trainer": spec.trainer,
+        "verifier": spec.verifier,
+        "rollout": spec.rollout,
+        "drafter": spec.drafter,
+    }
+    return {name: role for name, role in roles.items() if role is not None}
+
+
+def pod_name(job: str, role: str, index: int) -> str:
+    return f"{job}-{role}-{index}"
+
+
+def service_name(job: str, role: str) -> str:
+    return f"{job}-{role}"
+
+
+def configmap_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def labels(job: str, role: str | None = None, index: int | None = None) -> dict[str, str]:
+    """Identity labels; the ``longtail.dev/*`` ones select, ``app.kubernetes.io/*`` inform."""
+    out = {
+        LABEL_JOB: job,
+        "app.kubernetes.io/name": "longtail",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/part-of": "longtail",
+        "app.kubernetes.io/managed-by": MANAGER,
+    }
+    if role is not None:
+        out[LABEL_ROLE] = role
+        out["app.kubernetes.io/component"] = role
+    if index is not None:
+        out[LABEL_INDEX] = str(index)
+    return out
+
+
+def owner_reference(job: JobRef) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: JobRef, name: str, lbls: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": lbls,
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def role_port(settings: Settings, role: str) -> int:
+    """The HTTP port a role's worker listens on (status, control, health, metrics)."""
+    if role == "trainer":
+        return settings.trainer_port
+    if role == "verifier":
+        return settings.verifier_port
+    return settings.worker_port
+
+
+def _resources(role: RoleSpec) -> dict[str, Any]:
+    amounts: dict[str, str] = {"cpu": str(role.resources.cpu), "memory": str(role.resources.memory)}
+    if role.resources.gpus > 0:
+        amounts[GPU_RESOURCE] = str(role.resources.gpus)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def checkpoint_path(spec: RLJobSpec) -> str:
+    """Where checkpoints live inside the pods (relative locations resolve under WORK_DIR)."""
+    location = spec.checkpoint.location
+    return location if location.startswith("/") else posixpath.join(WORK_DIR, location)
+
+
+def discovery_env(
+    job: JobRef, spec: RLJobSpec, settings: Settings, role: str, index: int
+) -> list[dict[str, Any]]:
+    """``LONGTAIL_*`` variables a worker reads to find its job, its config and its peers."""
+    svc = f"{service_name(job.name, 'trainer')}.{job.namespace}.svc"
+    trainer_host = f"{pod_name(job.name, 'trainer', 0)}.{svc}"
+    env: list[dict[str, Any]] = [
+        {"name": "LONGTAIL_JOB_NAME", "value": job.name},
+        {"name": "LONGTAIL_NAMESPACE", "value": job.namespace},
+        {"name": "LONGTAIL_ROLE", "value": role},
+        {"name": "LONGTAIL_REPLICA_INDEX", "value": str(index)},
+        {"name": "LONGTAIL_REPLICAS", "value": str(role_specs(spec)[role].replicas)},
+        {"name": "LONGTAIL_CONFIG", "value": posixpath.join(CONFIG_DIR, CONFIG_FILE)},
+        {"name": "LONGTAIL_CHECKPOINT_DIR", "value": checkpoint_path(spec)},
+        {"name": "LONGTAIL_RESUME", "value": "true" if spec.checkpoint.resume else "false"},
+        {"name": "LONGTAIL_TRAINER_URL", "value": f"http://{trainer_host}:{settings.trainer_port}"},
+        {"name": "LONGTAIL_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "LONGTAIL_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    for peer in role_specs(spec):
+        prefix = f"LONGTAIL_{peer.upper()}"
+        host = f"{service_name(job.name, peer)}.{job.namespace}.svc"
+        env.append({"name": f"{prefix}_SERVICE", "value": host})
+        env.append({"name": f"{prefix}_PORT", "value": str(role_port(settings, peer))})
+    return env
+
+
+def worker_pod(
+    job: JobRef,
+    spec: RLJobSpec,
+    settings: Settings,
+    role: str,
+    index: int,
+    *,
+    min_policy_version: int = 0,
+    min_drafter_version: int = -1,
+) -> dict[str, Any]:
+    """One worker pod. ``min_*_version``: what the job has published so far; a (re)created
+    rollout pod loads at least these before it reports ready and rejoins."""
+    role_spec = role_specs(spec)[role]
+    port = role_port(settings, role)
+    env = discovery_env(job, spec, settings, role, index)
+    env.append({"name": "LONGTAIL_MIN_POLICY_VERSION", "value": str(min_policy_version)})
+    env.append({"name": "LONGTAIL_MIN_DRAFTER_VERSION", "value": str(min_drafter_version)})
+    mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": configmap_name(job.name)}}
+    ]
+    if role == "trainer":
+        claim = spec.checkpoint.persistent_volume_claim
+        source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+        volumes.append({"name": "checkpoints", **source})
+        mounts.append({"name": "checkpoints", "mountPath": checkpoint_path(spec)})
+    probe = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5}
+    container = {
+        "name": CONTAINER,
+        "image": role_spec.image or settings.worker_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["longtail"],
+        "args": ["worker", role, "--host", "0.0.0.0", "--port", str(port)],
+        "workingDir": WORK_DIR,
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "env": env,
+        "resources": _resources(role_spec),
+        "volumeMounts": mounts,
+        "readinessProbe": probe,
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+    }
+    name = pod_name(job.name, role, index)
+    identity = labels(job.name, role, index)
+    pod: dict[str, Any] = {
+        "metadata": {**_metadata(job, name, dict(identity)), "annotations": {}},
+        "spec": {
+            # Never: a crashed worker shows up as a Failed pod, which the operator counts
+            # against backoffLimit and replaces (an in-place restart would hide it).
+            "restartPolicy": "Never",
+            "hostname": name,
+            "subdomain": service_name(job.name, role),
+            "containers": [container],
+            "volumes": volumes,
+        },
+    }
+    override = role_spec.template
+    if override:
+        pod = deep_merge(pod, {k: v for k, v in override.items() if k in ("metadata", "spec")})
+        pod["metadata"]["name"], pod["metadata"]["namespace"] = name, job.namespace
+        pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **identity}
+        pod["metadata"]["ownerReferences"] = [owner_reference(job)]
+    return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def role_service(job: JobRef, role: str, settings: Settings) -> dict[str, Any]:
+    """Headless Service of one role: stable DNS for each pod (``<pod>.<svc>``) and the set."""
+    port = role_port(settings, role)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, service_name(job.name, role), labels(job.name, role)),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {LABEL_JOB: job.name, LABEL_ROLE: role},
+            # Peers must resolve each other while starting (rendezvous before readiness).
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def job_configmap(job: JobRef, raw_spec: dict[str, Any]) -> dict[str, Any]:
+    """ConfigMap with the job rendered as an RLJob manifest (the API server's defaults
+    included), which workers load with ``longtail_api.manifest.validate_manifest``."""
+    manifest = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": job.name, "namespace": job.namespace},
+        "spec": raw_spec,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, configmap_name(job.name), labels(job.name)),
+        "data": {CONFIG_FILE: yaml.safe_dump(manifest, sort_keys=True)},
+    }
+
+
+def desired_pods(spec: RLJobSpec) -> dict[str, tuple[str, int]]:
+    """``{pod name suffix-free key: (role, index)}`` of every worker pod the spec asks for,
+    keyed by ``(role, index)`` rendered as ``<role>-<index>``."""
+    return {
+        f"{role}-{i}": (role, i)
+        for role, role_spec in role_specs(spec).items()
+        for i in range(role_spec.replicas)
+    }
+
+
+def gpus_of(spec: RLJobSpec, role: str) -> int:
+    """GPUs of one replica of ``role``."""
+    return role_specs(spec)[role].resources.gpus

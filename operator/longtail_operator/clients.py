@@ -1,0 +1,135 @@
+"""HTTP clients for the workers' and the trainer's endpoints, as the operator calls them.
+
+Standard library only (``http.client``): one short-lived connection per call with a timeout,
+JSON bodies parsed with the shared wire types in :mod:`longtail_api.workerapi`. Nothing here
+raises on a worker being down or answering badly: every call returns a result carrying either
+the parsed body or a message that says what went wrong (connection refused, HTTP 409 and the
+worker's reason, malformed body), because the callers (harvest loop, reconcile) record that
+message in the RLJob status and retry with backoff.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from longtail_api.harvest import Activity
+from longtail_api.protocol import ProtocolError
+from longtail_api.workerapi import (
+    CHECKPOINT_PATH,
+    ROLE_PATH,
+    STATUS_PATH,
+    CheckpointAnswer,
+    RoleAck,
+    RoleAnswer,
+    RoleRequest,
+    RolloutWorkerStatus,
+    TrainerStatus,
+)
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    code: int | None
+    """HTTP status, or None when no answer came (connection error, timeout)."""
+    body: Any
+    error: str | None
+
+
+@dataclass(frozen=True)
+class RoleResult:
+    code: int | None
+    ack: RoleAck | None
+    message: str | None
+
+
+def _error_text(body: Any, code: int) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return f"HTTP {code}: {body['error']}"
+    return f"HTTP {code}: {str(body)[:200]}"
+
+
+def call(
+    host: str, port: int, method: str, path: str, body: Any = None, *, timeout: float
+) -> HttpResult:
+    """One JSON call; never raises for network or HTTP errors (see the module text)."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    where = f"{method} http://{host}:{port}{path}"
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if method in ("PUT", "POST") and data is None:
+            headers["Content-Length"] = "0"
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        raw = resp.read()
+    except (OSError, http.client.HTTPException) as exc:
+        return HttpResult(None, None, f"{where}: {type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+    try:
+        parsed = json.loads(raw) if raw.strip() else None
+    except ValueError:
+        parsed = raw.decode("utf-8", "replace")
+    error = None if 200 <= resp.status < 300 else f"{where}: {_error_text(parsed, resp.status)}"
+    return HttpResult(resp.status, parsed, error)
+
+
+@dataclass(frozen=True)
+class WorkerClient:
+    """Calls a rollout worker's control surface."""
+
+    timeout: float = 2.0
+
+    def status(self, host: str, port: int) -> RolloutWorkerStatus | str:
+        """The parsed status, or a message saying why there is none."""
+        res = call(host, port, "GET", STATUS_PATH, timeout=self.timeout)
+        if res.error is not None:
+            return res.error
+        try:
+            return RolloutWorkerStatus.from_dict(res.body)
+        except ProtocolError as exc:
+            return f"GET http://{host}:{port}{STATUS_PATH}: malformed status: {exc}"
+
+    def put_role(self, host: str | None, port: int, activity: Activity) -> RoleResult:
+        if not host:
+            return RoleResult(None, None, "the pod has no IP yet")
+        res = call(
+            host, port, "PUT", ROLE_PATH, RoleRequest(activity).to_dict(), timeout=self.timeout
+        )
+        if res.error is not None:
+            return RoleResult(res.code, None, res.error)
+        try:
+            return RoleResult(res.code, RoleAnswer.from_dict(res.body).role, None)
+        except ProtocolError as exc:
+            return RoleResult(res.code, None, f"PUT {ROLE_PATH}: malformed answer: {exc}")
+
+
+@dataclass(frozen=True)
+class TrainerClient:
+    """Calls the trainer's status and checkpoint endpoints."""
+
+    timeout: float = 2.0
+
+    def status(self, host: str, port: int) -> TrainerStatus | str:
+        res = call(host, port, "GET", STATUS_PATH, timeout=self.timeout)
+        if res.error is not None:
+            return res.error
+        try:
+            return TrainerStatus.from_dict(res.body)
+        except ProtocolError as exc:
+            return f"GET http://{host}:{port}{STATUS_PATH}: malformed trainer status: {exc}"
+
+    def checkpoint(
+        self, host: str, port: int, *, reason: str, timeout: float
+    ) -> CheckpointAnswer | str:
+        """Ask for a checkpoint now; blocks until it is written (or ``timeout``)."""
+        res = call(host, port, "POST", CHECKPOINT_PATH, {"reason": reason}, timeout=timeout)
+        if res.error is not None:
+            return res.error
+        try:
+            return CheckpointAnswer.from_dict(res.body)
+        except ProtocolError as exc:
+            return f"POST {CHECKPOINT_PATH}: malformed answer: {exc}"

@@ -1,0 +1,393 @@
+"""Pure reconcile planning: observed state in, the status to write and the actions to take out.
+
+``reconcile.py`` gathers an :class:`Observed` (the RLJob's parsed spec or its validation
+errors, its previous status, its pods/Services/ConfigMap, the trainer's status, the harvest
+loop's snapshot) and calls :func:`plan`; it then executes the returned :class:`Plan` (create,
+delete, checkpoint, write status, post events). Level-triggered: the plan depends only on what
+is observed now, never on which event woke the reconcile, so running it twice is harmless.
+
+Phase, in order of precedence: a finished job stays finished; an invalid spec changes nothing
+(ValidationFailed); ``activeDeadlineSeconds`` passed -> Failed/DeadlineExceeded; the trainer
+reports complete -> Succeeded, failed -> Failed/TrainerFailed; a role's failed pods exceed
+``backoffLimit`` -> Failed/BackoffLimitExceeded; ``suspend`` -> Suspended; else Running when
+every role's replicas are ready, Initializing while any pod exists, Pending before.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from longtail_api.spec import RLJobSpec
+from longtail_api.status import Condition, RLJobStatus, RoleStatus
+from longtail_api.workerapi import TrainerStatus
+from longtail_operator import builders
+from longtail_operator.builders import JobRef
+from longtail_operator.harvest import HarvestSnapshot
+from longtail_operator.observe import PodView, parse_time, rfc3339
+from longtail_operator.settings import Settings
+
+TERMINAL = ("Succeeded", "Failed")
+WARNING_REASONS = frozenset(
+    {
+        "InvalidSpec",
+        "DeadlineExceeded",
+        "TrainerFailed",
+        "BackoffLimitExceeded",
+        "WorkerFailed",
+        "CheckpointFailed",
+        "RoleSwitchUnacknowledged",
+        "JobFailed",
+    }
+)
+"""Event reasons posted as ``Warning``; every other reason is ``Normal``."""
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass
+class Observed:
+    job: JobRef
+    spec: RLJobSpec | None
+    raw_spec: dict[str, Any]
+    errors: tuple[str, ...]
+    previous: RLJobStatus
+    pods: tuple[PodView, ...]
+    services: frozenset[str]
+    configmap: dict[str, Any] | None
+    """The ConfigMap's ``data``; None when it does not exist."""
+    now: datetime
+    trainer: TrainerStatus | None = None
+    harvest: HarvestSnapshot | None = None
+    counted: frozenset[str] = frozenset()
+    """UIDs of failed pods already counted against backoffLimit."""
+
+
+@dataclass
+class Plan:
+    status: RLJobStatus
+    events: list[Event] = field(default_factory=list)
+    create: list[dict[str, Any]] = field(default_factory=list)
+    update: list[dict[str, Any]] = field(default_factory=list)
+    delete_pods: list[str] = field(default_factory=list)
+    delete_objects: list[tuple[str, str]] = field(default_factory=list)
+    """(kind, name) of Services/ConfigMaps to delete (TTL clean-up, removed roles)."""
+    checkpoint: bool = False
+    """Ask the trainer to checkpoint before deleting the pods (suspend)."""
+    counted: list[str] = field(default_factory=list)
+
+
+def condition_type(role: str) -> str:
+    return f"{role.capitalize()}Ready"
+
+
+def _phase(obs: Observed, spec: RLJobSpec, roles: dict[str, RoleStatus]) -> tuple[str, str, str]:
+    """(phase, reason, message) before readiness (Running/Initializing/Pending resolved later)."""
+    prev = obs.previous
+    if prev.phase in TERMINAL:
+        cond = next((c for c in prev.conditions if c.type in ("Failed", "Complete")), None)
+        return prev.phase, cond.reason if cond else "Finished", cond.message if cond else ""
+    start = parse_time(prev.start_time)
+    deadline = spec.active_deadline_seconds
+    if (
+        deadline is not None
+        and start is not None
+        and obs.now - start >= timedelta(seconds=deadline)
+    ):
+        return "Failed", "DeadlineExceeded", f"ran longer than activeDeadlineSeconds={deadline}"
+    if obs.trainer is not None and obs.trainer.phase == "complete":
+        return "Succeeded", "TrainingComplete", f"{obs.trainer.step} RL steps done"
+    if obs.trainer is not None and obs.trainer.phase == "failed":
+        return "Failed", "TrainerFailed", obs.trainer.message or "the trainer reported failure"
+    for role, rs in roles.items():
+        if rs.failed > spec.backoff_limit:
+            msg = f"{rs.failed} {role} pods failed, over backoffLimit={spec.backoff_limit}"
+            return "Failed", "BackoffLimitExceeded", msg
+    if spec.suspend:
+        return "Suspended", "JobSuspended", "spec.suspend is true"
+    return "", "", ""
+
+
+def _roles(obs: Observed, spec: RLJobSpec, new_failed: list[PodView]) -> dict[str, RoleStatus]:
+    out: dict[str, RoleStatus] = {}
+    for role, rs in builders.role_specs(spec).items():
+        prev = obs.previous.roles.get(role)
+        failed = (prev.failed if prev else 0) + sum(1 for p in new_failed if p.role == role)
+        ready = sum(1 for p in obs.pods if p.role == role and p.ready and p.active)
+        out[role] = RoleStatus(ready=min(ready, rs.replicas), total=rs.replicas, failed=failed)
+    return out
+
+
+def _workers(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan, running: bool) -> None:
+    """Fill the plan's pod creations/deletions for a job that runs (or stops running)."""
+    desired = builders.desired_pods(spec) if running else {}
+    present = {f"{pod.role}-{pod.index}": pod for pod in obs.pods}
+    for pod in obs.pods:
+        key = f"{pod.role}-{pod.index}"
+        if pod.deleting:
+            continue
+        if key not in desired or pod.phase == "Failed" or (pod.phase == "Succeeded" and running):
+            p.delete_pods.append(pod.name)
+    if not running:
+        return
+    versions = obs.previous
+    for key, (role, index) in desired.items():
+        if key in present:
+            continue  # exists, or still being deleted: recreate once it is gone
+        p.create.append(
+            builders.worker_pod(
+                obs.job,
+                spec,
+                settings,
+                role,
+                index,
+                min_policy_version=versions.policy_version,
+                min_drafter_version=versions.drafter.version if versions.drafter.version else -1,
+            )
+        )
+
+
+def _support_objects(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan) -> None:
+    roles = builders.role_specs(spec)
+    for role in roles:
+        if builders.service_name(obs.job.name, role) not in obs.services:
+            p.create.append(builders.role_service(obs.job, role, settings))
+    for role in builders.ROLES:
+        name = builders.service_name(obs.job.name, role)
+        if role not in roles and name in obs.services:
+            p.delete_objects.append(("Service", name))
+    cm = builders.job_configmap(obs.job, obs.raw_spec)
+    if obs.configmap is None:
+        p.create.append(cm)
+    elif obs.configmap != cm["data"]:
+        p.update.append(cm)
+        p.events.append(Event("Normal", "ConfigUpdated", "rendered job config changed"))
+
+
+def _conditions(
+    obs: Observed,
+    spec: RLJobSpec,
+    phase: str,
+    reason: str,
+    message: str,
+    roles: dict[str, RoleStatus],
+) -> dict[str, tuple[str, str, str]]:
+    want: dict[str, tuple[str, str, str]] = {}
+    finished = phase in TERMINAL
+    for role, rs in roles.items():
+        if finished:
+            want[condition_type(role)] = ("False", "JobFinished", f"job {phase.lower()}")
+        elif phase == "Suspended":
+            want[condition_type(role)] = ("False", "JobSuspended", "worker pods deleted")
+        elif rs.ready >= rs.total:
+            want[condition_type(role)] = (
+                "True",
+                "AllReplicasReady",
+                f"{rs.ready}/{rs.total} ready",
+            )
+        else:
+            want[condition_type(role)] = (
+                "False",
+                "ReplicasNotReady",
+                f"{rs.ready}/{rs.total} ready",
+            )
+    want["DrafterTraining"] = _drafter_condition(obs, spec, phase, roles)
+    if spec.suspend or any(c.type == "Suspended" for c in obs.previous.conditions):
+        if spec.suspend and not finished:
+            want["Suspended"] = ("True", "JobSuspended", "spec.suspend is true")
+        else:
+            want["Suspended"] = ("False", "JobResumed", "spec.suspend is false")
+    if phase == "Succeeded":
+        want["Complete"] = ("True", reason, message)
+    if phase == "Failed":
+        want["Failed"] = ("True", reason, message)
+    if any(c.type == "ValidationFailed" for c in obs.previous.conditions):
+        want["ValidationFailed"] = ("False", "SpecValid", "the spec passed validation")
+    return want
+
+
+def _drafter_condition(
+    obs: Observed, spec: RLJobSpec, phase: str, roles: dict[str, RoleStatus]
+) -> tuple[str, str, str]:
+    h = obs.harvest
+    if phase != "Running" and phase != "Initializing":
+        return ("False", "JobNotRunning", f"job is {phase}")
+    if h is not None and h.unacknowledged:
+        names = ", ".join(h.unacknowledged[:5])
+        return ("False", "RoleSwitchUnacknowledged", f"waiting for {names} to acknowledge")
+    if h is not None and h.training_workers:
+        return ("True", "IdleGpusHarvested", f"{h.training_workers} workers train the drafter")
+    if "drafter" in roles and roles["drafter"].ready:
+        return ("True", "DedicatedDrafters", f"{roles['drafter'].ready} drafter pods ready")
+    if not spec.harvest.enabled or not spec.drafter_training.enabled:
+        return ("False", "HarvestDisabled", "harvest or drafterTraining is disabled")
+    return ("False", "NoIdleWorkers", "no worker is idle long enough to be harvested")
+
+
+def merge_conditions(
+    previous: list[Condition], want: dict[str, tuple[str, str, str]], now: str, generation: int
+) -> tuple[list[Condition], list[Condition]]:
+    """New condition list (lastTransitionTime kept unless status changed) and the conditions
+    whose status or reason changed (each becomes an Event)."""
+    prev = {c.type: c for c in previous}
+    out, changed = [], []
+    for ctype, (status, reason, message) in want.items():
+        old = prev.get(ctype)
+        moved = old is None or old.status != status
+        cond = Condition(
+            type=ctype,
+            status=status,  # type: ignore[arg-type]
+            reason=reason,
+            last_transition_time=now if moved or old is None else old.last_transition_time,
+            message=message,
+            observed_generation=generation,
+        )
+        out.append(cond)
+        if moved or (old is not None and old.reason != reason):
+            changed.append(cond)
+    return out, changed
+
+
+def _event_for(cond: Condition) -> Event:
+    warn = cond.reason in WARNING_REASONS or (
+        cond.status == "True" and cond.type in ("Failed", "ValidationFailed")
+    )
+    text = f"{cond.type} is {cond.status}: {cond.message}".rstrip(": ")
+    return Event("Warning" if warn else "Normal", cond.reason, text)
+
+
+def _invalid(obs: Observed) -> Plan:
+    st = copy.deepcopy(obs.previous)
+    st.observed_generation = obs.job.generation
+    errors = "; ".join(obs.errors) or "the spec could not be parsed"
+    want: dict[str, tuple[str, str, str]] = {
+        c.type: (c.status, c.reason, c.message) for c in st.conditions
+    }
+    want["ValidationFailed"] = ("True", "InvalidSpec", errors[:32000])
+    now = rfc3339(obs.now)
+    st.conditions, changed = merge_conditions(st.conditions, want, now, obs.job.generation)
+    return Plan(status=st, events=[_event_for(c) for c in changed])
+
+
+def plan(obs: Observed, settings: Settings) -> Plan:
+    """Everything to do for one RLJob now (see the module text)."""
+    if obs.spec is None or obs.errors:
+        return _invalid(obs)
+    spec, prev = obs.spec, obs.previous
+    st = copy.deepcopy(prev)
+    st.observed_generation = obs.job.generation
+    p = Plan(status=st)
+    new_failed = [q for q in obs.pods if q.phase == "Failed" and q.uid not in obs.counted]
+    p.counted = [q.uid for q in new_failed]
+    for q in new_failed:
+        p.events.append(Event("Warning", "WorkerFailed", f"pod {q.name} failed: {q.message}"))
+    st.roles = _roles(obs, spec, new_failed)
+    phase, reason, message = _phase(obs, spec, st.roles)
+    running = phase == ""
+    _workers(obs, spec, settings, p, running)
+    if running or phase == "Suspended":
+        _support_objects(obs, spec, settings, p)
+    if phase == "Suspended":
+        trainer = [q for q in obs.pods if q.role == "trainer" and q.phase == "Running" and q.ip]
+        p.checkpoint = bool(trainer) and trainer[0].name in p.delete_pods
+        st.start_time = None  # the deadline restarts on resume, as for Kubernetes Jobs
+    if running:
+        creating = sum(1 for m in p.create if m["kind"] == "Pod")
+        all_ready = all(r.ready >= r.total for r in st.roles.values())
+        alive = any(q.active for q in obs.pods) or creating
+        phase = (
+            "Running" if all_ready and not creating else ("Initializing" if alive else "Pending")
+        )
+        reason = {"Running": "AllRolesReady", "Initializing": "PodsStarting"}.get(phase, "NoPods")
+        if alive and st.start_time is None:
+            st.start_time = rfc3339(obs.now)
+    if phase in TERMINAL:
+        st.completion_time = st.completion_time or rfc3339(obs.now)
+        _ttl(obs, spec, p)
+    _copy_progress(obs, spec, st)
+    _accounting(obs, spec, st, p)
+    if phase != prev.phase:
+        kind = "Warning" if phase == "Failed" else "Normal"
+        p.events.append(Event(kind, f"Job{phase}", message or f"phase {prev.phase} -> {phase}"))
+    st.phase = phase  # type: ignore[assignment]
+    want = _conditions(obs, spec, phase, reason, message, st.roles)
+    st.conditions, changed = merge_conditions(
+        prev.conditions, want, rfc3339(obs.now), obs.job.generation
+    )
+    p.events.extend(_event_for(c) for c in changed)
+    _action_events(obs, p)
+    return p
+
+
+def _ttl(obs: Observed, spec: RLJobSpec, p: Plan) -> None:
+    ttl = spec.ttl_seconds_after_finished
+    done = parse_time(p.status.completion_time)
+    if ttl is None or done is None or obs.now - done < timedelta(seconds=ttl):
+        return
+    objects = [("Service", s) for s in sorted(obs.services)]
+    if obs.configmap is not None:
+        objects.append(("ConfigMap", builders.configmap_name(obs.job.name)))
+    if objects or p.delete_pods:
+        p.delete_objects.extend(objects)
+        msg = f"ttlSecondsAfterFinished={ttl} passed: deleted pods, Services and ConfigMap"
+        p.events.append(Event("Normal", "CleanedUp", msg))
+
+
+def _copy_progress(obs: Observed, spec: RLJobSpec, st: RLJobStatus) -> None:
+    t = obs.trainer
+    if st.total_steps is None:
+        st.total_steps = spec.algorithm.total_steps
+    if t is not None:
+        st.step, st.total_steps, st.policy_version = t.step, t.total_steps, t.policy_version
+        st.reward_mean = t.reward_mean
+        version = max(0, t.drafter_version)
+        if version > st.drafter.version:
+            st.drafter.last_trained = rfc3339(obs.now)
+        st.drafter.version = version
+        if t.accepted_length is not None:
+            st.drafter.acceptance_length = t.accepted_length
+    h = obs.harvest
+    if h is not None and h.accepted_length is not None and (t is None or t.accepted_length is None):
+        st.drafter.acceptance_length = h.accepted_length
+
+
+def _accounting(obs: Observed, spec: RLJobSpec, st: RLJobStatus, p: Plan) -> None:
+    deleting = set(p.delete_pods)
+    gpus = sum(
+        builders.gpus_of(spec, q.role)
+        for q in obs.pods
+        if q.active and q.name not in deleting and q.role in builders.role_specs(spec)
+    )
+    gpus += sum(
+        builders.gpus_of(spec, m["metadata"]["labels"][builders.LABEL_ROLE])
+        for m in p.create
+        if m["kind"] == "Pod"
+    )
+    st.gpus.total = gpus
+    h = obs.harvest
+    running = st.phase not in TERMINAL and not spec.suspend
+    st.gpus.idle = h.idle_gpus if h is not None and running else 0
+    st.gpus.harvested = h.harvested_gpus if h is not None and running else 0
+    if h is not None:
+        st.gpus.harvested_gpu_seconds = max(st.gpus.harvested_gpu_seconds, h.harvested_gpu_seconds)
+    st.workers = list(h.workers) if h is not None and running else []
+
+
+def _action_events(obs: Observed, p: Plan) -> None:
+    pods = [m["metadata"]["name"] for m in p.create if m["kind"] == "Pod"]
+    if pods:
+        shown = ", ".join(pods[:8]) + (f" and {len(pods) - 8} more" if len(pods) > 8 else "")
+        p.events.append(Event("Normal", "CreatedPods", f"created {len(pods)} pods: {shown}"))
+    if p.delete_pods:
+        shown = ", ".join(p.delete_pods[:8])
+        more = f" and {len(p.delete_pods) - 8} more" if len(p.delete_pods) > 8 else ""
+        p.events.append(
+            Event("Normal", "DeletedPods", f"deleted {len(p.delete_pods)} pods: {shown}{more}")
+        )

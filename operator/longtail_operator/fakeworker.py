@@ -1,0 +1,174 @@
+"""Loopback stand-ins for a rollout worker and the trainer, speaking the exact wire types.
+
+Used by the operator's tests and ``bench/operator.py``, and handy for trying the operator by
+hand on a control plane without a kubelet: serve one :class:`FakeWorker` per pod IP
+(``127.0.0.N``) and patch the pods' ``status.podIP`` to it. Bodies are built with
+:mod:`longtail_api.workerapi` ``to_dict`` (the same types the operator parses), so they cannot
+drift from what the operator reads; the real rollout worker's answers are checked against the
+same types in ``tests/unit/operator/test_workerapi.py``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from longtail_api.harvest import Activity
+from longtail_api.protocol import ProtocolError
+from longtail_api.workerapi import (
+    CHECKPOINT_PATH,
+    ROLE_PATH,
+    STATUS_PATH,
+    CheckpointAnswer,
+    RoleAck,
+    RoleAnswer,
+    RoleRequest,
+    RoleState,
+    RolloutWorkerStatus,
+    TrainerStatus,
+    WorkerVersions,
+)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def _reply(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        return json.loads(raw) if raw.strip() else {}
+
+    def do_GET(self) -> None:
+        app: _Served = self.server.app  # type: ignore[attr-defined]
+        if self.path == STATUS_PATH:
+            self._reply(200, app.status_body())
+        elif self.path in ("/healthz", "/readyz"):
+            self._reply(200, "ok")
+        else:
+            self._reply(404, {"error": f"no route {self.path}"})
+
+    def do_PUT(self) -> None:
+        self._write("PUT")
+
+    def do_POST(self) -> None:
+        self._write("POST")
+
+    def _write(self, method: str) -> None:
+        app: _Served = self.server.app  # type: ignore[attr-defined]
+        code, body = app.handle(method, self.path, self._body())
+        self._reply(code, body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _Served:
+    """A ThreadingHTTPServer in a daemon thread, bound to (host, port)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.lock = threading.Lock()
+        self._server = ThreadingHTTPServer((host, port), _Handler)
+        self._server.daemon_threads = True
+        self._server.app = self  # type: ignore[attr-defined]
+        self.host, self.port = host, int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def status_body(self) -> Any:
+        raise NotImplementedError
+
+    def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        return 404, {"error": f"no route {method} {path}"}
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5.0)
+
+
+class FakeWorker(_Served):
+    """A rollout worker: generating or idle; PUT /v1/role switches at once (or refuses)."""
+
+    def __init__(self, name: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(host, port)
+        self.name = name
+        self.generating = False
+        self.idle_since: float | None = time.time()
+        self.desired: Activity = "rollout"
+        self.observed: Activity = "rollout"
+        self.since = time.time()
+        self.refuse: str | None = None
+        """When set, PUT /v1/role answers 409 with this reason."""
+        self.role_requests: list[str] = []
+
+    def set_generating(self, generating: bool) -> None:
+        with self.lock:
+            self.generating = generating
+            self.idle_since = None if generating else time.time()
+
+    def status_body(self) -> Any:
+        with self.lock:
+            now = time.time()
+            idle = None if self.idle_since is None else max(0.0, now - self.idle_since)
+            status = RolloutWorkerStatus(
+                worker=self.name,
+                state="generating" if self.generating else "idle",
+                role=RoleState(self.desired, self.observed, self.since),
+                generating=self.generating,
+                running=1 if self.generating else 0,
+                waiting=0,
+                idle_since=self.idle_since,
+                idle_seconds=idle,
+                versions=WorkerVersions(policy=0, drafter=-1, step=0),
+            )
+        return status.to_dict()
+
+    def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        if (method, path) != ("PUT", ROLE_PATH):
+            return super().handle(method, path, body)
+        try:
+            role = RoleRequest.from_dict(body).role
+        except ProtocolError as exc:
+            return int(HTTPStatus.BAD_REQUEST), {"error": str(exc)}
+        with self.lock:
+            self.role_requests.append(role)
+            if self.refuse is not None:
+                return int(HTTPStatus.CONFLICT), {"error": f"role {role!r} refused: {self.refuse}"}
+            if role != self.observed:
+                self.since = time.time()
+            self.desired = self.observed = role
+            ack = RoleAck(role, role, self.since, pending=False, switch_seconds=0.0)
+        return 200, RoleAnswer(self.name, ack).to_dict()
+
+
+class FakeTrainer(_Served):
+    """The trainer: a settable :class:`TrainerStatus`; POST /v1/checkpoint records the call."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, total_steps: int = 20) -> None:
+        super().__init__(host, port)
+        self.status = TrainerStatus(
+            step=0, total_steps=total_steps, phase="running", policy_version=0, drafter_version=-1
+        )
+        self.checkpoints: list[int] = []
+
+    def status_body(self) -> Any:
+        with self.lock:
+            return self.status.to_dict()
+
+    def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        if (method, path) != ("POST", CHECKPOINT_PATH):
+            return super().handle(method, path, body)
+        with self.lock:
+            self.checkpoints.append(self.status.step)
+            answer = CheckpointAnswer(self.status.step, f"/checkpoints/step-{self.status.step}")
+        return 200, answer.to_dict()

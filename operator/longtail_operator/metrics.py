@@ -1,0 +1,177 @@
+"""The operator's Prometheus metrics and its /metrics, /healthz and /readyz server.
+
+Collectors are built from the shared :mod:`longtail_api.metrics` specs (``OPERATOR_METRICS``),
+so names, help and labels are written once for the operator, dashboards and alerts.
+``handlers.py`` creates one :class:`OperatorMetrics` and one :class:`HealthServer` at start-up;
+the reconcile and harvest code record into it. ``/healthz`` answers 200 while the kopf event
+loop's heartbeat is fresh, ``/readyz`` 200 once the operator has started and its last API call
+succeeded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from longtail_api import metrics as names
+from longtail_api.metrics import MetricSpec
+from longtail_api.status import PHASES
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _base(spec: MetricSpec) -> str:
+    # prometheus_client appends _total to counters itself: give it the base name.
+    return spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
+
+
+def _counter(spec: MetricSpec, registry: CollectorRegistry) -> Counter:
+    assert spec.kind == "counter", spec.name
+    return Counter(_base(spec), spec.help, spec.labels, registry=registry)
+
+
+def _gauge(spec: MetricSpec, registry: CollectorRegistry) -> Gauge:
+    assert spec.kind == "gauge", spec.name
+    return Gauge(spec.name, spec.help, spec.labels, registry=registry)
+
+
+def _histogram(spec: MetricSpec, registry: CollectorRegistry) -> Histogram:
+    assert spec.kind == "histogram", spec.name
+    if spec.buckets is None:
+        return Histogram(spec.name, spec.help, spec.labels, registry=registry)
+    return Histogram(spec.name, spec.help, spec.labels, buckets=spec.buckets, registry=registry)
+
+
+class OperatorMetrics:
+    """Every operator collector, on its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self._reconciles = _counter(names.OPERATOR_RECONCILE_TOTAL, r)
+        self._durations = _histogram(names.OPERATOR_RECONCILE_DURATION_SECONDS, r)
+        self._errors = _counter(names.OPERATOR_RECONCILE_ERRORS_TOTAL, r)
+        self._jobs = _gauge(names.OPERATOR_JOBS, r)
+        self._gpus = _gauge(names.OPERATOR_JOB_GPUS, r)
+        self._harvested = _counter(names.OPERATOR_HARVESTED_GPU_SECONDS_TOTAL, r)
+        self._switches = _counter(names.OPERATOR_ROLE_SWITCHES_TOTAL, r)
+        self._switch_seconds = _histogram(names.OPERATOR_ROLE_SWITCH_SECONDS, r)
+        self._polls = _counter(names.OPERATOR_STATUS_POLLS_TOTAL, r)
+        for phase in PHASES:
+            self._jobs.labels(phase=phase).set(0)
+
+    def reconcile(self, result: str, seconds: float, reason: str | None = None) -> None:
+        self._reconciles.labels(result=result).inc()
+        self._durations.labels(result=result).observe(seconds)
+        if reason is not None:
+            self._errors.labels(reason=reason).inc()
+
+    def jobs(self, by_phase: Mapping[str, int]) -> None:
+        for phase in PHASES:
+            self._jobs.labels(phase=phase).set(by_phase.get(phase, 0))
+
+    def job_gpus(self, namespace: str, job: str, total: int, idle: int, harvested: int) -> None:
+        for state, value in (("total", total), ("idle", idle), ("harvested", harvested)):
+            self._gpus.labels(namespace=namespace, rljob=job, state=state).set(value)
+
+    def forget_job(self, namespace: str, job: str) -> None:
+        for state in ("total", "idle", "harvested"):
+            with contextlib.suppress(KeyError):  # never reported: nothing to remove
+                self._gpus.remove(namespace, job, state)
+
+    def harvested(self, namespace: str, job: str, gpu_seconds: float) -> None:
+        self._harvested.labels(namespace=namespace, rljob=job).inc(gpu_seconds)
+
+    def role_switch(self, role: str, result: str, seconds: float | None) -> None:
+        self._switches.labels(role=role, result=result).inc()
+        if seconds is not None:
+            self._switch_seconds.labels(role=role).observe(seconds)
+
+    def status_poll(self, target: str, ok: bool) -> None:
+        self._polls.labels(target=target, result="ok" if ok else "error").inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Health:
+    """Liveness heartbeat and readiness flag shared by kopf handlers and the HTTP server."""
+
+    def __init__(self, stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        self.stale_after_s, self.clock = stale_after_s, clock
+        self.started = False
+        self.api_ok = True
+        self.last_beat = clock()
+
+    def beat(self) -> None:
+        self.last_beat = self.clock()
+
+    def alive(self) -> tuple[bool, str]:
+        age = self.clock() - self.last_beat
+        if age > self.stale_after_s:
+            return False, f"event loop heartbeat is {age:.0f} s old"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.started:
+            return False, "starting"
+        if not self.api_ok:
+            return False, "the last Kubernetes API call failed"
+        return True, "ready"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "longtail-operator"
+
+    def do_GET(self) -> None:
+        app: HealthServer = self.server.app  # type: ignore[attr-defined]
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(HTTPStatus.OK, app.metrics.exposition(), CONTENT_TYPE)
+            return
+        if path in ("/healthz", "/readyz"):
+            ok, text = app.health.alive() if path == "/healthz" else app.health.ready()
+            code = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
+            self._send(code, (text + "\n").encode(), "text/plain; charset=utf-8")
+            return
+        self._send(
+            HTTPStatus.NOT_FOUND, b"not found: try /metrics, /healthz, /readyz\n", "text/plain"
+        )
+
+    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # scrapes every few seconds: do not flood the operator log
+
+
+class HealthServer:
+    """Serves /metrics, /healthz, /readyz from a daemon thread."""
+
+    def __init__(self, metrics: OperatorMetrics, health: Health, host: str, port: int) -> None:
+        self.metrics, self.health = metrics, health
+        self._server = ThreadingHTTPServer((host, port), _Handler)
+        self._server.daemon_threads = True
+        self._server.app = self  # type: ignore[attr-defined]
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="operator-metrics", daemon=True
+        )
+
+    def start(self) -> HealthServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5.0)

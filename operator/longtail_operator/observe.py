@@ -1,0 +1,112 @@
+"""Read the operator's inputs into small typed views: worker pods, previous status, times.
+
+``reconcile.py`` lists the job's pods and hands them to :meth:`PodView.from_pod`; the pure
+status derivation (``derive.py``) works on these views only. :func:`to_json` and
+:func:`parse_status` convert :class:`~longtail_api.status.RLJobStatus` to and from the camelCase
+JSON the API server stores, so status is typed end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from longtail_api.fields import json_name
+from longtail_api.status import RLJobStatus
+from longtail_api.validation import parse
+from longtail_operator.builders import LABEL_INDEX, LABEL_ROLE, ROLES
+
+TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the operator needs to know about one worker pod."""
+
+    name: str
+    role: str
+    index: int
+    uid: str
+    phase: str
+    """Pod phase: Pending, Running, Succeeded, Failed or Unknown."""
+    ready: bool
+    ip: str | None
+    deleting: bool
+    message: str = ""
+    """The pod's (or its container's) termination reason and message, when it has one."""
+
+    @property
+    def active(self) -> bool:
+        """Counts as a live replica: not finished and not being deleted."""
+        return not self.deleting and self.phase not in TERMINAL_POD_PHASES
+
+    @classmethod
+    def from_pod(cls, pod: dict[str, Any]) -> PodView | None:
+        """The view of a pod with valid role/index labels; None for anything else."""
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        lbls = meta.get("labels") or {}
+        role, raw_index = lbls.get(LABEL_ROLE), lbls.get(LABEL_INDEX, "")
+        if role not in ROLES or not str(raw_index).isdigit():
+            return None
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        phase = status.get("phase") or "Pending"
+        return cls(
+            name=meta.get("name", ""),
+            role=role,
+            index=int(raw_index),
+            uid=meta.get("uid", ""),
+            phase=phase,
+            ready=ready and phase == "Running",
+            ip=status.get("podIP") or None,
+            deleting=meta.get("deletionTimestamp") is not None,
+            message=_termination_message(status),
+        )
+
+
+def _termination_message(status: dict[str, Any]) -> str:
+    parts = [p for p in (status.get("reason"), status.get("message")) if p]
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if term:
+            code = term.get("exitCode")
+            detail = " ".join(str(p) for p in (term.get("reason"), term.get("message")) if p)
+            parts.append(f"container {cs.get('name')} exited {code} {detail}".strip())
+    return "; ".join(parts)
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def to_json(obj: Any) -> Any:
+    """A status dataclass (or list/dict of them) as camelCase JSON, ``None`` kept as null."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {json_name(f): to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [to_json(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_json(v) for k, v in obj.items()}
+    return obj
+
+
+def parse_status(raw: Any) -> RLJobStatus:
+    """The previous status as stored; an unreadable one (hand-edited) counts as empty."""
+    if not isinstance(raw, dict) or not raw:
+        return RLJobStatus()
+    status, errors = parse(RLJobStatus, raw, "status")
+    return status if status is not None and not errors else RLJobStatus()

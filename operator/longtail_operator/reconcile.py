@@ -1,0 +1,220 @@
+"""One reconcile of one RLJob: observe, plan (pure, ``derive.py``), act, write status, post events.
+
+The per-job daemon in ``runtime.py`` calls :meth:`Reconciler.reconcile` whenever the RLJob or
+one of its pods changes, and at least every ``reconcile_period_s``. Every call starts from a
+fresh GET of the RLJob and a LIST of its children, so nothing depends on which event woke it.
+API failures raise ``kopf.TemporaryError`` (the daemon waits with backoff and tries again); the
+status is written only when it changed, as a merge patch of the status subresource.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import kopf
+
+from longtail_api.manifest import validate_manifest
+from longtail_api.spec import RLJobSpec
+from longtail_api.workerapi import TrainerStatus
+from longtail_operator import builders, derive
+from longtail_operator.builders import JobRef
+from longtail_operator.clients import TrainerClient
+from longtail_operator.derive import Event, Observed, Plan
+from longtail_operator.harvest import Harvester
+from longtail_operator.kube import Kube, KubeError
+from longtail_operator.metrics import OperatorMetrics
+from longtail_operator.observe import PodView, now_utc, parse_status, to_json
+from longtail_operator.settings import Settings
+from longtail_operator.sources import WorkerTarget
+
+
+@dataclass
+class JobRuntime:
+    """In-memory state of one RLJob between reconciles (lost on restart, rebuilt from status)."""
+
+    namespace: str
+    name: str
+    harvester: Harvester | None = None
+    spec: RLJobSpec | None = None
+    phase: str = "Pending"
+    targets: list[WorkerTarget] = field(default_factory=list)
+    counted: set[str] = field(default_factory=set)
+    checkpoint_started: float | None = None
+    checkpoint_done: bool = False
+    last_error: str | None = None
+
+
+def _owned(items: Iterable[dict[str, Any]], uid: str) -> list[dict[str, Any]]:
+    return [
+        o
+        for o in items
+        if any(r.get("uid") == uid for r in o.get("metadata", {}).get("ownerReferences") or [])
+    ]
+
+
+def prune_none(value: Any) -> Any:
+    """``value`` without null mapping entries (as the API server stores a merge-patched object)."""
+    if isinstance(value, dict):
+        return {k: prune_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [prune_none(v) for v in value]
+    return value
+
+
+def patch_for(old: Any, new: Any) -> Any:
+    """A JSON merge patch turning ``old`` into ``new`` (null deletes keys gone from ``new``)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    out = {k: patch_for(old.get(k), v) for k, v in new.items()}
+    out.update({k: None for k in old if k not in new})
+    return out
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        settings: Settings,
+        metrics: OperatorMetrics | None = None,
+        clock: Callable[[], datetime] = now_utc,
+    ) -> None:
+        self.kube, self.settings, self.metrics, self.clock = kube, settings, metrics, clock
+        self.trainer = TrainerClient(timeout=settings.http_timeout_s)
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="reconcile-io")
+
+    def reconcile(self, rt: JobRuntime) -> str | None:
+        """Reconcile one job; returns its phase (None once the RLJob is gone)."""
+        started = time.perf_counter()
+        try:
+            phase = self._reconcile(rt)
+        except KubeError as exc:
+            rt.last_error = str(exc)
+            self._record("retry", started, "ApiError")
+            raise kopf.TemporaryError(str(exc), delay=1.0) from exc
+        invalid = rt.spec is None and phase is not None
+        self._record(
+            "invalid" if invalid else "ok", started, "ValidationFailed" if invalid else None
+        )
+        rt.last_error = None
+        return phase
+
+    def _record(self, result: str, started: float, reason: str | None) -> None:
+        if self.metrics is not None:
+            self.metrics.reconcile(result, time.perf_counter() - started, reason)
+
+    def _reconcile(self, rt: JobRuntime) -> str | None:
+        body = self.kube.get_job(rt.namespace, rt.name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        meta = body["metadata"]
+        job = JobRef(rt.name, rt.namespace, meta["uid"], int(meta.get("generation", 1)))
+        checked = validate_manifest({k: v for k, v in body.items() if k != "status"})
+        rt.spec = checked.spec if checked.ok else None
+        pods_raw, services, configmaps = self.kube.list_children(job.namespace, job.name)
+        pods = [v for v in (PodView.from_pod(p) for p in _owned(pods_raw, job.uid)) if v]
+        cm = next(iter(_owned(configmaps, job.uid)), None)
+        obs = Observed(
+            job=job,
+            spec=rt.spec,
+            raw_spec=body.get("spec") or {},
+            errors=tuple(str(e) for e in checked.errors),
+            previous=parse_status(body.get("status")),
+            pods=tuple(pods),
+            services=frozenset(s["metadata"]["name"] for s in _owned(services, job.uid)),
+            configmap=(cm.get("data") or {}) if cm is not None else None,
+            now=self.clock(),
+            trainer=self._trainer_status(pods) if rt.spec is not None else None,
+            harvest=rt.harvester.snapshot() if rt.harvester is not None else None,
+            counted=frozenset(rt.counted),
+        )
+        plan = derive.plan(obs, self.settings)
+        self._checkpoint(rt, plan, pods)
+        self._execute(job, plan)
+        rt.counted.update(plan.counted)
+        new_status = prune_none(to_json(plan.status))
+        if new_status != body.get("status"):
+            self.kube.patch_status(
+                job.namespace, job.name, patch_for(body.get("status"), new_status)
+            )
+        for event in plan.events:
+            self.kube.post_event(job, event)
+        rt.phase = plan.status.phase
+        rt.targets = self._targets(rt.spec, pods, plan)
+        if self.metrics is not None:
+            gpus = plan.status.gpus
+            self.metrics.job_gpus(job.namespace, job.name, gpus.total, gpus.idle, gpus.harvested)
+        return rt.phase
+
+    def _trainer_status(self, pods: list[PodView]) -> TrainerStatus | None:
+        trainer = next((p for p in pods if p.role == "trainer" and p.active and p.ip), None)
+        if trainer is None or trainer.ip is None:
+            return None
+        answer = self.trainer.status(trainer.ip, self.settings.trainer_port)
+        if self.metrics is not None:
+            self.metrics.status_poll("trainer", not isinstance(answer, str))
+        return None if isinstance(answer, str) else answer
+
+    def _checkpoint(self, rt: JobRuntime, plan: Plan, pods: list[PodView]) -> None:
+        """Suspend: ask the trainer to checkpoint before its pod goes; retry until the
+        checkpoint timeout, keeping the pods meanwhile."""
+        if not plan.checkpoint:
+            if rt.spec is not None and not rt.spec.suspend:
+                rt.checkpoint_started, rt.checkpoint_done = None, False
+            return
+        if rt.checkpoint_done:
+            return
+        trainer = next(p for p in pods if p.role == "trainer" and p.ip)
+        now = time.monotonic()
+        rt.checkpoint_started = rt.checkpoint_started or now
+        left = self.settings.checkpoint_timeout_s - (now - rt.checkpoint_started)
+        answer = self.trainer.checkpoint(
+            trainer.ip or "", self.settings.trainer_port, reason="suspend", timeout=max(left, 1.0)
+        )
+        if not isinstance(answer, str):
+            rt.checkpoint_done = True
+            msg = f"checkpoint of step {answer.step} written to {answer.location}"
+            plan.events.append(Event("Normal", "CheckpointSaved", msg))
+        elif left <= 0:
+            rt.checkpoint_done = True
+            msg = f"no checkpoint before suspend ({answer}); resuming uses the last periodic one"
+            plan.events.append(Event("Warning", "CheckpointFailed", msg))
+        else:
+            plan.delete_pods.clear()  # keep the pods; the next reconcile asks again
+            plan.events = [e for e in plan.events if e.reason != "DeletedPods"]
+
+    def _execute(self, job: JobRef, plan: Plan) -> None:
+        """Support objects first (pods mount the ConfigMap), then pods, in parallel."""
+        first = [m for m in plan.create if m["kind"] != "Pod"]
+        pods = [m for m in plan.create if m["kind"] == "Pod"]
+        list(self.pool.map(self.kube.create, first))
+        for cm in plan.update:
+            self.kube.replace_configmap(cm)
+        list(self.pool.map(self.kube.create, pods))
+        deletes = [("Pod", name) for name in plan.delete_pods] + plan.delete_objects
+        list(self.pool.map(lambda kn: self.kube.delete(kn[0], job.namespace, kn[1]), deletes))
+
+    def _targets(
+        self, spec: RLJobSpec | None, pods: list[PodView], plan: Plan
+    ) -> list[WorkerTarget]:
+        """Worker pods the harvest loop may poll and reassign (rollout control surface)."""
+        if spec is None:
+            return []
+        gone = set(plan.delete_pods)
+        eligible = set(spec.harvest.eligible_roles) | {"rollout"}
+        return [
+            WorkerTarget(
+                name=p.name,
+                role=p.role,
+                ip=p.ip,
+                port=builders.role_port(self.settings, p.role),
+                gpus=builders.gpus_of(spec, p.role),
+                uid=p.uid,
+            )
+            for p in pods
+            if p.active and p.name not in gone and p.role in eligible and p.phase == "Running"
+        ]

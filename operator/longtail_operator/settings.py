@@ -1,0 +1,114 @@
+"""Operator settings, read once from ``LONGTAIL_OPERATOR_*`` environment variables.
+
+The kopf entry point (``handlers.py``) builds one :class:`Settings` at start-up with
+:func:`from_env`; everything else receives it as an argument, so tests pass their own values
+(short poll periods, loopback ports) without touching the environment. Every variable is listed
+in :data:`ENV_DOCS` and in docs/operator.md; a bad value raises :class:`SettingsError` naming the
+variable, the value and what is expected.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from longtail_api.workerapi import ROLLOUT_PORT, TRAINER_PORT, VERIFIER_PORT
+
+PREFIX = "LONGTAIL_OPERATOR_"
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the operator cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything configurable about the operator (see :data:`ENV_DOCS`)."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty watches the whole cluster."""
+    worker_image: str = "ghcr.io/longtail-dev/longtail-worker:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    metrics_port: int = 8080
+    """Port of /metrics, /healthz and /readyz; 0 disables the server."""
+    metrics_host: str = "0.0.0.0"
+    reconcile_period_s: float = 10.0
+    """Longest time between two reconciles of one RLJob (events trigger them sooner)."""
+    http_timeout_s: float = 2.0
+    """Timeout of one call to a worker's or the trainer's HTTP endpoint."""
+    worker_port: int = ROLLOUT_PORT
+    trainer_port: int = TRAINER_PORT
+    verifier_port: int = VERIFIER_PORT
+    role_retry_initial_s: float = 0.25
+    role_retry_max_s: float = 10.0
+    checkpoint_timeout_s: float = 300.0
+    """How long suspend waits for the trainer's checkpoint before deleting pods anyway."""
+    harvest_workers: int = 16
+    """Threads polling worker status endpoints concurrently (per RLJob)."""
+
+
+ENV_DOCS: dict[str, str] = {
+    "namespaces": "comma-separated namespaces to watch (empty: all namespaces)",
+    "worker_image": "image of worker pods whose role sets no image",
+    "image_pull_policy": "imagePullPolicy of worker containers (Always, IfNotPresent, Never)",
+    "metrics_port": "port of /metrics, /healthz, /readyz (0 disables)",
+    "metrics_host": "address the metrics server binds",
+    "reconcile_period_s": "seconds between periodic reconciles of one RLJob",
+    "http_timeout_s": "timeout of one HTTP call to a worker or the trainer",
+    "worker_port": "control port of rollout (and drafter) workers",
+    "trainer_port": "status/control port of the trainer",
+    "verifier_port": "port of the verifier",
+    "role_retry_initial_s": "first retry delay of an unacknowledged role change",
+    "role_retry_max_s": "longest retry delay of an unacknowledged role change",
+    "checkpoint_timeout_s": "how long suspend waits for the trainer's checkpoint",
+    "harvest_workers": "threads polling worker status endpoints per RLJob",
+}
+"""Help text per setting; the variable is ``LONGTAIL_OPERATOR_`` + the upper-cased name."""
+
+_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+def env_name(field_name: str) -> str:
+    return PREFIX + field_name.upper()
+
+
+def _convert(name: str, raw: str, default: object) -> object:
+    var = env_name(name)
+    if isinstance(default, tuple):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if isinstance(default, bool) or not isinstance(default, int | float):
+        if not raw.strip():
+            raise SettingsError(f"{var}: must not be empty (unset it to use {default!r})")
+        return raw.strip()
+    try:
+        value: int | float = int(raw) if isinstance(default, int) else float(raw)
+    except ValueError:
+        kind = "an integer" if isinstance(default, int) else "a number"
+        raise SettingsError(f"{var}: must be {kind}, got {raw!r}") from None
+    if value < 0 or (isinstance(default, int) and name.endswith("_port") and value > 65535):
+        raise SettingsError(f"{var}: must be a non-negative value (a port <= 65535), got {raw!r}")
+    return value
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings from ``LONGTAIL_OPERATOR_*`` variables; unset ones keep their defaults."""
+    env = os.environ if environ is None else environ
+    defaults = Settings()
+    values: dict[str, object] = {}
+    for f in fields(Settings):
+        raw = env.get(env_name(f.name))
+        if raw is not None:
+            values[f.name] = _convert(f.name, raw, getattr(defaults, f.name))
+    settings = Settings(**values)  # type: ignore[arg-type]
+    if settings.image_pull_policy not in _PULL_POLICIES:
+        raise SettingsError(
+            f"{env_name('image_pull_policy')}: must be one of {', '.join(_PULL_POLICIES)}, "
+            f"got {settings.image_pull_policy!r}"
+        )
+    for name in ("reconcile_period_s", "http_timeout_s", "role_retry_initial_s"):
+        if getattr(settings, name) <= 0:
+            raise SettingsError(f"{env_name(name)}: must be > 0, got {getattr(settings, name)}")
+    if settings.harvest_workers < 1:
+        raise SettingsError(f"{env_name('harvest_workers')}: must be >= 1")
+    return settings

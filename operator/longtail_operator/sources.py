@@ -1,0 +1,158 @@
+"""Idleness sources of the harvest loop: the workers' own reports, or Prometheus over DCGM.
+
+Both implement :class:`IdlenessSource`: given the job's worker targets they return an
+:class:`Observation` per worker that answered (busy or idle, for how long, which activity it
+reports). ``spec.harvest.source`` picks one (``handlers.py`` builds it):
+
+- :class:`WorkerStatusSource` polls every worker's ``GET /v1/status`` concurrently;
+- :class:`PrometheusSource` runs ``spec.harvest.prometheus.query`` (per-pod GPU busy
+  percentage, ``$namespace`` and ``$window`` substituted) against the Prometheus HTTP API and
+  counts a pod idle while its value stays at or below ``idleUtilizationThreshold``; it tracks
+  since when itself, and cannot see the workers' activity (acknowledgement then comes from the
+  ``PUT /v1/role`` answers only).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from longtail_api.harvest import Activity, is_idle_utilization
+from longtail_api.policies import HarvestSpec
+from longtail_api.workerapi import RolloutWorkerStatus
+from longtail_operator.clients import WorkerClient
+from longtail_operator.metrics import OperatorMetrics
+
+
+@dataclass(frozen=True)
+class WorkerTarget:
+    """One worker pod the harvest loop may reassign."""
+
+    name: str
+    role: str
+    ip: str | None
+    port: int
+    gpus: int
+    uid: str = ""
+    """Pod UID: a recreated pod (same name, new UID) starts over in its role's own activity."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    busy: bool
+    """The worker is generating (or its GPU is above the idle threshold)."""
+    idle_seconds: float | None
+    pending: bool = False
+    """It still holds unfinished work (waiting sequences)."""
+    observed: Activity | None = None
+    """Activity the worker reports doing; None when the source cannot tell."""
+    accepted_length: float | None = None
+
+
+class IdlenessSource(Protocol):
+    def observe(self, targets: Sequence[WorkerTarget]) -> dict[str, Observation]: ...
+
+
+def from_worker_status(s: RolloutWorkerStatus) -> Observation:
+    return Observation(
+        busy=s.generating or s.running > 0,
+        idle_seconds=None if s.generating else s.idle_seconds,
+        pending=s.waiting > 0,
+        observed=s.role.observed,
+        accepted_length=s.mean_accepted_length,
+    )
+
+
+@dataclass
+class WorkerStatusSource:
+    """Idleness from the workers' own ``GET /v1/status``."""
+
+    client: WorkerClient
+    metrics: OperatorMetrics | None = None
+    max_threads: int = 16
+    errors: dict[str, str] = field(default_factory=dict)
+    """Last poll error per worker (cleared when it answers again)."""
+
+    def _poll(self, t: WorkerTarget) -> RolloutWorkerStatus | str:
+        if not t.ip:
+            return "the pod has no IP yet"
+        return self.client.status(t.ip, t.port)
+
+    def observe(self, targets: Sequence[WorkerTarget]) -> dict[str, Observation]:
+        if not targets:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(len(targets), self.max_threads)) as pool:
+            answers = list(pool.map(self._poll, targets))
+        out: dict[str, Observation] = {}
+        for t, answer in zip(targets, answers, strict=True):
+            ok = not isinstance(answer, str)
+            if self.metrics is not None:
+                self.metrics.status_poll("worker", ok)
+            if isinstance(answer, str):
+                self.errors[t.name] = answer
+                continue
+            self.errors.pop(t.name, None)
+            out[t.name] = from_worker_status(answer)
+        return out
+
+
+def render_query(spec: HarvestSpec, namespace: str, window_s: float) -> str:
+    window = f"{max(1, round(window_s))}s"
+    return spec.prometheus.query.replace("$namespace", namespace).replace("$window", window)
+
+
+@dataclass
+class PrometheusSource:
+    """Idleness from a Prometheus instant query returning busy percent per ``pod``."""
+
+    spec: HarvestSpec
+    namespace: str
+    timeout: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+    idle_since: dict[str, float] = field(default_factory=dict)
+    last_error: str | None = None
+
+    def query(self) -> dict[str, float]:
+        """``{pod: busy percent}`` from ``/api/v1/query``; raises OSError/ValueError."""
+        url = self.spec.prometheus.url
+        if not url:
+            raise ValueError("spec.harvest.prometheus.url is empty; set it to use Prometheus")
+        window = max(self.spec.idle_seconds, self.spec.poll_period_seconds, 1.0)
+        q = render_query(self.spec, self.namespace, window)
+        full = url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": q})
+        with urllib.request.urlopen(full, timeout=self.timeout) as resp:
+            body = json.loads(resp.read())
+        if body.get("status") != "success":
+            raise ValueError(f"Prometheus answered {body.get('status')}: {body.get('error')}")
+        out: dict[str, float] = {}
+        for sample in body.get("data", {}).get("result", []):
+            pod = sample.get("metric", {}).get("pod")
+            if pod:
+                out[pod] = float(sample["value"][1])
+        return out
+
+    def observe(self, targets: Sequence[WorkerTarget]) -> dict[str, Observation]:
+        try:
+            busy = self.query()
+        except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
+            self.last_error = f"Prometheus query failed: {exc}"
+            return {}
+        self.last_error = None
+        now, out = self.clock(), {}
+        for t in targets:
+            if t.name not in busy:
+                continue
+            if is_idle_utilization(self.spec, busy[t.name]):
+                since = self.idle_since.setdefault(t.name, now)
+                out[t.name] = Observation(busy=False, idle_seconds=now - since)
+            else:
+                self.idle_since.pop(t.name, None)
+                out[t.name] = Observation(busy=True, idle_seconds=None)
+        return out

@@ -1,0 +1,175 @@
+"""The harvest loop over real loopback HTTP workers: decide once, retry with backoff, ack,
+GPU-seconds; idleness from a fake source, and from a loopback Prometheus API."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from longtail_api.policies import HarvestSpec, PrometheusSourceSpec
+from longtail_operator.clients import WorkerClient
+from longtail_operator.fakeworker import FakeWorker
+from longtail_operator.harvest import Harvester
+from longtail_operator.metrics import OperatorMetrics
+from longtail_operator.sources import (
+    Observation,
+    PrometheusSource,
+    WorkerStatusSource,
+    WorkerTarget,
+)
+
+SPEC = HarvestSpec(idle_seconds=1.0)
+
+
+class FakeSource:
+    """Idleness set by the test (the 'fake metrics source' of the issue)."""
+
+    def __init__(self) -> None:
+        self.obs: dict[str, Observation] = {}
+
+    def observe(self, targets: Sequence[WorkerTarget]) -> dict[str, Observation]:
+        return {t.name: self.obs[t.name] for t in targets if t.name in self.obs}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def workers() -> Iterator[list[FakeWorker]]:
+    ws = [FakeWorker(f"w{i}") for i in range(3)]
+    yield ws
+    for w in ws:
+        w.close()
+
+
+def targets(ws: list[FakeWorker], gpus: int = 2) -> list[WorkerTarget]:
+    return [WorkerTarget(w.name, "rollout", w.host, w.port, gpus, uid=w.name) for w in ws]
+
+
+def test_idle_worker_switched_once_and_acknowledged(workers: list[FakeWorker]) -> None:
+    clock, src, metrics = Clock(), FakeSource(), OperatorMetrics()
+    h = Harvester("job", WorkerClient(timeout=2.0), metrics, clock=clock)
+    src.obs = {
+        "w0": Observation(busy=True, idle_seconds=None, observed="rollout"),
+        "w1": Observation(busy=False, idle_seconds=5.0, observed="rollout"),
+        "w2": Observation(busy=False, idle_seconds=0.2, observed="rollout"),  # not long enough
+    }
+    assert h.step(SPEC, targets(workers), src)
+    assert workers[1].role_requests == ["drafter-train"] and workers[1].observed == "drafter-train"
+    assert workers[0].role_requests == [] and workers[2].role_requests == []
+    snap = h.snapshot()
+    assert [w.assigned_role for w in snap.workers] == ["rollout", "drafter-train", "rollout"]
+    assert snap.unacknowledged == ()
+    # Same observations again: the decision is not sent twice.
+    src.obs["w1"] = Observation(busy=False, idle_seconds=6.0, observed="drafter-train")
+    clock.t += 10.0
+    h.step(SPEC, targets(workers), src)
+    assert workers[1].role_requests == ["drafter-train"]
+    assert h.gpu_seconds == pytest.approx(20.0)  # 10 s x 2 GPUs, reported as training
+    assert h.snapshot().harvested_gpus == 2 and h.snapshot().training_workers == 1
+    # The tail ends (nobody generates): everyone goes back to rollout.
+    src.obs["w0"] = Observation(busy=False, idle_seconds=0.0, observed="rollout")
+    h.step(SPEC, targets(workers), src)
+    assert workers[1].role_requests == ["drafter-train", "rollout"]
+    text = metrics.exposition().decode()
+    assert (
+        'longtail_operator_role_switches_total{result="acknowledged",role="drafter-train"} 1.0'
+        in text
+    )
+    assert "longtail_operator_role_switch_seconds_count" in text
+
+
+def test_refused_switch_retried_with_backoff_and_surfaced(workers: list[FakeWorker]) -> None:
+    clock, src = Clock(), FakeSource()
+    h = Harvester("job", WorkerClient(), clock=clock, retry_initial_s=1.0, retry_max_s=4.0)
+    workers[1].refuse = "no rollout data captured yet"
+    src.obs = {
+        "w0": Observation(busy=True, idle_seconds=None, observed="rollout"),
+        "w1": Observation(busy=False, idle_seconds=5.0, observed="rollout"),
+    }
+    ts = targets(workers[:2])
+    h.step(SPEC, ts, src)
+    snap = h.snapshot()
+    assert snap.unacknowledged == ("w1",)
+    assert "no rollout data captured yet" in (snap.workers[1].message or "")
+    clock.t += 0.5  # before the 1 s backoff: not re-sent
+    h.step(SPEC, ts, src)
+    assert len(workers[1].role_requests) == 1
+    clock.t += 0.6
+    h.step(SPEC, ts, src)
+    assert len(workers[1].role_requests) == 2  # retried after 1 s; next wait 2 s
+    clock.t += 1.5
+    h.step(SPEC, ts, src)
+    assert len(workers[1].role_requests) == 2
+    workers[1].refuse = None
+    clock.t += 1.0
+    h.step(SPEC, ts, src)
+    assert len(workers[1].role_requests) == 3 and h.snapshot().unacknowledged == ()
+
+
+def test_worker_status_source_over_http(workers: list[FakeWorker]) -> None:
+    workers[0].set_generating(True)
+    src = WorkerStatusSource(WorkerClient())
+    down = WorkerTarget("gone", "rollout", "127.0.0.1", 1, 1)
+    obs = src.observe([*targets(workers[:2]), down])
+    assert obs["w0"].busy and obs["w0"].idle_seconds is None
+    assert not obs["w1"].busy and obs["w1"].observed == "rollout"
+    assert "gone" not in obs and "ConnectionRefused" in src.errors["gone"]
+
+
+class _Prom(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.server.queries.append(self.path)  # type: ignore[attr-defined]
+        body = {
+            "status": "success",
+            "data": {
+                "resultType": "vector",
+                "result": [
+                    {"metric": {"pod": "w0"}, "value": [0, "93.5"]},
+                    {"metric": {"pod": "w1"}, "value": [0, "2.0"]},
+                ],
+            },
+        }
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_prometheus_source_reads_dcgm_busy_percent() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Prom)
+    server.queries = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        spec = HarvestSpec(
+            source="prometheus", prometheus=PrometheusSourceSpec(url=url), idle_seconds=30.0
+        )
+        clock = Clock()
+        src = PrometheusSource(spec, "team-a", clock=clock)
+        ts = [WorkerTarget(n, "rollout", None, 0, 1) for n in ("w0", "w1", "w2")]
+        first = src.observe(ts)
+        assert first["w0"].busy and not first["w1"].busy and first["w1"].idle_seconds == 0.0
+        assert "w2" not in first
+        clock.t += 12.0
+        assert src.observe(ts)["w1"].idle_seconds == 12.0
+        query = server.queries[0]  # type: ignore[attr-defined]
+        assert "team-a" in query and "%5B30s%5D" in query  # $namespace and $window substituted
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,135 @@
+"""The shared worker wire types read what the real rollout worker serves, and reject bad bodies.
+
+The parser is exercised against a real ``ControlServer`` (tiny torch model, real HTTP), so a
+change of the worker's ``GET /v1/status`` or ``PUT /v1/role`` body breaks this test rather than
+the operator in production.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from longtail_api import workerapi
+from longtail_api.protocol import ProtocolError
+from longtail_api.workerapi import (
+    CheckpointAnswer,
+    RoleAnswer,
+    RoleRequest,
+    RolloutWorkerStatus,
+    TrainerStatus,
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    torch = pytest.importorskip("torch")
+    from longtail_api.policies import DrafterTrainingSpec
+    from longtail_workers.engine.interface import GenerationRequest
+    from longtail_workers.engine.testing import tiny_qwen2
+    from longtail_workers.engine.torch_engine import TorchEngine
+    from longtail_workers.rollout import http
+    from longtail_workers.rollout.control import RolloutWorker
+
+    torch.set_num_threads(1)
+    model = tiny_qwen2(seed=5, vocab_size=32, hidden_size=32, intermediate_size=64)
+    spec = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=5)
+    worker = RolloutWorker(TorchEngine(model), target_id="t", name="w7", training=spec)
+    worker.generate([GenerationRequest([1, 2, i], max_new_tokens=12, seed=i) for i in range(3)])
+    assert http.STATUS_PATH == workerapi.STATUS_PATH and http.ROLE_PATH == workerapi.ROLE_PATH
+    assert http.ControlConfig().port == workerapi.ROLLOUT_PORT
+    with http.ControlServer(worker, http.ControlConfig(port=0)) as srv:
+        yield srv
+    if worker.trainer is not None:
+        worker.trainer.stop(timeout=5.0)
+
+
+def _call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+def test_real_worker_status_and_role_round_trip(server: Any) -> None:
+    _, raw = _call(server.url + workerapi.STATUS_PATH)
+    status = RolloutWorkerStatus.from_dict(raw)
+    assert status.to_dict() == raw  # nothing dropped, nothing renamed
+    assert status.worker == "w7" and status.state == "idle" and not status.generating
+    assert status.role.observed == "rollout" and status.versions.drafter == -1
+    assert status.idle_seconds is not None and status.buffer["tokens"] > 0
+
+    code, raw_ack = _call(
+        server.url + workerapi.ROLE_PATH, "PUT", RoleRequest("drafter-train").to_dict()
+    )
+    ack = RoleAnswer.from_dict(raw_ack)
+    assert code in (200, 202) and ack.to_dict() == raw_ack
+    assert ack.worker == "w7" and ack.role.desired == "drafter-train"
+    code, raw_ack = _call(server.url + workerapi.ROLE_PATH, "PUT", {"role": "rollout"})
+    back = RoleAnswer.from_dict(raw_ack)
+    assert back.role.desired == "rollout" and back.role.pending == (code == 202)
+
+
+def test_status_errors_name_the_field() -> None:
+    with pytest.raises(ProtocolError, match=r"status\.worker: is required"):
+        RolloutWorkerStatus.from_dict({})
+    good = {
+        "worker": "w",
+        "state": "idle",
+        "role": {"desired": "rollout", "observed": "rollout", "since": 1.0},
+        "generating": False,
+        "running": 0,
+        "waiting": 0,
+        "idleSince": 1.0,
+        "idleSeconds": 3.5,
+        "versions": {"policy": 1, "drafter": 2, "step": 3},
+        "acceptance": {"byDrafterVersion": {"2": {"meanAcceptedLength": 3.25}}},
+        "futureField": "ignored: newer workers may add fields",
+    }
+    assert RolloutWorkerStatus.from_dict(good).mean_accepted_length == 3.25
+    bad = json.loads(json.dumps(good))
+    bad["role"]["observed"] = "dance"
+    with pytest.raises(ProtocolError, match=r"status\.role\.observed: must be an activity"):
+        RolloutWorkerStatus.from_dict(bad)
+    bad = {**good, "running": -1}
+    with pytest.raises(ProtocolError, match=r"status\.running: must be >= 0, got -1"):
+        RolloutWorkerStatus.from_dict(bad)
+    with pytest.raises(ProtocolError, match="role: must be an activity"):
+        RoleRequest.from_dict({"role": "fly"})
+
+
+def test_trainer_status_round_trip_and_checks() -> None:
+    status = TrainerStatus(
+        step=4,
+        total_steps=20,
+        phase="running",
+        policy_version=4,
+        drafter_version=2,
+        reward_mean=0.31,
+        accuracy=0.25,
+        accepted_length=3.1,
+        last_checkpoint_step=0,
+        step_seconds=workerapi.StepSeconds(rollout=10.0, tail=6.0, train=2.0),
+    )
+    assert TrainerStatus.from_dict(status.to_dict()) == status
+    minimal = {
+        "step": 0,
+        "totalSteps": 5,
+        "phase": "running",
+        "policyVersion": 0,
+        "drafterVersion": -1,
+    }
+    parsed = TrainerStatus.from_dict(minimal)
+    assert parsed.reward_mean is None and parsed.step_seconds is None and parsed.message == ""
+    with pytest.raises(ProtocolError, match=r"status\.phase: must be one of"):
+        TrainerStatus.from_dict({**minimal, "phase": "exploded"})
+    with pytest.raises(ProtocolError, match=r"status\.accuracy: must be in \[0, 1\]"):
+        TrainerStatus.from_dict({**minimal, "accuracy": 3})
+    with pytest.raises(ProtocolError, match=r"stepSeconds\.tail: is required"):
+        TrainerStatus.from_dict({**minimal, "stepSeconds": {"rollout": 1, "train": 1}})
+    answer = CheckpointAnswer(step=4, location="/checkpoints/step-4")
+    assert CheckpointAnswer.from_dict(answer.to_dict()) == answer
