@@ -153,14 +153,17 @@ def _layout(
         exact = False
         notes.append(
             "layer 0's input RMSNorm was dropped: the engine's EAGLE-1 layer has none, so served "
-            "drafts differ from Longtail's (train with EagleDrafter(input_norm=False) to fix)"
+            "drafts differ from Longtail's (train with drafterTraining.layout: eagle1 to fix)"
         )
     bias = out.get("fc.bias")
     if engine == "vllm" and bias is not None:
         del out["fc.bias"]
         if bool(bias.abs().max() > 0):
             exact = False
-            notes.append("fc.bias was dropped: vLLM's EAGLE fc has no bias (use fc_bias=False)")
+            notes.append(
+                "fc.bias was dropped: vLLM's EAGLE fc has no bias "
+                "(train with drafterTraining.layout: eagle1)"
+            )
     if engine == "sglang" and bias is None:
         w = out["fc.weight"]
         out["fc.bias"] = torch.zeros(w.shape[0], dtype=w.dtype)  # SGLang's fc has a bias
