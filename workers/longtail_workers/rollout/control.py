@@ -28,13 +28,13 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry
 
 from longtail_api.harvest import DRAFTER_TRAIN, Activity
 from longtail_api.policies import DrafterTrainingSpec
+from longtail_api.workerapi import RoleAck
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
 from longtail_workers.engine.torch_engine import TorchEngine
@@ -55,30 +55,6 @@ class RoleConflictError(RuntimeError):
 
 class InvalidRoleError(ValueError):
     """Not an activity name at all (HTTP 400)."""
-
-
-@dataclass(frozen=True)
-class RoleAck:
-    """The answer to a role change: what the worker does now."""
-
-    desired: Activity
-    observed: Activity
-    since: float
-    """Unix time the observed activity began."""
-    switch_seconds: float
-
-    @property
-    def pending(self) -> bool:
-        return self.desired != self.observed
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "desired": self.desired,
-            "observed": self.observed,
-            "since": self.since,
-            "pending": self.pending,
-            "switchSeconds": self.switch_seconds,
-        }
 
 
 class RolloutWorker:
@@ -207,7 +183,13 @@ class RolloutWorker:
             self.role_switch.labels(role=role).observe(seconds)
             with self._state:
                 self._settle()
-                return RoleAck(self._desired, self._observed, self._since, seconds)
+                return RoleAck(
+                    desired=self._desired,
+                    observed=self._observed,
+                    since=self._since,
+                    pending=self._desired != self._observed,
+                    switch_seconds=seconds,
+                )
 
     def _to_training(self) -> None:
         with self._state:
