@@ -21,7 +21,10 @@ What it measures, all in one process and one sitting so ratios are comparable:
 
 ``--save-drafter DIR`` keeps the fitted drafter and ``--drafter DIR`` reuses it (skips fitting).
 
-Each configuration runs ``--repeats`` times alternating with the others; the best time counts.
+In the sweep each configuration runs ``--repeats`` times alternating with the others and the best
+time counts. The long-tail batch runs ``--tail-rounds`` rounds of different sampling seeds for
+every configuration (after one warm-up round) and compares the totals. ``--no-sweep`` runs only
+the long-tail part, with the ``--threshold`` given.
 """
 
 from __future__ import annotations
@@ -169,9 +172,14 @@ def sweep(
     model: torch.nn.Module, tok: object, drafter: EagleDrafter, args: argparse.Namespace
 ) -> list[dict]:
     rows = []
-    items = arith.generate(max(args.batch_sizes), seed=2, split="eval")
+    # Several batches' worth of prompts per batch size (admitted as rows finish, so the running
+    # batch stays at bs): one batch of one prompt is a ~0.3 s run, too short to time on a
+    # shared machine.
+    items = arith.generate(max(sweep_prompts(bs) for bs in args.batch_sizes), seed=2, split="eval")
     for bs in args.batch_sizes:
-        reqs = requests_for(tok, items[:bs], args.max_new_tokens, args.temperature, seed=20_000)
+        reqs = requests_for(
+            tok, items[: sweep_prompts(bs)], args.max_new_tokens, args.temperature, seed=20_000
+        )
         plain = TorchEngine(model, config=EngineConfig(max_running=bs))
         sds = {
             k: TorchEngine(
@@ -220,7 +228,12 @@ def sweep(
     return rows
 
 
-def calibrated_threshold(rows: list[dict], margin: float = 1.05) -> int:
+def sweep_prompts(batch_size: int) -> int:
+    """Prompts timed at one batch size of the sweep."""
+    return max(2 * batch_size, 16)
+
+
+def calibrated_threshold(rows: list[dict], margin: float = 1.0) -> int:
     """Largest batch size of the sweep up to which SD was faster by ``margin`` at every size.
 
     What an operator would set ``speculative.batchThreshold`` to after running this benchmark
@@ -242,8 +255,7 @@ def long_tail(
     calibrated: int,
 ) -> dict:
     items = arith.generate(args.tail_batch, seed=3, split="eval")
-    reqs = requests_for(tok, items, args.tail_max_new, args.temperature, seed=30_000)
-    n = len(reqs)
+    n = len(items)
     depths = args.depths
 
     def sd_engine(threshold: int, warmup: int) -> TorchEngine:
@@ -259,27 +271,39 @@ def long_tail(
     }
     if calibrated != args.threshold:
         engines["adaptive_calibrated"] = sd_engine(calibrated, 2)
-    runs: dict[str, list[RunFigures]] = {k: [] for k in engines}
-    for _ in range(args.repeats):
-        for name, eng in engines.items():
-            runs[name].append(timed(eng, reqs, args.device))
-    out = {name: asdict(best(r)) for name, r in runs.items()}
+    # Sampled answers differ between configurations (SD is lossless in distribution, not per
+    # sample), and a batch's wall time hangs on its longest answers. So every configuration
+    # runs the same rounds of sampling seeds, in rotated order, and the totals are compared.
+    # Round 0 is a warm-up (allocator, bandit arms) and is not counted; the engines persist
+    # across rounds as a rollout engine does across RL steps.
+    totals: dict[str, list[RunFigures]] = {k: [] for k in engines}
+    names = list(engines)
+    for r in range(args.tail_rounds + 1):
+        reqs = requests_for(tok, items, args.tail_max_new, args.temperature, seed=30_000 + 1000 * r)
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fig = timed(engines[name], reqs, args.device)
+            if r > 0:
+                totals[name].append(fig)
+    out: dict = {}
+    for name, figs in totals.items():
+        seconds, tokens = sum(f.seconds for f in figs), sum(f.tokens for f in figs)
+        out[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+        out[name]["rounds"] = [asdict(f) for f in figs]
     base = out["no_sd"]["seconds"]
     for name, fig in out.items():
         fig["speedup_vs_no_sd"] = base / fig["seconds"]
         print(
-            f"  {name:<10} {fig['seconds']:7.2f} s  {fig['tokens']:6d} tokens  "
-            f"x{fig['speedup_vs_no_sd']:4.2f} vs no-SD",
+            f"  {name:<20} {fig['seconds']:7.2f} s  {fig['tokens']:6d} tokens  "
+            f"{fig['tokens_per_s']:7.1f} tok/s  x{fig['speedup_vs_no_sd']:4.2f} vs no-SD",
             flush=True,
         )
     for name in [k for k in out if k.startswith("adaptive")]:
         out[f"{name}_vs_sd_always"] = out["sd_always"]["seconds"] / out[name]["seconds"]
-    lengths = sorted(len(r.prompt_token_ids) for r in reqs)
     out["batch"] = {
         "prompts": n,
+        "rounds": args.tail_rounds,
         "threshold": args.threshold,
         "calibrated_threshold": calibrated,
-        "prompt_len_max": lengths[-1],
     }
     return out
 
@@ -303,11 +327,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[1, 2, 4, 8, 16, 32, 64],
     )
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--fit-prompts", type=int, default=256)
+    ap.add_argument("--fit-prompts", type=int, default=512)
     ap.add_argument("--fit-max-new", type=int, default=256)
-    ap.add_argument("--fit-steps", type=int, default=300)
+    ap.add_argument("--fit-steps", type=int, default=1000)
     ap.add_argument("--tail-batch", type=int, default=64)
     ap.add_argument("--tail-max-new", type=int, default=512)
+    ap.add_argument("--tail-rounds", type=int, default=4, help="seed rounds, summed")
+    ap.add_argument("--no-sweep", action="store_true", help="only the long-tail batch")
     ap.add_argument("--threshold", type=int, default=32, help="adaptive: SD when running <= this")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "specdec.json")
@@ -335,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
             save_drafter(drafter, args.save_drafter)
     print(f"  {fit_info}", flush=True)
     print(f"throughput sweep (T={args.temperature}, {args.max_new_tokens} new tokens max):")
-    rows = sweep(model, tok, drafter, args)
-    calibrated = calibrated_threshold(rows)
+    rows = [] if args.no_sweep else sweep(model, tok, drafter, args)
+    calibrated = args.threshold if args.no_sweep else calibrated_threshold(rows)
     print(
         f"long-tail batch ({args.tail_batch} prompts; adaptive threshold {args.threshold}, "
         f"calibrated from the sweep {calibrated}):"
