@@ -119,5 +119,5 @@ def test_named_layouts_build_the_documented_modules(target) -> None:
     default = EagleDrafter(target, target_id="t", **layout_options("longtail"))
     assert default.fc.bias is not None
     assert not isinstance(default.layer.input_layernorm, torch.nn.Identity)
-    with pytest.raises(ValueError, match="drafterTraining.layout"):
+    with pytest.raises(ValueError, match=r"drafterTraining\.layout"):
         layout_options("medusa")
