@@ -39,6 +39,9 @@ ROLLOUT_PORT = 8200
 """Default control port of a rollout worker (``--port``)."""
 TRAINER_PORT = 8300
 """Default status/control port of the trainer (``--port``)."""
+WEIGHTS_PORT = 8301
+"""Default port of the trainer's policy weight server (``--weights-port``), which rollout
+workers pull versioned weights from."""
 VERIFIER_PORT = 8100
 """Default port of the verifier (``POST /v1/verify``)."""
 

@@ -1,4 +1,4 @@
-"""``longtail`` subcommands: validate, crd, worker, drafter export, and --version.
+"""``longtail`` subcommands: validate, crd, worker, run, drafter export, and --version.
 
 Called by the console script declared in pyproject.toml. Each subcommand is a small function
 returning an exit code; heavy packages are imported inside the subcommand that needs them.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -17,6 +18,8 @@ from longtail_api.schema import render_crd
 
 WORKER_ROLES: dict[str, str] = {
     "verifier": "longtail_workers.verifier.service:main",
+    "rollout": "longtail_workers.rollout.service:main",
+    "trainer": "longtail_workers.trainer.service:main",
 }
 """Worker roles runnable with ``longtail worker ROLE``: role -> ``module:function(argv)``."""
 
@@ -62,6 +65,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
     target = WORKER_ROLES[args.role]
     module_name, func_name = target.split(":")
     entry: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), func_name)
+    # In a pod the operator passes only --host/--port; the rest comes from LONGTAIL_* variables.
+    podenv = importlib.import_module("longtail_workers.podenv")
+    try:
+        argv: list[str] = podenv.pod_args(args.role, list(args.forwarded), os.environ)
+    except podenv.PodEnvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return entry(argv)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run an RLJob locally (worker processes on loopback); see docs/local-mode.md."""
+    module = importlib.import_module("longtail_workers.local.run")
+    entry: Callable[[list[str]], int] = module.run
     return entry(list(args.forwarded))
 
 
@@ -94,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("role", choices=sorted(WORKER_ROLES))
     p.set_defaults(func=cmd_worker, forwards=True)
+
+    p = sub.add_parser(
+        "run",
+        help="run an RLJob on this machine: longtail run FILE [--output RUN_DIR] "
+        "[--resume RUN_DIR] [--no-speculative] [--no-harvest]",
+        add_help=False,  # the local-mode runner owns its options (and --help)
+    )
+    p.set_defaults(func=cmd_run, forwards=True)
 
     p = sub.add_parser("drafter", help="drafter utilities")
     dsub = p.add_subparsers(dest="drafter_command", required=True, metavar="ACTION")

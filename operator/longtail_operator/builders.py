@@ -144,6 +144,10 @@ def discovery_env(
         {"name": "LONGTAIL_CHECKPOINT_DIR", "value": checkpoint_path(spec)},
         {"name": "LONGTAIL_RESUME", "value": "true" if spec.checkpoint.resume else "false"},
         {"name": "LONGTAIL_TRAINER_URL", "value": f"http://{trainer_host}:{settings.trainer_port}"},
+        {
+            "name": "LONGTAIL_WEIGHTS_URL",
+            "value": f"http://{trainer_host}:{settings.weights_port}",
+        },
         {"name": "LONGTAIL_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "LONGTAIL_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]

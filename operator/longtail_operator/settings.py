@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from longtail_api.workerapi import ROLLOUT_PORT, TRAINER_PORT, VERIFIER_PORT
+from longtail_api.workerapi import ROLLOUT_PORT, TRAINER_PORT, VERIFIER_PORT, WEIGHTS_PORT
 
 PREFIX = "LONGTAIL_OPERATOR_"
 
@@ -39,6 +39,7 @@ class Settings:
     """Timeout of one call to a worker's or the trainer's HTTP endpoint."""
     worker_port: int = ROLLOUT_PORT
     trainer_port: int = TRAINER_PORT
+    weights_port: int = WEIGHTS_PORT
     verifier_port: int = VERIFIER_PORT
     role_retry_initial_s: float = 0.25
     role_retry_max_s: float = 10.0
@@ -58,6 +59,7 @@ ENV_DOCS: dict[str, str] = {
     "http_timeout_s": "timeout of one HTTP call to a worker or the trainer",
     "worker_port": "control port of rollout (and drafter) workers",
     "trainer_port": "status/control port of the trainer",
+    "weights_port": "port of the trainer's policy weight server (rollout workers pull from it)",
     "verifier_port": "port of the verifier",
     "role_retry_initial_s": "first retry delay of an unacknowledged role change",
     "role_retry_max_s": "longest retry delay of an unacknowledged role change",

@@ -1,0 +1,179 @@
+"""Feasibility of the acceptance target: can GRPO lift ``builtin:tiny`` by >= 15 points quickly?
+
+Run: ``.venv/bin/python bench/grpo_feasibility.py [--steps N --lr X ...]``. In-process, no
+services: the real rollout engine (:class:`TorchEngine`) samples ``group`` answers for each of
+``prompts`` training prompts, the ``math`` reward scores them, and the real trainer pieces
+(:func:`group_advantages`, :class:`GrpoBatch`, :func:`train_step`) update the policy. Greedy
+eval accuracy (engine, temperature 0) on the job's eval split is measured before, every
+``--eval-every`` steps and after. Prints one line per step and a JSON summary to
+``bench/results/grpo_feasibility.json``; this is how the settings in
+``examples/01-tiny-arith.yaml`` were chosen (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from longtail_api.spec import AlgorithmSpec, DatasetSpec
+from longtail_workers.data import iterate_batches, resolve_dataset
+from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.models.loading import load_policy
+from longtail_workers.rewards import get_reward
+from longtail_workers.tasks.arith import parse_operands
+from longtail_workers.trainer.grpo import group_advantages
+from longtail_workers.trainer.optim import TrainConfig, build_optimizer, train_step
+from longtail_workers.trainer.rollout_batch import build_grpo_batch
+
+RESULTS = Path(__file__).resolve().parent / "results" / "grpo_feasibility.json"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--eval-size", type=int, default=200)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--micro-batch-tokens", type=int, default=8192)
+    ap.add_argument("--max-operands", type=int, default=0, help="train only on items this small")
+    ap.add_argument("--weight-decay", type=float, default=0.0)
+    ap.add_argument("--beta2", type=float, default=0.999)
+    ap.add_argument("--adam-eps", type=float, default=1e-8)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    return ap.parse_args(argv)
+
+
+def greedy_eval(engine: TorchEngine, tokenizer, examples, max_new_tokens: int) -> float:
+    reward = get_reward("math")
+    eos = int(tokenizer.eos_token_id)
+    reqs = [
+        GenerationRequest(
+            tokenizer.encode(ex.prompt, add_special_tokens=False),
+            max_new_tokens,
+            temperature=0.0,
+            stop_token_ids=[eos],
+        )
+        for ex in examples
+    ]
+    results = engine.generate(reqs)
+    texts = tokenizer.batch_decode([r.output_token_ids for r in results], skip_special_tokens=True)
+    return sum(reward(t, ex.answer).correct for t, ex in zip(texts, examples, strict=True)) / len(
+        examples
+    )
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_policy("builtin:tiny", dtype="float32")
+    dataset = DatasetSpec(path="builtin:arith", eval_size=args.eval_size)
+    train = resolve_dataset(dataset, "train", seed=args.seed)
+    evals = resolve_dataset(dataset, "eval", seed=args.seed)
+    if args.max_operands:
+        train = [ex for ex in train if len(parse_operands(ex.prompt)) <= args.max_operands]
+    engine = TorchEngine(model, config=EngineConfig(max_running=256))
+    algo = AlgorithmSpec(learning_rate=args.lr, temperature=args.temperature)
+    cfg = TrainConfig.from_algorithm(
+        algo,
+        micro_batch_tokens=args.micro_batch_tokens,
+        weight_decay=args.weight_decay,
+        betas=(0.9, args.beta2),
+        adam_eps=args.adam_eps,
+    )
+    optimizer = build_optimizer(model, cfg)
+    reward = get_reward("math")
+    eos = int(tokenizer.eos_token_id)
+    t0 = time.perf_counter()
+    acc0 = greedy_eval(engine, tokenizer, evals, args.max_new_tokens)
+    eval_s = time.perf_counter() - t0
+    print(f"start eval accuracy {acc0:.3f} ({eval_s:.1f} s)", flush=True)
+    curve = [{"step": 0, "accuracy": acc0}]
+    rows = []
+    batches = iterate_batches(train, args.prompts, args.seed)
+    start = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        prompts = next(batches)
+        ts = time.perf_counter()
+        reqs = [
+            GenerationRequest(
+                tokenizer.encode(ex.prompt, add_special_tokens=False),
+                args.max_new_tokens,
+                temperature=args.temperature,
+                seed=hash((args.seed, step, i, g)) % 2**63,
+                stop_token_ids=[eos],
+            )
+            for i, ex in enumerate(prompts)
+            for g in range(args.group)
+        ]
+        model.eval()
+        results = engine.generate(reqs)
+        t_roll = time.perf_counter() - ts
+        texts = tokenizer.batch_decode(
+            [r.output_token_ids for r in results], skip_special_tokens=True
+        )
+        golds = [ex.answer for ex in prompts for _ in range(args.group)]
+        rewards = torch.tensor([reward(t, a).reward for t, a in zip(texts, golds, strict=True)])
+        adv = group_advantages(rewards, args.group)
+        batch = build_grpo_batch(results, adv.tolist(), pad_id=int(tokenizer.pad_token_id))
+        tt = time.perf_counter()
+        model.train()
+        stats = train_step(model, optimizer, batch, cfg)
+        model.eval()
+        t_train = time.perf_counter() - tt
+        lengths = [len(r.output_token_ids) for r in results]
+        row = {
+            "step": step,
+            "reward": float(rewards.mean()),
+            "rollout_s": t_roll,
+            "train_s": t_train,
+            "mean_len": sum(lengths) / len(lengths),
+            "max_len": max(lengths),
+            "grad_norm": stats.grad_norm,
+            "clip_fraction": stats.clip_fraction,
+        }
+        rows.append(row)
+        print(
+            f"step {step:3d} reward {row['reward']:.3f} roll {t_roll:5.1f}s train "
+            f"{t_train:5.1f}s len {row['mean_len']:.0f}/{row['max_len']} gn {stats.grad_norm:.2f}",
+            flush=True,
+        )
+        if args.eval_every and step % args.eval_every == 0 and step != args.steps:
+            acc = greedy_eval(engine, tokenizer, evals, args.max_new_tokens)
+            curve.append({"step": step, "accuracy": acc})
+            print(f"  eval accuracy {acc:.3f}", flush=True)
+    train_s = time.perf_counter() - start
+    acc = greedy_eval(engine, tokenizer, evals, args.max_new_tokens)
+    curve.append({"step": args.steps, "accuracy": acc})
+    print(f"final eval accuracy {acc:.3f} (+{100 * (acc - acc0):.1f} points) in {train_s:.0f} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "start_accuracy": acc0,
+        "final_accuracy": acc,
+        "gain_points": 100 * (acc - acc0),
+        "train_seconds": train_s,
+        "eval_seconds": eval_s,
+        "curve": curve,
+        "steps": rows,
+        "load_average_1m": os.getloadavg()[0],
+    }
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,122 @@
+"""Benchmark: the same RLJob with and without speculative decoding + harvesting, same sitting.
+
+Run: ``.venv/bin/python bench/rl_step.py [JOB] [--steps N]`` (JOB defaults to example 01).
+Runs ``longtail run`` twice on one machine, back to back: once as the job says (adaptive SD in
+the tail, idle workers harvested for drafter training) and once with ``--no-speculative
+--no-harvest`` (the baseline). Prints and writes ``bench/results/rl_step.json``:
+
+* mean step time of each run and their ratio (baseline / Longtail), also over steps >= 2 (the
+  first step uses the untrained initial drafter);
+* rollout, tail and train seconds per step, SD token share, mean accepted length;
+* idle and harvested worker-seconds;
+* eval accuracy at start and end of each run, and whether the greedy eval outputs of the two
+  runs are identical at step 0 (same weights; lossless SD means same text, up to float32
+  near-ties from batch composition, which are counted and reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "rl_step.json"
+
+
+def run_job(job: Path, out: Path, baseline: bool) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "longtail_cli.main", "run", str(job), "-o", str(out)]
+    if baseline:
+        cmd += ["--no-speculative", "--no-harvest"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    print(proc.stdout[-3000:], flush=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
+    summary = json.loads((out / "summary.json").read_text())
+    return {"wall_s": wall, "rows": rows, "summary": summary, "dir": str(out)}
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def figures(run: dict[str, Any]) -> dict[str, float]:
+    rows = run["rows"]
+    later = [r for r in rows if r["step"] >= 2] or rows
+    return {
+        "mean_step_s": mean([r["step_s"] for r in rows]),
+        "mean_step_s_from_2": mean([r["step_s"] for r in later]),
+        "mean_rollout_s": mean([r["rollout_s"] for r in rows]),
+        "mean_tail_s": mean([r["tail_s"] for r in rows]),
+        "mean_train_s": mean([r["train_s"] for r in rows]),
+        "sd_fraction": mean([r["sd_fraction"] for r in rows]),
+        "accepted_length": mean([r["mean_accepted_length"] for r in later]),
+        "idle_s": run["summary"]["idle_s_total"],
+        "harvested_s": run["summary"]["harvested_s_total"],
+        "start_eval": run["summary"]["start_eval_accuracy"],
+        "final_eval": run["summary"]["final_eval_accuracy"],
+        "wall_s": run["wall_s"],
+    }
+
+
+def compare_eval(a: Path, b: Path) -> dict[str, int]:
+    def outputs(d: Path) -> list[str]:
+        path = d / "eval" / "step-000000.jsonl"
+        return [json.loads(ln)["output"] for ln in path.read_text().splitlines() if ln]
+
+    x, y = outputs(a), outputs(b)
+    return {"items": len(x), "identical": sum(p == q for p, q in zip(x, y, strict=True))}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("job", nargs="?", default=str(ROOT / "examples" / "01-tiny-arith.yaml"))
+    ap.add_argument("--steps", type=int, default=None, help="override algorithm.totalSteps")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="longtail-rl-step-"))
+    doc = yaml.safe_load(Path(args.job).read_text())
+    if args.steps:
+        doc["spec"]["algorithm"]["totalSteps"] = args.steps
+    job = tmp / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    load_before = os.getloadavg()[0]
+    longtail = run_job(job, tmp / "longtail", baseline=False)
+    baseline = run_job(job, tmp / "baseline", baseline=True)
+    fl, fb = figures(longtail), figures(baseline)
+    result = {
+        "job": args.job,
+        "steps": doc["spec"]["algorithm"]["totalSteps"],
+        "longtail": fl,
+        "baseline": fb,
+        "step_time_ratio": fb["mean_step_s"] / fl["mean_step_s"],
+        "step_time_ratio_from_2": fb["mean_step_s_from_2"] / fl["mean_step_s_from_2"],
+        "greedy_eval_step0": compare_eval(tmp / "longtail", tmp / "baseline"),
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "load_average_1m_before": load_before,
+            "load_average_1m_after": os.getloadavg()[0],
+            "platform": platform.platform(),
+        },
+        "run_dirs": [longtail["dir"], baseline["dir"]],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "run_dirs"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,158 @@
+"""End-to-end tests of ``longtail run`` (local mode): real processes, real model, real HTTP.
+
+Each test starts ``longtail run`` on a CI-sized job (``ci-tiny.yaml``: builtin:tiny, 2 rollout
+workers, a few short steps) as a subprocess and checks the run directory it leaves: a 2-step run
+completes with checkpoints, metrics, eval outputs, drafter versions and a report; a rollout
+worker killed with SIGKILL during a step is detected and its requests are re-dispatched, and the
+run still completes; SIGINT (Ctrl-C) checkpoints the last completed step and stops every child,
+and ``--resume`` continues at the next step. Needs ``builtin:tiny`` (built on first use).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+HERE = Path(__file__).resolve().parent
+JOB = HERE / "ci-tiny.yaml"
+pytestmark = pytest.mark.slow
+
+
+def job_file(tmp_path: Path, **algorithm: Any) -> Path:
+    doc = yaml.safe_load(JOB.read_text())
+    doc["spec"]["algorithm"].update(algorithm)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def longtail_run(*args: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "longtail_cli.main", "run", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout_s: float = 240) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"longtail run did not finish in {timeout_s}s:\n{out}")
+    return proc.returncode, out
+
+
+def rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def wait_for(cond: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def assert_children_gone(run_dir: Path) -> None:
+    for proc in json.loads((run_dir / "processes.json").read_text()):
+        try:
+            os.kill(proc["pid"], 0)
+        except ProcessLookupError:
+            continue
+        status = Path(f"/proc/{proc['pid']}/status").read_text()
+        assert "zombie" in status, f"{proc['name']} (pid {proc['pid']}) still running"
+
+
+def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code, out = finish(longtail_run(str(JOB), "--output", str(run_dir)))
+    assert code == 0, out
+    got = rows(run_dir)
+    assert [r["step"] for r in got] == [1, 2]
+    assert [r["policy_version"] for r in got] == [1, 2]
+    assert all(r["answers"] == 8 and 0.0 <= r["reward_mean"] <= 1.0 for r in got)
+    assert all(0 <= r["tail_s"] <= r["rollout_s"] for r in got)
+    assert all(r["train_kl_ref"] >= 0.0 and r["train_tokens"] > 0 for r in got)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step-000001",
+        "step-000002",
+    ]
+    assert json.loads((run_dir / "checkpoints/step-000002/state.json").read_text())["step"] == 2
+    assert (run_dir / "drafters" / "LATEST").read_text().strip().isdigit()
+    evals = sorted(p.name for p in (run_dir / "eval").iterdir())
+    assert evals == ["step-000000.jsonl", "step-000002.jsonl"]
+    for name in ("reward_accuracy.png", "step_time.png", "accepted_length.png", "summary.md"):
+        assert (run_dir / "report" / name).stat().st_size > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "complete" and summary["steps_completed"] == 2
+    assert summary["start_eval_accuracy"] is not None
+    assert "complete: 2 steps" in out
+    csv_lines = (run_dir / "metrics.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("step,") and len(csv_lines) == 3
+    assert_children_gone(run_dir)
+
+
+def test_killed_rollout_worker_is_detected_and_its_requests_redispatched(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = job_file(tmp_path, totalSteps=3, maxNewTokens=160, promptsPerStep=6)
+    proc = longtail_run(str(job), "--output", str(run_dir))
+    wait_for(lambda: len(rows(run_dir)) >= 1, 200, "step 1 to complete")
+    victim = next(
+        p for p in json.loads((run_dir / "processes.json").read_text()) if p["name"] == "rollout-1"
+    )
+    os.kill(victim["pid"], signal.SIGKILL)
+    code, out = finish(proc)
+    assert code == 0, out
+    got = rows(run_dir)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    failed = [r for r in got if "rollout-1" in r["failed_workers"]]
+    assert failed, f"no step recorded rollout-1 as failed: {got}"
+    assert all(r["answers"] == 12 for r in got)  # every request was answered anyway
+    assert "rollout-1" in (run_dir / "logs" / "trainer.log").read_text()
+
+
+def test_ctrl_c_checkpoints_and_resume_continues_at_the_next_step(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = job_file(tmp_path, totalSteps=4)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["checkpoint"]["everySteps"] = 1000  # only the stop writes a checkpoint
+    job.write_text(yaml.safe_dump(doc))
+    proc = longtail_run(str(job), "--output", str(run_dir))
+    wait_for(lambda: len(rows(run_dir)) >= 1, 200, "step 1 to complete")
+    proc.send_signal(signal.SIGINT)
+    code, out = finish(proc)
+    assert code == 130, out
+    assert "resume with: longtail run --resume" in out
+    assert_children_gone(run_dir)
+    done = [r["step"] for r in rows(run_dir)]
+    ckpts = sorted((run_dir / "checkpoints").iterdir())
+    assert [p.name for p in ckpts] == [f"step-{done[-1]:06d}"], (done, ckpts)
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))
+
+    code, out = finish(longtail_run("--resume", str(run_dir)))
+    assert code == 0, out
+    steps = [r["step"] for r in rows(run_dir)]
+    assert steps == [1, 2, 3, 4], steps
+    log = (run_dir / "logs" / "trainer.log").read_text()
+    assert f"(step {done[-1]})" in log and "resumed from" in log
+
+
+def test_two_step_run_with_torch_distributed_weight_sync(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code, out = finish(longtail_run(str(JOB), "-o", str(run_dir), "--weight-sync", "dist"))
+    assert code == 0, out
+    assert [r["policy_version"] for r in rows(run_dir)] == [1, 2]
+    assert json.loads((run_dir / "run.json").read_text())["weight_sync"] == "dist"
+    assert_children_gone(run_dir)

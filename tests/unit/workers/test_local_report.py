@@ -1,0 +1,67 @@
+"""``longtail run``'s progress line and report (CSV, PNG plots, Markdown/HTML summary)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from longtail_api.workerapi import StepSeconds, TrainerStatus
+from longtail_workers.local.coordinator import HarvestBooks
+from longtail_workers.local.progress import Progress, bar, live_line
+from longtail_workers.local.report import write_report
+
+
+def _row(step: int, **extra: float) -> dict[str, object]:
+    return {
+        "step": step, "policy_version": step, "drafter_version": step - 1,
+        "reward_mean": 0.1 * step, "accuracy": 0.1 * step, "answers": 8, "mean_length": 30.0,
+        "max_length": 64,
+        "rollout_s": 4.0, "tail_s": 1.5, "train_s": 2.0, "sync_s": 0.1, "step_s": 6.1,
+        "sd_fraction": 0.25, "mean_accepted_length": 1.5 + step, "redispatched": 0,
+        "failed_workers": [], **extra,
+    }  # fmt: skip
+
+
+def test_bar_and_live_line() -> None:
+    assert bar(0, 10, width=10) == "[..........]"
+    assert bar(5, 10, width=10) == "[#####.....]"
+    assert bar(3, 0, width=4) == "[....]"
+    status = TrainerStatus(2, 5, "running", 2, 1, reward_mean=0.25, accuracy=0.5,
+                           accepted_length=2.5, eval_accuracy=0.4, sd_fraction=0.3)  # fmt: skip
+    books = HarvestBooks()
+    books.idle[1], books.harvested[1] = 3.0, 2.0
+    line = live_line(status, books)
+    for part in ("reward 0.250", "acc 0.500", "eval 0.400", "sd 30%", "acc.len 2.50",
+                 "drafter v1", "idle 3.0s", "harvested 2.0s"):  # fmt: skip
+        assert part in line
+
+
+def test_progress_prints_one_line_per_completed_step_off_a_terminal() -> None:
+    out = io.StringIO()
+    progress = Progress(out)
+    status = TrainerStatus(1, 3, "running", 1, -1, step_seconds=StepSeconds(4.0, 1.0, 2.0))
+    progress.update(status, HarvestBooks())
+    progress.update(status, HarvestBooks())  # same step again: nothing new
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("step    1/3")
+    assert "rollout 4.0s (tail 1.0s) train 2.0s" in lines[0]
+
+
+def test_write_report(tmp_path: Path) -> None:
+    rows = [_row(1), _row(2, eval_accuracy=0.5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    books = HarvestBooks()
+    books.idle[2], books.harvested[2] = 4.0, 3.0
+    summary = write_report(tmp_path, books, {"job": "t", "start_eval_accuracy": 0.25})
+    assert summary["steps_completed"] == 2
+    assert abs(summary["eval_gain_points"] - 25.0) < 1e-9
+    assert summary["harvested_s_total"] == 3.0 and summary["idle_s_total"] == 4.0
+    csv = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert len(csv) == 3 and csv[0].startswith("step,policy_version")
+    for name in ("reward_accuracy.png", "step_time.png", "accepted_length.png"):
+        assert (tmp_path / "report" / name).read_bytes()[:4] == b"\x89PNG"
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "eval_gain_points | 25.000" in md and "![step_time.png](step_time.png)" in md
+    assert "<img" in (tmp_path / "report" / "summary.html").read_text()
+    assert json.loads((tmp_path / "summary.json").read_text())["steps_completed"] == 2

@@ -1,0 +1,50 @@
+"""``longtail run`` argument and job errors, answered before any process starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from longtail_cli.main import WORKER_ROLES, main
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_worker_roles_include_rollout_and_trainer() -> None:
+    assert WORKER_ROLES["rollout"] == "longtail_workers.rollout.service:main"
+    assert WORKER_ROLES["trainer"] == "longtail_workers.trainer.service:main"
+
+
+def test_invalid_job_is_refused_with_every_error(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: longtail.dev/v1alpha1\nkind: RLJob\nmetadata: {name: x}\n"
+        "spec: {model: {path: ''}, dataset: {path: builtin:arith}, "
+        "algorithm: {groupSize: 1}}\n"
+    )
+    assert main(["run", str(bad), "-o", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "spec.model.path" in err and "spec.algorithm.groupSize" in err
+
+
+def test_resume_needs_a_run_directory(tmp_path: Path, capsys) -> None:
+    assert main(["run", "--resume", str(tmp_path)]) == 2
+    assert "no run.json there" in capsys.readouterr().err
+
+
+def test_existing_run_directory_is_not_overwritten(tmp_path: Path, capsys) -> None:
+    (tmp_path / "run.json").write_text(json.dumps({"job": "x"}))
+    job = REPO / "examples" / "01-tiny-arith.yaml"
+    assert main(["run", str(job), "-o", str(tmp_path)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_run_help_lists_the_switches(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--output", "--resume", "--no-speculative", "--no-harvest", "--weight-sync"):
+        assert flag in out

@@ -1,0 +1,89 @@
+"""What ``longtail run`` prints while it runs: a progress bar per step and a live line.
+
+:class:`Progress` is fed the trainer's status and the coordinator's books every poll by
+``local/run.py``. On a terminal it redraws one line in place: the current step's rollout bar
+(answers done / total) and the live figures (reward, accuracy, eval accuracy, share of tokens
+from speculative steps, mean accepted length, drafter version, idle and harvested
+worker-seconds); when a step completes, a permanent line with that step's figures is printed.
+Off a terminal (CI logs, tests) only the permanent lines are printed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from longtail_api.workerapi import TrainerStatus
+from longtail_workers.local.coordinator import HarvestBooks
+
+BAR_WIDTH = 24
+
+
+def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
+    """``[#########...............]`` for ``done`` of ``total``."""
+    filled = 0 if total <= 0 else min(width, round(width * done / total))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def live_line(status: TrainerStatus, books: HarvestBooks) -> str:
+    """The figures of the run so far, one line."""
+    parts = [
+        f"reward {_num(status.reward_mean, '.3f')}",
+        f"acc {_num(status.accuracy, '.3f')}",
+        f"eval {_num(status.eval_accuracy, '.3f')}",
+        f"sd {_num(None if status.sd_fraction is None else 100 * status.sd_fraction, '.0f')}%",
+        f"acc.len {_num(status.accepted_length, '.2f')}",
+        f"drafter v{status.drafter_version}",
+        f"idle {books.idle_total:.1f}s",
+        f"harvested {books.harvested_total:.1f}s",
+    ]
+    return "  ".join(parts)
+
+
+class Progress:
+    """Renders statuses to ``out`` (see the module text)."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+        self.tty = bool(getattr(self.out, "isatty", lambda: False)())
+        self._printed_step = -1
+        self._width = 0
+
+    def update(self, status: TrainerStatus, books: HarvestBooks) -> None:
+        if status.step != self._printed_step and status.step > 0:
+            self._clear()
+            self.out.write(f"step {status.step:>4}/{status.total_steps}  {live_line(status, books)}"
+                           f"{self._times(status)}\n")  # fmt: skip
+            self._printed_step = status.step
+        if self.tty:
+            current = min(status.step + 1, status.total_steps)
+            done, total = status.answers_done, status.answers_total
+            text = (
+                f"step {current:>4}/{status.total_steps} {bar(done, total)} {done}/{total}  "
+                f"{live_line(status, books)}"
+            )
+            self._clear()
+            self.out.write(text)
+            self._width = len(text)
+        self.out.flush()
+
+    def message(self, text: str) -> None:
+        self._clear()
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def _clear(self) -> None:
+        if self.tty and self._width:
+            self.out.write("\r" + " " * self._width + "\r")
+            self._width = 0
+
+    @staticmethod
+    def _times(status: TrainerStatus) -> str:
+        s = status.step_seconds
+        if s is None:
+            return ""
+        return f"  time rollout {s.rollout:.1f}s (tail {s.tail:.1f}s) train {s.train:.1f}s"

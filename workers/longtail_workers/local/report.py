@@ -1,0 +1,152 @@
+"""The run report of ``longtail run``: CSV, PNG plots and a Markdown/HTML summary.
+
+Called by ``local/run.py`` when the run ends (complete, stopped or failed) with the run
+directory; reads ``metrics.jsonl`` (one row per step, written by the trainer) and the harvest
+books, and writes ``metrics.csv``, ``report/*.png`` (reward and accuracy per step, step time
+split rollout/tail/train, mean accepted length per step; matplotlib's Agg backend, no display
+needed), ``report/summary.md``, ``report/summary.html`` and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from longtail_workers.local.coordinator import HarvestBooks
+
+CSV_COLUMNS = (
+    "step", "policy_version", "drafter_version", "reward_mean", "accuracy", "eval_accuracy",
+    "answers", "mean_length", "max_length", "rollout_s", "tail_s", "train_s", "sync_s", "step_s",
+    "sd_fraction", "mean_accepted_length", "idle_s", "harvested_s", "redispatched",
+)  # fmt: skip
+
+
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def merge_books(rows: list[dict[str, Any]], books: HarvestBooks | None) -> None:
+    for row in rows:
+        step = row["step"]
+        if books is not None and (step in books.idle or "idle_s" not in row):
+            row["idle_s"] = books.idle.get(step, 0.0)
+            row["harvested_s"] = books.harvested.get(step, 0.0)
+
+
+def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
+    evals = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
+    start_eval = info.get("start_eval_accuracy")
+    final_eval = evals[-1][1] if evals else None
+    step_times = [r["step_s"] for r in rows]
+    return {
+        **info,
+        "steps_completed": rows[-1]["step"] if rows else 0,
+        "final_eval_accuracy": final_eval,
+        "eval_gain_points": None
+        if start_eval is None or final_eval is None
+        else 100 * (final_eval - start_eval),
+        "mean_step_s": sum(step_times) / len(step_times) if step_times else None,
+        "mean_reward_first": rows[0]["reward_mean"] if rows else None,
+        "mean_reward_last": rows[-1]["reward_mean"] if rows else None,
+        "sd_fraction_mean": _mean([r.get("sd_fraction") for r in rows]),
+        "accepted_length_mean": _mean([r.get("mean_accepted_length") or None for r in rows]),
+        "idle_s_total": sum(r.get("idle_s", 0.0) for r in rows),
+        "harvested_s_total": sum(r.get("harvested_s", 0.0) for r in rows),
+        "final_drafter_version": rows[-1]["drafter_version"] if rows else None,
+    }
+
+
+def _mean(values: list[Any]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: row.get(k, "") for k in CSV_COLUMNS})
+
+
+def plot(rows: list[dict[str, Any]], out: Path, start_eval: float | None) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    files = []
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r["reward_mean"] for r in rows], label="reward (rollout)")
+    ax.plot(steps, [r["accuracy"] for r in rows], label="accuracy (rollout)", alpha=0.7)
+    ev = [(0, start_eval)] if start_eval is not None else []
+    ev += [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
+    if ev:
+        ax.plot([s for s, _ in ev], [a for _, a in ev], "o-", label="greedy eval accuracy")
+    ax.set(xlabel="step", ylabel="fraction", title="Reward and accuracy per step")
+    ax.legend(fontsize=8)
+    files.append(_save(fig, out / "reward_accuracy.png"))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    head = [r["rollout_s"] - r["tail_s"] for r in rows]
+    tail = [r["tail_s"] for r in rows]
+    train = [r["train_s"] + r.get("sync_s", 0.0) for r in rows]
+    ax.bar(steps, head, label="rollout")
+    ax.bar(steps, tail, bottom=head, label="tail")
+    ax.bar(
+        steps, train, bottom=[a + b for a, b in zip(head, tail, strict=True)], label="train+sync"
+    )
+    ax.set(xlabel="step", ylabel="seconds", title="Step time split")
+    ax.legend(fontsize=8)
+    files.append(_save(fig, out / "step_time.png"))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, [r.get("mean_accepted_length", 0.0) for r in rows], "o-")
+    ax.set(xlabel="step", ylabel="tokens per SD step", title="Mean accepted length per step")
+    files.append(_save(fig, out / "accepted_length.png"))
+    return files
+
+
+def _save(fig: Any, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path.name
+
+
+def markdown(summary: dict[str, Any], images: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    lines = [f"# Run summary: {summary.get('job', '')}", "", "| | |", "|---|---|"]
+    lines += [f"| {k} | {fmt(v)} |" for k, v in summary.items() if not isinstance(v, dict | list)]
+    lines += [""] + [f"![{name}]({name})" for name in images]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir: Path, books: HarvestBooks | None, info: dict[str, Any]) -> dict[str, Any]:
+    """Write every report file; returns the summary dict."""
+    rows = read_rows(run_dir)
+    merge_books(rows, books)
+    summary = summarize(rows, info)
+    write_csv(rows, run_dir / "metrics.csv")
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    images = plot(rows, out, info.get("start_eval_accuracy")) if rows else []
+    md = markdown(summary, images)
+    (out / "summary.md").write_text(md)
+    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in summary.items())  # fmt: skip
+    imgs = "".join(f'<p><img src="{html.escape(n)}"></p>' for n in images)
+    (out / "summary.html").write_text(
+        f"<!doctype html><title>longtail run</title><table>{body}</table>{imgs}\n"
+    )
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

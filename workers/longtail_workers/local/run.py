@@ -1,0 +1,238 @@
+"""``longtail run FILE``: the whole RLJob on this machine, as processes on loopback ports.
+
+Called by the CLI (``longtail run``, ``longtail run --resume RUN_DIR``). Steps: validate the
+spec; create the run directory (``job.yaml``, ``run.json`` with the switches, ``logs/``,
+``drafters/``, checkpoints, ``metrics.jsonl``); build ``builtin:`` models once up front; start
+the verifier, the trainer and ``rollout.replicas`` rollout workers (``longtail worker ...``,
+one torch thread each); run the harvest coordinator and the progress display until the trainer
+exits; stop every child; write the report. Ctrl-C (SIGINT) or SIGTERM: the trainer is asked to
+stop, checkpoints the last completed step and exits, then the workers are stopped; the run
+can be continued with ``--resume``. Exit codes: 0 complete, 1 failed, 130 stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from longtail_api.protocol import ProtocolError
+from longtail_api.spec import RLJobSpec
+from longtail_api.workerapi import TrainerStatus
+from longtail_workers.local.coordinator import Coordinator
+from longtail_workers.local.launcher import Child, ChildFailed, free_port, stop_all
+from longtail_workers.local.progress import Progress
+from longtail_workers.local.report import write_report
+from longtail_workers.runtime import JobSpecError, load_job_spec
+from longtail_workers.trainer.dispatch import http_json
+
+STOPPED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="longtail run", description=__doc__.split("\n")[0])
+    ap.add_argument("file", nargs="?", help="RLJob YAML (omit with --resume)")
+    ap.add_argument("--output", "-o", default=None, help="run directory (default runs/NAME-TIME)")
+    ap.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue this run")
+    ap.add_argument("--no-speculative", action="store_true", help="plain decoding (baseline)")
+    ap.add_argument("--no-harvest", action="store_true", help="never harvest idle workers")
+    ap.add_argument("--weight-sync", choices=("http", "dist"), default="http")
+    ap.add_argument("--startup-timeout", type=float, default=600.0)
+    return ap
+
+
+def prepare_run_dir(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    """The run directory and its options (from ``run.json`` when resuming)."""
+    if args.resume:
+        run_dir = Path(args.resume)
+        info_path = run_dir / "run.json"
+        if not info_path.is_file():
+            raise JobSpecError(f"--resume {run_dir}: no run.json there; is it a longtail run dir?")
+        opts = json.loads(info_path.read_text())
+        return run_dir, opts
+    if not args.file:
+        raise JobSpecError("give the RLJob file: longtail run FILE (or --resume RUN_DIR)")
+    name = Path(args.file).stem
+    run_dir = Path(args.output or f"runs/{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if (run_dir / "run.json").exists():
+        raise JobSpecError(f"{run_dir} already holds a run; use --resume {run_dir} or another -o")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(args.file, run_dir / "job.yaml")
+    opts = {
+        "job": name,
+        "source": str(args.file),
+        "no_speculative": args.no_speculative,
+        "no_harvest": args.no_harvest,
+        "weight_sync": args.weight_sync,
+    }
+    (run_dir / "run.json").write_text(json.dumps(opts, indent=2) + "\n")
+    return run_dir, opts
+
+
+def start_children(
+    spec: RLJobSpec,
+    run_dir: Path,
+    opts: dict[str, Any],
+    resume: bool,
+    timeout_s: float,
+    started: list[Child],
+) -> tuple[Child, dict[str, str]]:
+    """Start verifier, rollout workers and trainer; each is appended to ``started`` at once,
+    so the caller can stop whatever did start when a later one fails."""
+    logs, job = run_dir / "logs", str(run_dir / "job.yaml")
+    drafters = str(run_dir / "drafters")
+    verifier = Child(
+        "verifier", "verifier", ["--port", "0"], logs, "longtail verifier listening on "
+    )
+    started.append(verifier)
+    weights_port, trainer_port = free_port(), free_port()
+    n = spec.rollout.replicas
+    ports = [free_port() for _ in range(n)]
+    workers = {f"rollout-{i}": f"http://127.0.0.1:{p}" for i, p in enumerate(ports)}
+    sync = ["--weight-sync", opts["weight_sync"]]
+    if opts["weight_sync"] == "dist":
+        init = f"tcp://127.0.0.1:{free_port()}"
+        sync += ["--dist-init", init, "--dist-world", str(n + 1)]
+    rollouts = []
+    for i, (name, port) in enumerate(zip(workers, ports, strict=True)):
+        extra = ["--dist-rank", str(i + 1)] if opts["weight_sync"] == "dist" else []
+        args = ["--job", job, "--name", name, "--port", str(port), "--drafters", drafters,
+                "--weights-url", f"http://127.0.0.1:{weights_port}", *sync, *extra]  # fmt: skip
+        if opts["no_speculative"]:
+            args.append("--no-speculative")
+        rollouts.append(Child(name, "rollout", args, logs, "longtail rollout listening on "))
+        started.append(rollouts[-1])
+    verifier_url = verifier.wait_ready(timeout_s)
+    targs = ["--job", job, "--run-dir", str(run_dir), "--port", str(trainer_port),
+             "--weights-port", str(weights_port), "--verifier-url", verifier_url,
+             "--drafters", drafters, *sync, "--startup-timeout", str(timeout_s)]  # fmt: skip
+    if opts["weight_sync"] == "dist":
+        targs += ["--dist-rank", "0"]
+    targs += [a for name, url in workers.items() for a in ("--rollout", f"{name}={url}")]
+    if resume:
+        targs.append("--resume")
+    trainer = Child("trainer", "trainer", targs, logs, "longtail trainer listening on ")
+    started.append(trainer)
+    return trainer, workers
+
+
+def run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run_dir, opts = prepare_run_dir(args)
+        spec = load_job_spec(run_dir / "job.yaml")
+    except JobSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if opts["no_harvest"]:
+        spec.harvest.enabled = False
+    if spec.model.path.startswith("builtin:"):
+        from longtail_workers.models.loading import resolve_model_path
+
+        print(f"preparing {spec.model.path} (built once, then cached) ...", flush=True)
+        resolve_model_path(spec.model.path)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    progress = Progress()
+    progress.message(f"run directory: {run_dir}")
+    children: list[Child] = []
+    coordinator: Coordinator | None = None
+    code, started = 1, time.monotonic()
+    try:
+        trainer, workers = start_children(
+            spec, run_dir, opts, bool(args.resume), args.startup_timeout, children
+        )
+        trainer_url = trainer.wait_ready(args.startup_timeout)
+        write_processes(run_dir, children, workers, trainer_url)
+        coordinator = Coordinator(spec.harvest, trainer_url, workers).start()
+        code = supervise(trainer, list(children), coordinator, progress, stop)
+    except ChildFailed as exc:
+        progress.message(f"error: {exc}")
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if coordinator is not None:
+            coordinator.stop()
+        stop_all(children)
+    info = {
+        **opts,
+        "outcome": {0: "complete", STOPPED: "stopped"}.get(code, "failed"),
+        "wall_s": time.monotonic() - started,
+        "start_eval_accuracy": start_eval(run_dir),
+    }
+    summary = write_report(run_dir, coordinator.books if coordinator else None, info)
+    print_summary(progress, summary, run_dir, code)
+    return code
+
+
+def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
+              progress: Progress, stop: threading.Event) -> int:  # fmt: skip
+    """Poll and display until the trainer exits; forward a stop request to it."""
+    asked_stop = False
+    while trainer.alive:
+        if stop.is_set() and not asked_stop:
+            progress.message("stopping: the trainer checkpoints the last completed step ...")
+            trainer.signal(signal.SIGTERM)
+            asked_stop = True
+        status = coordinator.trainer
+        if status is None:
+            status = _poll_trainer(coordinator.trainer_url)
+        if status is not None:
+            progress.update(status, coordinator.books)
+        dead = [c.name for c in children if c is not trainer and not c.alive]
+        if dead and not asked_stop:
+            progress.message(f"warning: worker(s) exited: {', '.join(dead)}")
+            children[:] = [c for c in children if c.alive or c is trainer]
+        time.sleep(0.5)
+    rc = trainer.proc.wait()
+    if rc != 0:
+        progress.message(f"trainer failed (exit {rc}):\n{trainer.tail()}")
+        return 1
+    return STOPPED if asked_stop else 0
+
+
+def write_processes(
+    run_dir: Path, children: list[Child], workers: dict[str, str], trainer_url: str
+) -> None:
+    """``processes.json``: name, pid and URL of every child (for operators and tests)."""
+    urls = {**workers, "trainer": trainer_url}
+    procs = [{"name": c.name, "pid": c.proc.pid, "url": urls.get(c.name, c.url)} for c in children]
+    (run_dir / "processes.json").write_text(json.dumps(procs, indent=2) + "\n")
+
+
+def _poll_trainer(url: str) -> TrainerStatus | None:
+    try:
+        return TrainerStatus.from_dict(http_json(url + "/v1/status", None, 5.0, "GET"))
+    except (OSError, ValueError, ProtocolError):
+        return None
+
+
+def start_eval(run_dir: Path) -> float | None:
+    path = run_dir / "eval" / "step-000000.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return sum(r["correct"] for r in rows) / len(rows) if rows else None
+
+
+def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: int) -> None:
+    def f(v: Any, fmt: str = ".3f") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    progress.message(
+        f"\n{s['outcome']}: {s['steps_completed']} steps in {s['wall_s']:.0f}s; "
+        f"eval accuracy {f(s['start_eval_accuracy'])} -> {f(s['final_eval_accuracy'])} "
+        f"({f(s['eval_gain_points'], '+.1f')} points); mean step {f(s['mean_step_s'], '.1f')}s; "
+        f"SD tokens {f(s['sd_fraction_mean'])}; "
+        f"accepted length {f(s['accepted_length_mean'], '.2f')}; "
+        f"idle {s['idle_s_total']:.1f}s, harvested {s['harvested_s_total']:.1f}s worker-seconds"
+    )
+    progress.message(f"report: {run_dir / 'report' / 'summary.md'}")
+    if code == STOPPED:
+        progress.message(f"resume with: longtail run --resume {run_dir}")

@@ -1,0 +1,220 @@
+"""``longtail worker rollout``: the rollout worker process (generation + spot drafter training).
+
+The CLI routes ``longtail worker rollout ARGS...`` to :func:`main`; local mode (``longtail
+run``) starts exactly that command once per rollout replica. The process loads the job's policy,
+builds the adaptive-SD :class:`~longtail_workers.engine.torch_engine.TorchEngine` and a
+:class:`~longtail_workers.rollout.control.RolloutWorker` (capture buffer, spot trainer, role
+state machine, drafter registry), and serves the control surface of ``rollout/http.py`` plus
+``POST /v1/generate`` (``rollout/wire.py``). Before each generate call it loads the policy
+version the call names from the weight source (HTTP pull from the trainer, or
+torch.distributed), so one call never mixes versions; the newest drafter is loaded by
+``RolloutWorker.generate`` at the same point. When a drafter-train window ends (``PUT /v1/role
+rollout``) the trained drafter is submitted as a candidate before the answer is sent, so the
+step driver can merge it right away. Prints ``longtail rollout listening on URL`` once bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+import time
+from http import HTTPStatus
+from typing import Any
+
+import torch
+
+from longtail_api.harvest import DRAFTER_TRAIN
+from longtail_api.workerapi import RoleAck
+from longtail_workers.engine.stats import RolloutMetrics
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.httpserver import BodyErrors, fail
+from longtail_workers.rollout.control import RoleConflictError, RolloutWorker
+from longtail_workers.rollout.http import ControlConfig, ControlHandler, ControlServer
+from longtail_workers.rollout.wire import (
+    GENERATE_PATH,
+    GenerateCall,
+    GenerateReply,
+    Sample,
+    WireError,
+)
+from longtail_workers.runtime import (
+    ServiceRuntime,
+    add_weight_sync_args,
+    load_job_spec,
+    make_weight_source,
+    policy_and_drafter,
+)
+from longtail_workers.weights.sync import WeightSource, WeightSyncError, WeightVersionError
+
+log = logging.getLogger(__name__)
+LISTENING_PREFIX = "longtail rollout listening on "
+MAX_GENERATE_BODY = 256 << 20
+
+
+class GeneratingWorker(RolloutWorker):
+    """A :class:`RolloutWorker` that loads policy versions and submits drafter candidates."""
+
+    def __init__(self, *args: Any, weights: WeightSource | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.weights = weights
+        self._load_lock = threading.Lock()
+
+    def ensure_policy(self, version: int, timeout_s: float = 120.0) -> None:
+        """Load policy ``version`` whole (or raise, leaving the model as it was)."""
+        with self._load_lock:
+            if version == self.policy_version:
+                return
+            if self.weights is None:
+                raise WeightSyncError(
+                    f"asked for policy version {version} but this worker has no weight source "
+                    f"(it holds version {self.policy_version}); start it with --weights-url"
+                )
+            deadline = time.monotonic() + timeout_s
+            delay = 0.05
+            while True:
+                try:
+                    got = self.weights.load_into(self.engine.target.model, version)
+                    break
+                except WeightVersionError:
+                    raise  # the trainer publishes before it dispatches: missing is an error
+                except WeightSyncError as exc:
+                    if time.monotonic() + delay > deadline:
+                        raise
+                    log.info("policy version %d not loadable yet (%s); retrying", version, exc)
+                    time.sleep(delay)
+                    delay = min(2.0, delay * 2)
+            self.policy_version = got
+
+    def set_role(self, role: object) -> RoleAck:
+        was_training = self.activity()[1] == DRAFTER_TRAIN
+        ack = super().set_role(role)
+        if role == "rollout" and was_training and self.trainer is not None:
+            # Wait for the stop between optimizer steps, then publish the window's work.
+            self.trainer.wait_stopped(self.stop_timeout_s)
+            ack = super().set_role(role)
+            if not ack.pending:
+                self.submit_candidate()
+        return ack
+
+    def generate_call(self, call: GenerateCall) -> GenerateReply:
+        self.ensure_policy(call.policy_version)
+        self.begin_step(call.step, call.policy_version)
+        stats = self.engine.stats
+        before = (stats.steps, stats.sd_steps, stats.tokens, stats.sd_tokens, stats.time_s)
+        hist_before = sum(k * c for k, c in stats.accepted_length_hist.items())
+        n_before = sum(stats.accepted_length_hist.values())
+        t0 = time.perf_counter()
+        results = self.generate(call.requests, step=call.step)
+        hist = sum(k * c for k, c in stats.accepted_length_hist.items()) - hist_before
+        n = sum(stats.accepted_length_hist.values()) - n_before
+        engine = {
+            "seconds": time.perf_counter() - t0,
+            "decodeSteps": float(stats.steps - before[0]),
+            "sdSteps": float(stats.sd_steps - before[1]),
+            "tokens": float(stats.tokens - before[2]),
+            "sdTokens": float(stats.sd_tokens - before[3]),
+            "meanAcceptedLength": hist / n if n else 0.0,
+            "acceptedRows": float(n),
+        }
+        return GenerateReply(
+            self.name,
+            self.policy_version,
+            self.drafter_version,
+            [Sample.of(r) for r in results],
+            engine,
+        )
+
+
+class RolloutHandler(ControlHandler):
+    """The control surface plus ``POST /v1/generate``."""
+
+    def _route(self, method: str, path: str) -> int:
+        if path != GENERATE_PATH:
+            return super()._route(method, path)
+        if method != "POST":
+            fail(HTTPStatus.METHOD_NOT_ALLOWED, f"{GENERATE_PATH} takes POST", {"Allow": "POST"})
+        worker = self.app.worker
+        assert isinstance(worker, GeneratingWorker)
+        body = self.read_body(MAX_GENERATE_BODY, _GENERATE_BODY_ERRORS)
+        try:
+            call = GenerateCall.from_dict(json.loads(body))
+        except (ValueError, WireError) as exc:
+            fail(HTTPStatus.BAD_REQUEST, f"bad generate call: {exc}")
+        try:
+            reply = worker.generate_call(call)
+        except RoleConflictError as exc:
+            fail(HTTPStatus.CONFLICT, str(exc))
+        except WeightSyncError as exc:
+            fail(HTTPStatus.SERVICE_UNAVAILABLE, f"policy version {call.policy_version}: {exc}")
+        return self.send_json(HTTPStatus.OK, reply.to_dict())
+
+
+_GENERATE_BODY_ERRORS = BodyErrors(
+    chunked="send the body with a Content-Length header",
+    missing="send the body with a Content-Length header",
+    invalid="Content-Length: must be an integer, got {raw!r}",
+    too_large="body is {length} bytes, over {limit}; send fewer requests per call",
+    blank_is_missing=True,
+)
+
+
+class RolloutServer(ControlServer):
+    handler_class = RolloutHandler
+    thread_name = "rollout-http"
+    started_log = "rollout worker listening on %s"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="longtail worker rollout",
+        description="Rollout worker: adaptive speculative decoding + spot drafter training.",
+    )
+    ap.add_argument("--job", required=True, help="RLJob YAML file (the job's spec)")
+    ap.add_argument("--name", default="rollout-0", help="worker name (default %(default)s)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8200, help="0 picks a free port")
+    ap.add_argument("--weights-url", default=None, help="trainer weight server base URL")
+    ap.add_argument("--drafters", default=None, help="drafter registry directory (shared)")
+    ap.add_argument("--no-speculative", action="store_true", help="plain decoding only")
+    ap.add_argument("--no-drafter-training", action="store_true")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    add_weight_sync_args(ap)
+    ap.add_argument("--log-level", default="INFO")
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format=f"%(asctime)s {args.name} %(message)s")
+    torch.set_num_threads(args.threads)
+    spec = load_job_spec(args.job)
+    speculative = spec.speculative
+    if args.no_speculative:
+        speculative = type(speculative)(**{**vars(speculative), "enabled": False})
+    training = spec.drafter_training
+    if args.no_drafter_training:
+        training = type(training)(**{**vars(training), "enabled": False})
+    model, drafter, registry, target_id = policy_and_drafter(spec, args.drafters)
+    engine = TorchEngine(
+        model,
+        config=EngineConfig(max_running=256),
+        speculative=speculative,
+        drafter=drafter if speculative.enabled else None,
+    )
+    weights = make_weight_source(args)
+    worker = GeneratingWorker(
+        engine,
+        target_id=target_id,
+        name=args.name,
+        training=training,
+        registry=registry,
+        drafter=drafter,
+        weights=weights,
+    )
+    # The engine's Prometheus view joins the worker's registry (served on /metrics), so a pod
+    # exports longtail_rollout_* next to the worker's own metrics (dashboards and alerts use both).
+    engine.metrics = RolloutMetrics(worker.metrics_registry)
+    server = RolloutServer(worker, ControlConfig(host=args.host, port=args.port))
+    return ServiceRuntime(server, LISTENING_PREFIX).serve_forever()

@@ -1,0 +1,205 @@
+"""Process plumbing shared by the rollout and trainer services (pods and ``longtail run`` alike).
+
+``rollout/service.py`` and ``trainer/service.py`` call :func:`load_job_spec` (the RLJob YAML,
+validated the same way ``longtail validate`` does), :func:`policy_and_drafter` (policy, initial
+drafter, shared drafter registry), :func:`make_weight_source` (HTTP pull or torch.distributed
+receive, by ``--weight-sync``) and :class:`ServiceRuntime` (bind, print the ``listening on URL``
+line a parent process reads, run until SIGTERM/SIGINT, stop cleanly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+import torch
+
+from longtail_api.manifest import ManifestError, validate_file
+from longtail_api.spec import RLJobSpec
+from longtail_workers.weights.sync import StateDict, WeightSource, WeightSyncError
+
+log = logging.getLogger(__name__)
+
+
+class JobSpecError(ValueError):
+    """The RLJob file is unreadable or invalid; the message lists every error."""
+
+
+def load_job_spec(path: str | Path) -> RLJobSpec:
+    """The validated spec of the single RLJob in ``path``."""
+    try:
+        results = validate_file(path)
+    except ManifestError as exc:
+        raise JobSpecError(str(exc)) from exc
+    if len(results) != 1:
+        raise JobSpecError(f"{path}: holds {len(results)} YAML documents; give one RLJob per file")
+    res = results[0]
+    if res.errors or res.spec is None:
+        listed = "\n  - ".join(str(e) for e in res.errors)
+        raise JobSpecError(f"{path}: {len(res.errors)} error(s):\n  - {listed}")
+    return res.spec
+
+
+def policy_and_drafter(spec: RLJobSpec, registry_dir: str | None) -> tuple[Any, Any, Any, str]:
+    """(policy model in eval mode, initial drafter, registry or None, target id)."""
+    from longtail_workers.drafter.checkpoint import load_drafter
+    from longtail_workers.drafter.model import EagleDrafter, layout_options
+    from longtail_workers.models.loading import load_policy
+    from longtail_workers.spot.publish import DrafterRegistry
+
+    model, _ = load_policy(spec.model.path, dtype=spec.model.dtype)
+    target_id = spec.model.path
+    initial = spec.drafter_training.initial_drafter
+    if initial:
+        drafter = load_drafter(initial, model, target_id=target_id)
+    else:
+        layout = layout_options(spec.drafter_training.layout)
+        drafter = EagleDrafter(model, target_id=target_id, **layout)
+    registry = DrafterRegistry(registry_dir) if registry_dir else None
+    return model, drafter.eval(), registry, target_id
+
+
+class _WeightArgs(Protocol):
+    weight_sync: str
+    weights_url: str | None
+    dist_init: str | None
+    dist_rank: int | None
+    dist_world: int | None
+
+
+def init_dist(init: str | None, rank: int | None, world: int | None, timeout_s: float) -> None:
+    """Join the job's torch.distributed group (gloo on CPU, NCCL when CUDA is present)."""
+    import torch.distributed as dist
+
+    if not init or rank is None or world is None:
+        raise ValueError(
+            "--weight-sync dist needs --dist-init tcp://HOST:PORT, --dist-rank and --dist-world"
+        )
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(
+        backend, init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+    )
+
+
+class BackgroundDistSource(WeightSource):
+    """Receives every broadcast in a thread (a collective needs every rank at once) and hands
+    out the newest verified version on :meth:`fetch`."""
+
+    def __init__(self) -> None:
+        from longtail_workers.weights.dist_sync import DistWeightReceiver
+
+        self._receiver = DistWeightReceiver()
+        self._cond = threading.Condition()
+        self._latest: tuple[int, StateDict] | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._loop, name="dist-weights", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                got = self._receiver.fetch()
+            except Exception as exc:  # noqa: BLE001 - re-raised to every later fetch() caller
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                log.error("torch.distributed weight receive failed: %s", exc)
+                return
+            with self._cond:
+                self._latest = got
+                self._cond.notify_all()
+
+    def fetch(self, version: int | None = None, timeout_s: float = 120.0) -> tuple[int, StateDict]:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._latest is not None and (version is None or self._latest[0] == version):
+                    return self._latest
+                if self._error is not None:
+                    raise WeightSyncError(f"torch.distributed weight sync broke: {self._error}")
+                if self._latest is not None and version is not None and self._latest[0] > version:
+                    raise WeightSyncError(
+                        f"asked for policy version {version}, newest broadcast is "
+                        f"{self._latest[0]}; the trainer moved on"
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WeightSyncError(f"policy version {version} not broadcast in {timeout_s}s")
+                self._cond.wait(min(left, 1.0))
+
+
+def make_weight_source(args: _WeightArgs) -> WeightSource | None:
+    """The worker's weight source for ``--weight-sync`` (None: keep the weights it loaded)."""
+    if args.weight_sync == "dist":
+        init_dist(args.dist_init, args.dist_rank, args.dist_world, timeout_s=300.0)
+        return BackgroundDistSource()
+    if not args.weights_url:
+        return None
+    from longtail_workers.weights.http_sync import HttpWeightClient
+
+    return HttpWeightClient(args.weights_url, timeout_s=120.0, retries=5)
+
+
+class _Server(Protocol):
+    url: str
+
+    def start(self) -> Any: ...
+
+    def stop(self, grace_s: float = 5.0) -> None: ...
+
+
+class ServiceRuntime:
+    """Start ``server``, print ``prefix + url``, wait for SIGTERM/SIGINT or ``stop``, stop it."""
+
+    def __init__(self, server: _Server, prefix: str, stop: threading.Event | None = None) -> None:
+        self.server, self.prefix = server, prefix
+        self.stop = stop or threading.Event()
+
+    def serve_forever(self, on_stop: Any = None) -> int:
+        try:
+            self.server.start()
+        except OSError as exc:
+            print(f"error: cannot listen: {exc} (pick another --port, or 0)", file=sys.stderr)
+            return 1
+        print(f"{self.prefix}{self.server.url}", flush=True)
+        restore = install_stop_signals(self.stop)
+        try:
+            self.stop.wait()
+        finally:
+            restore()
+            if on_stop is not None:
+                on_stop()
+            self.server.stop(grace_s=2.0)
+        return 0
+
+
+def install_stop_signals(stop: threading.Event) -> Any:
+    """SIGTERM/SIGINT set ``stop``; returns a function restoring the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+def add_weight_sync_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--weight-sync", choices=("http", "dist"), default="http")
+    ap.add_argument("--dist-init", default=None, help="tcp://HOST:PORT of the dist group")
+    ap.add_argument("--dist-rank", type=int, default=None)
+    ap.add_argument("--dist-world", type=int, default=None)

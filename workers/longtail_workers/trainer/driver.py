@@ -1,0 +1,338 @@
+"""The GRPO step driver: prompts -> rollout workers -> verifier -> policy update -> publish.
+
+:class:`StepDriver` is the trainer role's loop, run by ``trainer/service.py`` (a pod, or a
+process of ``longtail run``). One RL step:
+
+1. draw ``promptsPerStep`` prompts (seeded order; a resumed run continues the same sequence)
+   and build ``groupSize`` sampling requests per prompt with per-answer seeds;
+2. roll out on the :class:`~longtail_workers.trainer.dispatch.RolloutPool` with policy
+   version ``v`` (lost workers' shards are re-dispatched), then send every worker back to
+   ``rollout``, which ends the harvest windows and submits their drafter candidates;
+3. score the answers with the verifier, compute group advantages, build the batch and run
+   :func:`~longtail_workers.trainer.optim.train_step`;
+4. publish policy ``v + 1`` (weight sync) and merge the drafter candidates into a new drafter
+   version (loaded by the workers at the start of the next rollout);
+5. record the step's row (metrics JSONL), evaluate greedily every ``evalEverySteps``, and
+   checkpoint every ``checkpoint.everySteps``.
+
+``stop`` (SIGTERM/SIGINT) is honoured between phases and during the rollout; the driver then
+writes a checkpoint of the last completed step and returns.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from longtail_api.spec import RLJobSpec
+from longtail_workers.data import Example, format_example, iterate_batches
+from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.rollout.wire import Sample
+from longtail_workers.trainer.batch import GrpoBatch
+from longtail_workers.trainer.checkpoint import save_checkpoint
+from longtail_workers.trainer.dispatch import RolloutAborted, RolloutOutcome, RolloutPool
+from longtail_workers.trainer.grpo import group_advantages, sequence_logprobs
+from longtail_workers.trainer.optim import TrainConfig, build_optimizer, train_step
+from longtail_workers.trainer.rollout_batch import build_grpo_batch
+from longtail_workers.verifier.client import VerifierClient
+from longtail_workers.weights.sync import WeightPublisher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DriverState:
+    """What the status endpoint reports; updated by the driver thread."""
+
+    step: int = 0
+    total_steps: int = 0
+    phase: str = "running"
+    policy_version: int = 0
+    drafter_version: int = -1
+    rollout_active: bool = False
+    answers_done: int = 0
+    answers_total: int = 0
+    pending_workers: set[str] = field(default_factory=set)
+    last_row: dict[str, Any] = field(default_factory=dict)
+    eval_accuracy: float | None = None
+    last_checkpoint_step: int | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    run_dir: Path
+    checkpoint_dir: Path
+    micro_batch_tokens: int | None = 8192
+    eval_max_new_tokens: int | None = None
+
+
+def answer_seed(seed: int, step: int, prompt: int, answer: int) -> int:
+    """The sampling seed of one answer: a pure function of (job seed, step, prompt, answer)."""
+    return int(np.random.SeedSequence([seed, step, prompt, answer]).generate_state(1)[0])
+
+
+class StepDriver:
+    """Runs RL steps (see the module text)."""
+
+    def __init__(
+        self,
+        spec: RLJobSpec,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        train_set: Sequence[Example],
+        eval_set: Sequence[Example],
+        pool: RolloutPool,
+        verifier: VerifierClient,
+        publisher: WeightPublisher,
+        config: DriverConfig,
+        *,
+        registry: Any = None,
+        on_row: Callable[[dict[str, Any]], None] = lambda row: None,
+    ) -> None:
+        self.spec, self.model, self.tok = spec, model, tokenizer
+        self.train_set, self.eval_set = train_set, eval_set
+        self.pool, self.verifier, self.publisher = pool, verifier, publisher
+        self.config, self.registry, self.on_row = config, registry, on_row
+        algo = spec.algorithm
+        self.train_cfg = TrainConfig.from_algorithm(
+            algo, micro_batch_tokens=config.micro_batch_tokens
+        )
+        self.optimizer = build_optimizer(model, self.train_cfg)
+        # The KL reference is the policy as loaded (before any checkpoint is applied on resume).
+        self.reference = copy.deepcopy(model).eval() if algo.kl_coef > 0 else None
+        self.state = DriverState(total_steps=algo.total_steps)
+        self.lock = threading.RLock()  # model + optimizer: train step vs checkpoint
+        self.stop = threading.Event()
+        self._eos = [int(tokenizer.eos_token_id)]
+
+    # --- prompts and requests ---------------------------------------------------------------
+
+    def _encode(self, example: Example) -> list[int]:
+        text = format_example(self.tok, example, self.spec.dataset.apply_chat_template)
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def step_requests(self, step: int, prompts: Sequence[Example]) -> list[GenerationRequest]:
+        algo = self.spec.algorithm
+        return [
+            GenerationRequest(
+                self._encode(ex),
+                algo.max_new_tokens,
+                temperature=algo.temperature,
+                top_p=algo.top_p,
+                seed=answer_seed(algo.seed, step, i, g),
+                stop_token_ids=self._eos,
+                request_id=f"s{step}-p{i}-g{g}",
+            )
+            for i, ex in enumerate(prompts)
+            for g in range(algo.group_size)
+        ]
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def publish_policy(self) -> float:
+        t0 = time.monotonic()
+        with self.lock:
+            self.publisher.publish(self.state.policy_version, self.model.state_dict())
+        return time.monotonic() - t0
+
+    def run(self, start_step: int) -> str:
+        """Steps ``start_step + 1 .. totalSteps``; returns ``complete`` or ``stopped``."""
+        self.state.step = start_step
+        self.publish_policy()
+        try:
+            self._steps(start_step)
+        except RolloutAborted:
+            return self._stop()
+        if self.stop.is_set():
+            return self._stop()
+        self.state.phase = "complete"
+        return "complete"
+
+    def _steps(self, start_step: int) -> None:
+        algo = self.spec.algorithm
+        batches = iterate_batches(self.train_set, algo.prompts_per_step, algo.seed, start_step)
+        if start_step == 0 and self.eval_set:
+            self.evaluate()
+        for step in range(start_step + 1, algo.total_steps + 1):
+            if self.stop.is_set():
+                return
+            row = self.one_step(step, next(batches))
+            evaluate = algo.eval_every_steps and step % algo.eval_every_steps == 0
+            if self.eval_set and (evaluate or step == algo.total_steps):
+                try:
+                    row["eval_accuracy"] = self.evaluate()
+                except RolloutAborted:
+                    self.on_row(row)  # the step itself completed: keep its row
+                    raise
+            self.on_row(row)
+            every = self.spec.checkpoint.every_steps
+            if step % every == 0 or step == algo.total_steps:
+                self.checkpoint()
+
+    def _stop(self) -> str:
+        log.info("stop requested: checkpointing step %d and stopping", self.state.step)
+        if self.state.last_checkpoint_step != self.state.step:
+            self.checkpoint()
+        return "stopped"
+
+    def one_step(self, step: int, prompts: Sequence[Example]) -> dict[str, Any]:
+        algo = self.spec.algorithm
+        t_step = time.monotonic()
+        self.pool.revive()
+        requests = self.step_requests(step, prompts)
+        out = self._rollout(step, requests)
+        golds = [ex.answer for ex in prompts for _ in range(algo.group_size)]
+        t_train = time.monotonic()
+        rewards, correct = self._score(out.samples, golds)
+        adv = group_advantages(torch.tensor(rewards), algo.group_size)
+        batch = build_grpo_batch(out.samples, adv.tolist(), pad_id=int(self.tok.pad_token_id))
+        if self.reference is not None:
+            batch = dataclasses.replace(batch, ref_logprobs=self._ref_logprobs(batch))
+        with self.lock:
+            self.model.train()
+            stats = train_step(self.model, self.optimizer, batch, self.train_cfg)
+            self.model.eval()
+            self.state.policy_version += 1
+            self.state.step = step
+        train_s = time.monotonic() - t_train
+        sync_s = self.publish_policy()
+        sync_s += self._merge_drafters()
+        row = self._row(step, out, rewards, correct, stats.as_dict())
+        row.update(train_s=train_s, sync_s=sync_s, step_s=time.monotonic() - t_step)
+        self.state.last_row = row
+        return row
+
+    @torch.no_grad()
+    def _ref_logprobs(self, batch: GrpoBatch, rows_per_pass: int = 32) -> torch.Tensor:
+        """Reference-policy log-probs ``[B, T]`` of the batch, a few rows per forward pass."""
+        assert self.reference is not None
+        parts = []
+        for lo in range(0, batch.num_sequences, rows_per_pass):
+            sl = slice(lo, lo + rows_per_pass)
+            parts.append(sequence_logprobs(
+                self.reference, batch.input_ids[sl], batch.attention_mask[sl],
+                batch.response_mask[sl], self.train_cfg.temperature,
+            ))  # fmt: skip
+        return torch.cat(parts)
+
+    def _rollout(self, step: int, requests: list[GenerationRequest]) -> RolloutOutcome:
+        st = self.state
+        st.answers_done, st.answers_total, st.rollout_active = 0, len(requests), True
+        try:
+            group = self.spec.algorithm.group_size
+            out = self.pool.run(requests, step, st.policy_version, self.stop, group=group)
+        finally:
+            st.rollout_active = False
+            st.pending_workers.clear()
+            self.pool.end_harvest()  # windows end with the rollout; candidates get submitted
+        st.answers_done = len(requests)
+        return out
+
+    def _score(
+        self, samples: Sequence[Sample], golds: Sequence[str]
+    ) -> tuple[list[float], list[bool]]:
+        texts = self.tok.batch_decode(
+            [s.output_token_ids for s in samples], skip_special_tokens=True
+        )
+        ds = self.spec.dataset
+        resp = self.verifier.verify(
+            list(zip(texts, golds, strict=True)), reward=ds.reward, format_weight=ds.format_weight
+        )
+        return [r.reward for r in resp.results], [r.correct for r in resp.results]
+
+    def _merge_drafters(self) -> float:
+        if self.registry is None:
+            return 0.0
+        t0 = time.monotonic()
+        published = self.registry.merge_candidates(self.model, target_id=self.spec.model.path)
+        if published is not None:
+            self.state.drafter_version = published.version
+        return time.monotonic() - t0
+
+    def _row(self, step: int, out: RolloutOutcome, rewards: list[float], correct: list[bool],
+             stats: dict[str, float]) -> dict[str, Any]:  # fmt: skip
+        lengths = [len(s.output_token_ids) for s in out.samples]
+        eng = [r.engine for r in out.replies]
+        tokens = sum(e.get("tokens", 0.0) for e in eng)
+        sd_tokens = sum(e.get("sdTokens", 0.0) for e in eng)
+        rows = sum(e.get("acceptedRows", 0.0) for e in eng)
+        acc_len = sum(e.get("meanAcceptedLength", 0.0) * e.get("acceptedRows", 0.0) for e in eng)
+        return {
+            "step": step,
+            "policy_version": self.state.policy_version,
+            "drafter_version": self.state.drafter_version,
+            "reward_mean": float(np.mean(rewards)),
+            "accuracy": float(np.mean(correct)),
+            "answers": len(out.samples),
+            "mean_length": float(np.mean(lengths)),
+            "max_length": int(max(lengths)),
+            "rollout_s": out.seconds,
+            "tail_s": out.seconds - out.first_done_s,
+            "sd_fraction": sd_tokens / tokens if tokens else 0.0,
+            "mean_accepted_length": acc_len / rows if rows else 0.0,
+            "redispatched": out.redispatched,
+            "failed_workers": sorted(out.failed_workers),
+            **{f"train_{k}": v for k, v in stats.items()},
+        }
+
+    # --- eval and checkpoints ---------------------------------------------------------------
+
+    def evaluate(self) -> float:
+        """Greedy accuracy on the eval set, generated by the rollout workers (SD included)."""
+        budget = self.config.eval_max_new_tokens or self.spec.algorithm.max_new_tokens
+        reqs = [
+            GenerationRequest(self._encode(ex), budget, temperature=0.0,
+                              stop_token_ids=self._eos, request_id=f"eval-{i}")
+            for i, ex in enumerate(self.eval_set)
+        ]  # fmt: skip
+        out = self.pool.run(reqs, self.state.step, self.state.policy_version, self.stop)
+        self.pool.end_harvest()
+        _, correct = self._score(out.samples, [ex.answer for ex in self.eval_set])
+        acc = float(np.mean(correct))
+        self.state.eval_accuracy = acc
+        self._write_eval(out.samples, correct)
+        log.info("step %d: greedy eval accuracy %.3f", self.state.step, acc)
+        return acc
+
+    def _write_eval(self, samples: Sequence[Sample], correct: Sequence[bool]) -> None:
+        import json
+
+        d = self.config.run_dir / "eval"
+        d.mkdir(parents=True, exist_ok=True)
+        texts = self.tok.batch_decode(
+            [s.output_token_ids for s in samples], skip_special_tokens=True
+        )
+        lines = [json.dumps({"i": i, "correct": c, "output": t})
+                 for i, (t, c) in enumerate(zip(texts, correct, strict=True))]  # fmt: skip
+        (d / f"step-{self.state.step:06d}.jsonl").write_text("\n".join(lines) + "\n")
+
+    def checkpoint(self) -> Path:
+        prev = self.state.phase
+        self.state.phase = "checkpointing"
+        try:
+            with self.lock:
+                path = save_checkpoint(
+                    self.config.checkpoint_dir,
+                    step=self.state.step,
+                    model=self.model,
+                    optimizer=self.optimizer,
+                    policy_version=self.state.policy_version,
+                    drafter_version=self.state.drafter_version,
+                    keep_last=self.spec.checkpoint.keep_last,
+                    extra={"eval_accuracy": self.state.eval_accuracy},
+                )
+                self.state.last_checkpoint_step = self.state.step
+        finally:
+            self.state.phase = prev
+        return path

@@ -1,0 +1,250 @@
+"""``longtail worker trainer``: the trainer process (GRPO updates + the step driver).
+
+The CLI routes ``longtail worker trainer ARGS...`` to :func:`main`; ``longtail run`` starts it
+once. It loads the policy and the datasets, serves policy versions to the rollout workers
+(HTTP :class:`~longtail_workers.weights.http_sync.WeightServer` on ``--weights-port``, or a
+torch.distributed broadcast from rank 0), waits for the verifier and every rollout worker to be
+healthy, then runs :class:`~longtail_workers.trainer.driver.StepDriver`. Its own HTTP surface
+(``--port``): ``GET /v1/status`` (:class:`longtail_api.workerapi.TrainerStatus`), ``POST
+/v1/checkpoint`` (checkpoint now, answer when it is on disk), ``GET /metrics``, ``/healthz``,
+``/readyz``. Per-step rows go to ``RUN_DIR/metrics.jsonl``. SIGTERM/SIGINT: stop at the next
+safe point, checkpoint the last completed step, exit 0. Exit 1 when the run fails (the error is
+logged and reported in the status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+import urllib.request
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import torch
+from prometheus_client import CollectorRegistry, generate_latest
+
+from longtail_api import metrics as names
+from longtail_api.workerapi import CheckpointAnswer, StepSeconds, TrainerStatus
+from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
+from longtail_workers.runtime import add_weight_sync_args, install_stop_signals, load_job_spec
+from longtail_workers.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from longtail_workers.trainer.dispatch import RolloutFailed
+from longtail_workers.trainer.driver import StepDriver
+from longtail_workers.verifier.metrics import gauge_from_spec, histogram_from_spec
+
+log = logging.getLogger(__name__)
+LISTENING_PREFIX = "longtail trainer listening on "
+METRICS_FILE = "metrics.jsonl"
+
+
+class TrainerMetrics:
+    """The trainer's Prometheus series (names from ``longtail_api.metrics``)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.step = gauge_from_spec(names.TRAINER_STEP, r)
+        self.last_step = gauge_from_spec(names.TRAINER_LAST_STEP_TIMESTAMP, r)
+        self.step_seconds = histogram_from_spec(names.TRAINER_STEP_SECONDS, r)
+        self.stage = histogram_from_spec(names.TRAINER_STAGE_SECONDS, r)
+        self.reward = gauge_from_spec(names.TRAINER_REWARD_MEAN, r)
+        self.accuracy = gauge_from_spec(names.TRAINER_ACCURACY, r)
+        self.policy = gauge_from_spec(names.TRAINER_POLICY_VERSION, r)
+        self.last_step.set(time.time())
+
+    def observe(self, row: dict[str, Any]) -> None:
+        self.step.set(row["step"])
+        self.last_step.set(time.time())
+        self.step_seconds.observe(row["step_s"])
+        self.stage.labels(stage="rollout").observe(row["rollout_s"] - row["tail_s"])
+        self.stage.labels(stage="tail").observe(row["tail_s"])
+        self.stage.labels(stage="train").observe(row["train_s"])
+        self.stage.labels(stage="sync").observe(row["sync_s"])
+        self.reward.set(row["reward_mean"])
+        self.accuracy.set(row["accuracy"])
+        self.policy.set(row["policy_version"])
+
+
+class TrainerApp(BackgroundHTTPServer):
+    """Status / checkpoint / metrics surface of the trainer."""
+
+    thread_name = "trainer-http"
+    started_log = "trainer listening on %s"
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port, request_timeout_s=60.0)
+        self.driver: StepDriver | None = None
+        self.metrics = TrainerMetrics()
+        self.failed: str | None = None
+
+    def status(self) -> TrainerStatus:
+        d = self.driver
+        if d is None:
+            return TrainerStatus(0, 0, "running", 0, -1, message="starting")
+        st, row = d.state, d.state.last_row
+        seconds = None
+        if row:
+            seconds = StepSeconds(row["rollout_s"], row["tail_s"], row["train_s"])
+        phase = "failed" if self.failed else st.phase
+        return TrainerStatus(
+            step=st.step,
+            total_steps=st.total_steps,
+            phase=phase,  # type: ignore[arg-type]
+            policy_version=st.policy_version,
+            drafter_version=st.drafter_version,
+            reward_mean=row.get("reward_mean"),
+            accuracy=row.get("accuracy"),
+            accepted_length=row.get("mean_accepted_length"),
+            last_checkpoint_step=st.last_checkpoint_step,
+            step_seconds=seconds,
+            message=self.failed or st.message,
+            eval_accuracy=st.eval_accuracy,
+            sd_fraction=row.get("sd_fraction"),
+            rollout_active=st.rollout_active,
+            pending_workers=tuple(sorted(st.pending_workers)),
+            answers_done=st.answers_done,
+            answers_total=st.answers_total,
+        )
+
+    class handler_class(JSONRequestHandler):
+        dispatch_methods = ("GET", "HEAD", "POST")
+
+        def _dispatch(self, method: str) -> None:
+            app: TrainerApp = self.server.app  # type: ignore[attr-defined]
+            path = self.path.split("?", 1)[0]
+            try:
+                if path in ("/healthz", "/readyz") and method in ("GET", "HEAD"):
+                    self.send_text(HTTPStatus.OK, "ok\n")
+                elif path == "/v1/status" and method == "GET":
+                    self.send_json(HTTPStatus.OK, app.status().to_dict())
+                elif path == "/metrics" and method in ("GET", "HEAD"):
+                    body = generate_latest(app.metrics.registry)
+                    self.send_body(HTTPStatus.OK, body, "text/plain; version=0.0.4")
+                elif path == "/v1/checkpoint" and method == "POST":
+                    if app.driver is None:
+                        fail(HTTPStatus.SERVICE_UNAVAILABLE, "trainer still starting; retry")
+                    where = app.driver.checkpoint()
+                    answer = CheckpointAnswer(app.driver.state.step, str(where))
+                    self.send_json(HTTPStatus.OK, answer.to_dict())
+                else:
+                    fail(HTTPStatus.NOT_FOUND, f"unknown endpoint {method} {path}")
+            except Exception as exc:  # HTTP boundary: answer with the error, keep serving
+                status = getattr(exc, "status", HTTPStatus.INTERNAL_SERVER_ERROR)
+                message = getattr(exc, "message", f"{type(exc).__name__}: {exc}")
+                if status == HTTPStatus.INTERNAL_SERVER_ERROR:
+                    log.exception("trainer HTTP %s %s failed", method, path)
+                self.send_json(status, {"error": message})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="longtail worker trainer", description=__doc__.split("\n")[0])
+    ap.add_argument("--job", required=True, help="RLJob YAML file")
+    ap.add_argument("--run-dir", required=True, help="metrics, eval outputs, drafters")
+    ap.add_argument("--checkpoint-dir", default=None, help="default: RUN_DIR/<checkpoint.location>")
+    ap.add_argument("--rollout", action="append", default=[], metavar="NAME=URL", required=True)
+    ap.add_argument("--verifier-url", required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8300)
+    ap.add_argument("--weights-port", type=int, default=8301)
+    ap.add_argument("--drafters", default=None, help="drafter registry directory (shared)")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rollout-timeout", type=float, default=900.0)
+    ap.add_argument("--startup-timeout", type=float, default=600.0)
+    add_weight_sync_args(ap)
+    ap.add_argument("--log-level", default="INFO")
+    return ap
+
+
+def wait_healthy(urls: list[str], timeout_s: float, stop: threading.Event) -> None:
+    """Block until every ``url + /healthz`` answers; TimeoutError names the missing ones."""
+    deadline, delay = time.monotonic() + timeout_s, 0.1
+    missing = list(urls)
+    while missing:
+        for url in list(missing):
+            try:
+                urllib.request.urlopen(url + "/healthz", timeout=2.0).close()
+                missing.remove(url)
+            except OSError:
+                pass
+        if not missing or stop.is_set():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not healthy after {timeout_s:g}s: {', '.join(missing)}")
+        time.sleep(delay)
+        delay = min(2.0, delay * 1.5)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s trainer %(message)s")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    stop = threading.Event()
+    restore = install_stop_signals(stop)
+    app = TrainerApp(args.host, args.port).start()
+    print(f"{LISTENING_PREFIX}{app.url}", flush=True)
+    try:
+        return _run(args, app, stop)
+    except (RolloutFailed, TimeoutError, OSError, ValueError, RuntimeError) as exc:
+        app.failed = f"{type(exc).__name__}: {exc}"
+        log.error("training failed: %s", app.failed)
+        print(f"error: {app.failed}", file=sys.stderr, flush=True)
+        time.sleep(1.0)  # let a polling parent read the failed status
+        return 1
+    finally:
+        restore()
+        app.stop(grace_s=1.0)
+
+
+def _run(args: argparse.Namespace, app: TrainerApp, stop: threading.Event) -> int:
+    from longtail_workers.trainer.setup import build_driver
+
+    spec = load_job_spec(args.job)
+    run_dir = Path(args.run_dir)
+    ckpt_dir = Path(args.checkpoint_dir or run_dir / spec.checkpoint.location)
+    driver, publisher_stop = build_driver(spec, args, run_dir, ckpt_dir)
+    driver.stop = stop
+    metrics_path = run_dir / METRICS_FILE
+    start_step = 0
+    found = latest_checkpoint(ckpt_dir) if args.resume else None
+    if found is not None:
+        state = load_checkpoint(found, driver.model, driver.optimizer)
+        start_step = state.step
+        driver.state.policy_version = state.policy_version
+        driver.state.drafter_version = state.drafter_version
+        driver.state.last_checkpoint_step = state.step
+        driver.state.eval_accuracy = state.extra.get("eval_accuracy")
+        _truncate_rows(metrics_path, state.step)
+        log.info("resumed from %s (step %d)", found, state.step)
+    elif args.resume:
+        log.info("--resume: no checkpoint under %s; starting at step 0", ckpt_dir)
+
+    def on_row(row: dict[str, Any]) -> None:
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        app.metrics.observe(row)
+
+    driver.on_row = on_row
+    app.driver = driver
+    urls = [driver.verifier.base_url, *driver.pool.workers.values()]
+    wait_healthy(urls, args.startup_timeout, stop)
+    try:
+        outcome = driver.run(start_step)
+    finally:
+        publisher_stop()
+    log.info("trainer finished: %s at step %d", outcome, driver.state.step)
+    return 0
+
+
+def _truncate_rows(path: Path, step: int) -> None:
+    """Drop metric rows of steps after ``step`` (they were not checkpointed; they rerun)."""
+    if not path.is_file():
+        return
+    kept = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+    path.write_text("".join(ln + "\n" for ln in kept))
