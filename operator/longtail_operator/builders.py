@@ -170,7 +170,8 @@ def worker_pod(
     min_drafter_version: int = -1,
 ) -> dict[str, Any]:
     """One worker pod. ``min_*_version``: what the job has published so far; a (re)created
-    rollout pod loads at least these before it reports ready and rejoins."""
+    rollout pod gets them as LONGTAIL_MIN_*_VERSION; the trainer names the policy version in
+    every generate call, so the pod loads it (and the newest drafter) before it generates."""
     role_spec = role_specs(spec)[role]
     port = role_port(settings, role)
     env = discovery_env(job, spec, settings, role, index)
