@@ -34,6 +34,8 @@ CONFIG_FILE = "rljob.yaml"
 WORK_DIR = "/var/lib/longtail"
 """Working directory of worker containers; relative checkpoint locations resolve under it."""
 MANAGER = "longtail-operator"
+DRAFTERS_SUBDIR = "drafters"
+"""The trainer's drafter registry, under its checkpoint volume (survives trainer restarts)."""
 
 
 @dataclass(frozen=True)
@@ -128,12 +130,34 @@ def checkpoint_path(spec: RLJobSpec) -> str:
     return location if location.startswith("/") else posixpath.join(WORK_DIR, location)
 
 
+def trainer_host(job: JobRef) -> str:
+    """Stable DNS name of the trainer pod: ``<job>-trainer-0.<job>-trainer.<ns>.svc``."""
+    svc = f"{service_name(job.name, 'trainer')}.{job.namespace}.svc"
+    return f"{pod_name(job.name, 'trainer', 0)}.{svc}"
+
+
+def drafter_env(
+    job: JobRef, spec: RLJobSpec, settings: Settings, role: str
+) -> list[dict[str, Any]]:
+    """Where drafters are exchanged, when ``drafterTraining`` is enabled: the trainer keeps the
+    registry under its checkpoint volume (``LONGTAIL_DRAFTER_DIR``) and serves it on its HTTP
+    port, which rollout workers reach through ``LONGTAIL_DRAFTER_URL``; no shared volume."""
+    if not spec.drafter_training.enabled:
+        return []
+    if role == "trainer":
+        directory = posixpath.join(checkpoint_path(spec), DRAFTERS_SUBDIR)
+        return [{"name": "LONGTAIL_DRAFTER_DIR", "value": directory}]
+    if role == "rollout":
+        url = f"http://{trainer_host(job)}:{settings.trainer_port}"
+        return [{"name": "LONGTAIL_DRAFTER_URL", "value": url}]
+    return []
+
+
 def discovery_env(
     job: JobRef, spec: RLJobSpec, settings: Settings, role: str, index: int
 ) -> list[dict[str, Any]]:
     """``LONGTAIL_*`` variables a worker reads to find its job, its config and its peers."""
-    svc = f"{service_name(job.name, 'trainer')}.{job.namespace}.svc"
-    trainer_host = f"{pod_name(job.name, 'trainer', 0)}.{svc}"
+    trainer = trainer_host(job)
     env: list[dict[str, Any]] = [
         {"name": "LONGTAIL_JOB_NAME", "value": job.name},
         {"name": "LONGTAIL_NAMESPACE", "value": job.namespace},
@@ -143,11 +167,8 @@ def discovery_env(
         {"name": "LONGTAIL_CONFIG", "value": posixpath.join(CONFIG_DIR, CONFIG_FILE)},
         {"name": "LONGTAIL_CHECKPOINT_DIR", "value": checkpoint_path(spec)},
         {"name": "LONGTAIL_RESUME", "value": "true" if spec.checkpoint.resume else "false"},
-        {"name": "LONGTAIL_TRAINER_URL", "value": f"http://{trainer_host}:{settings.trainer_port}"},
-        {
-            "name": "LONGTAIL_WEIGHTS_URL",
-            "value": f"http://{trainer_host}:{settings.weights_port}",
-        },
+        {"name": "LONGTAIL_TRAINER_URL", "value": f"http://{trainer}:{settings.trainer_port}"},
+        {"name": "LONGTAIL_WEIGHTS_URL", "value": f"http://{trainer}:{settings.weights_port}"},
         {"name": "LONGTAIL_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "LONGTAIL_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
@@ -174,7 +195,7 @@ def worker_pod(
     every generate call, so the pod loads it (and the newest drafter) before it generates."""
     role_spec = role_specs(spec)[role]
     port = role_port(settings, role)
-    env = discovery_env(job, spec, settings, role, index)
+    env = discovery_env(job, spec, settings, role, index) + drafter_env(job, spec, settings, role)
     env.append({"name": "LONGTAIL_MIN_POLICY_VERSION", "value": str(min_policy_version)})
     env.append({"name": "LONGTAIL_MIN_DRAFTER_VERSION", "value": str(min_drafter_version)})
     mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]

@@ -2,7 +2,8 @@
 
 Each test starts ``longtail run`` on a CI-sized job (``ci-tiny.yaml``: builtin:tiny, 2 rollout
 workers, a few short steps) as a subprocess and checks the run directory it leaves: a 2-step run
-completes with checkpoints, metrics, eval outputs, drafter versions and a report; a rollout
+completes with checkpoints, metrics, eval outputs, drafter versions (exchanged with the trainer
+over HTTP) and a report; a rollout
 worker killed with SIGKILL during a step is detected and its requests are re-dispatched, and the
 run still completes; SIGINT (Ctrl-C) checkpoints the last completed step and stops every child,
 and ``--resume`` continues at the next step. Needs ``builtin:tiny`` (built on first use).
@@ -91,6 +92,8 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
     ]
     assert json.loads((run_dir / "checkpoints/step-000002/state.json").read_text())["step"] == 2
     assert (run_dir / "drafters" / "LATEST").read_text().strip().isdigit()
+    # Only the trainer opens drafters/: the workers' candidates arrived over its HTTP port.
+    assert "drafter candidate from rollout-" in (run_dir / "logs" / "trainer.log").read_text()
     evals = sorted(p.name for p in (run_dir / "eval").iterdir())
     assert evals == ["step-000000.jsonl", "step-000002.jsonl"]
     for name in ("reward_accuracy.png", "step_time.png", "accepted_length.png", "summary.md"):

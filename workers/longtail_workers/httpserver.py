@@ -53,6 +53,18 @@ def check_route(routes: Mapping[str, tuple[str, ...]], method: str, path: str) -
         )
 
 
+def error_text(body: bytes) -> str:
+    """The ``error`` of a JSON error answer from these servers, else the body's first 300 chars.
+
+    Used by the HTTP clients (weight sync, drafter exchange) to put the server's reason into
+    their own error messages.
+    """
+    try:
+        return str(json.loads(body)["error"])
+    except (ValueError, KeyError, TypeError):
+        return body.decode("utf-8", errors="replace")[:300] or "(empty body)"
+
+
 @dataclass(frozen=True)
 class BodyErrors:
     """A server's messages for :meth:`JSONRequestHandler.read_body` failures.

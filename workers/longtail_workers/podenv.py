@@ -74,6 +74,9 @@ def _trainer_args(argv: Sequence[str], env: Mapping[str, str], config: str) -> l
         extra += ["--weights-port", str(port_of)]
     if not _has(argv, "--resume") and env.get("LONGTAIL_RESUME", "").lower() == "true":
         extra.append("--resume")  # a restarted trainer pod continues from its last checkpoint
+    if not _has(argv, "--drafters") and env.get("LONGTAIL_DRAFTER_DIR", "").strip():
+        # The trainer's own registry directory; its --port serves it to the rollout workers.
+        extra += ["--drafters", env["LONGTAIL_DRAFTER_DIR"].strip()]
     return extra
 
 
@@ -83,9 +86,28 @@ def _rollout_args(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
         extra += ["--name", env["LONGTAIL_POD_NAME"]]
     if not _has(argv, "--weights-url"):
         extra += ["--weights-url", _need(env, "LONGTAIL_WEIGHTS_URL", "rollout")]
-    if not _has(argv, "--drafters") and env.get("LONGTAIL_DRAFTER_DIR"):
-        extra += ["--drafters", env["LONGTAIL_DRAFTER_DIR"]]
+    extra += _rollout_drafter_args(argv, env)
     return extra
+
+
+def _rollout_drafter_args(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """``--drafters DIR`` (a volume the user shares with the trainer, ``LONGTAIL_DRAFTER_DIR``)
+    wins over ``--drafters-url URL`` (the trainer's HTTP exchange, ``LONGTAIL_DRAFTER_URL``, set
+    by the operator); nothing when the command line already names either."""
+    if _has(argv, "--drafters") or _has(argv, "--drafters-url"):
+        return []
+    directory = env.get("LONGTAIL_DRAFTER_DIR", "").strip()
+    if directory:
+        return ["--drafters", directory]
+    url = env.get("LONGTAIL_DRAFTER_URL", "").strip()
+    if not url:
+        return []
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise PodEnvError(
+            f"LONGTAIL_DRAFTER_URL={url!r}: expected http://HOST:PORT (the trainer's base URL)"
+        )
+    return ["--drafters-url", url]
 
 
 def pod_args(role: str, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:

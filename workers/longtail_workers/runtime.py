@@ -2,7 +2,8 @@
 
 ``rollout/service.py`` and ``trainer/service.py`` call :func:`load_job_spec` (the RLJob YAML,
 validated the same way ``longtail validate`` does), :func:`policy_and_drafter` (policy, initial
-drafter, shared drafter registry), :func:`make_weight_source` (HTTP pull or torch.distributed
+drafter, drafter registry: a shared directory or the trainer's HTTP exchange),
+:func:`make_weight_source` (HTTP pull or torch.distributed
 receive, by ``--weight-sync``) and :class:`ServiceRuntime` (bind, print the ``listening on URL``
 line a parent process reads, run until SIGTERM/SIGINT, stop cleanly).
 """
@@ -48,12 +49,25 @@ def load_job_spec(path: str | Path) -> RLJobSpec:
     return res.spec
 
 
-def policy_and_drafter(spec: RLJobSpec, registry_dir: str | None) -> tuple[Any, Any, Any, str]:
-    """(policy model in eval mode, initial drafter, registry or None, target id)."""
+def policy_and_drafter(
+    spec: RLJobSpec, registry_dir: str | None, registry_url: str | None = None
+) -> tuple[Any, Any, Any, str]:
+    """(policy model in eval mode, initial drafter, registry or None, target id).
+
+    The registry is the shared directory ``registry_dir`` or the trainer's drafter exchange at
+    ``registry_url`` (``spot/remote.py``); give at most one.
+    """
+    if registry_dir and registry_url:
+        raise ValueError(
+            f"drafter registry: both a directory ({registry_dir}) and a URL ({registry_url}) "
+            "given; use --drafters DIR for a shared directory or --drafters-url URL for the "
+            "trainer's HTTP exchange, not both"
+        )
     from longtail_workers.drafter.checkpoint import load_drafter
     from longtail_workers.drafter.model import EagleDrafter, layout_options
     from longtail_workers.models.loading import load_policy
     from longtail_workers.spot.publish import DrafterRegistry
+    from longtail_workers.spot.remote import RemoteDrafterRegistry
 
     model, _ = load_policy(spec.model.path, dtype=spec.model.dtype)
     target_id = spec.model.path
@@ -63,7 +77,11 @@ def policy_and_drafter(spec: RLJobSpec, registry_dir: str | None) -> tuple[Any, 
     else:
         layout = layout_options(spec.drafter_training.layout)
         drafter = EagleDrafter(model, target_id=target_id, **layout)
-    registry = DrafterRegistry(registry_dir) if registry_dir else None
+    registry: DrafterRegistry | RemoteDrafterRegistry | None = None
+    if registry_dir:
+        registry = DrafterRegistry(registry_dir)
+    elif registry_url:
+        registry = RemoteDrafterRegistry(registry_url)
     return model, drafter.eval(), registry, target_id
 
 

@@ -69,6 +69,25 @@ def test_cpu_only_pod_has_no_gpu_and_trainer_gets_checkpoints() -> None:
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "data"}
 
 
+def test_rollout_pods_exchange_drafters_with_the_trainer_over_http() -> None:
+    spec = spec_of(example())  # drafterTraining enabled
+    rollout = env_of(builders.worker_pod(JOB, spec, SETTINGS, "rollout", 1))
+    assert rollout["LONGTAIL_DRAFTER_URL"] == "http://tiny-trainer-0.tiny-trainer.ns.svc:9300"
+    assert "LONGTAIL_DRAFTER_DIR" not in rollout  # no shared volume needed
+    trainer = env_of(builders.worker_pod(JOB, spec, SETTINGS, "trainer", 0))
+    # The trainer's own registry lives on its checkpoint volume (survives a trainer restart).
+    assert trainer["LONGTAIL_DRAFTER_DIR"] == "/var/lib/longtail/checkpoints/drafters"
+    assert "LONGTAIL_DRAFTER_URL" not in trainer
+    verifier = env_of(builders.worker_pod(JOB, spec, SETTINGS, "verifier", 0))
+    assert not {"LONGTAIL_DRAFTER_URL", "LONGTAIL_DRAFTER_DIR"} & set(verifier)
+    off = spec_of(
+        example(drafterTraining__enabled=False, speculative__enabled=False, harvest__enabled=False)
+    )
+    for role in ("rollout", "trainer"):
+        env = env_of(builders.worker_pod(JOB, off, SETTINGS, role, 0))
+        assert not {"LONGTAIL_DRAFTER_URL", "LONGTAIL_DRAFTER_DIR"} & set(env), role
+
+
 def test_template_override_is_merged_not_replaced() -> None:
     template = {
         "metadata": {

@@ -60,6 +60,36 @@ def test_rollout_pod_pulls_weights_from_the_trainer(tmp_path: Path) -> None:
     assert args.job == env["LONGTAIL_CONFIG"]
 
 
+def test_rollout_pod_exchanges_drafters_over_the_trainers_http_port(tmp_path: Path) -> None:
+    argv, env = pod_env("rollout", tmp_path)
+    assert env["LONGTAIL_DRAFTER_URL"] == "http://tiny-trainer-0.tiny-trainer.ns.svc:9300"
+    args = rollout_parser().parse_args(pod_args("rollout", argv, env))
+    assert args.drafters_url == env["LONGTAIL_DRAFTER_URL"] and args.drafters is None
+    # The trainer keeps the registry under its checkpoint volume and serves it on --port 9300.
+    targv, tenv = pod_env("trainer", tmp_path)
+    targs = trainer_parser().parse_args(pod_args("trainer", targv, tenv))
+    assert targs.drafters == f"{tenv['LONGTAIL_CHECKPOINT_DIR']}/drafters" and targs.port == 9300
+
+
+def test_a_shared_drafter_volume_still_works_and_wins_over_the_url(tmp_path: Path) -> None:
+    argv, env = pod_env("rollout", tmp_path)
+    env["LONGTAIL_DRAFTER_DIR"] = "/shared/drafters"  # a user-mounted ReadWriteMany volume
+    args = rollout_parser().parse_args(pod_args("rollout", argv, env))
+    assert args.drafters == "/shared/drafters" and args.drafters_url is None
+    mine = pod_args("rollout", [*argv, "--drafters-url", "http://t:1"], env)
+    assert "--drafters" not in mine and mine.count("--drafters-url") == 1
+    del env["LONGTAIL_DRAFTER_DIR"], env["LONGTAIL_DRAFTER_URL"]
+    args = rollout_parser().parse_args(pod_args("rollout", argv, env))
+    assert args.drafters is None and args.drafters_url is None  # drafterTraining disabled
+
+
+def test_malformed_drafter_url_is_named(tmp_path: Path) -> None:
+    argv, env = pod_env("rollout", tmp_path)
+    env["LONGTAIL_DRAFTER_URL"] = "tiny-trainer-0:9300"
+    with pytest.raises(PodEnvError, match="LONGTAIL_DRAFTER_URL='tiny-trainer-0:9300'"):
+        pod_args("rollout", argv, env)
+
+
 def test_explicit_arguments_win_and_outside_a_pod_nothing_changes(tmp_path: Path) -> None:
     argv, env = pod_env("rollout", tmp_path)
     mine = [*argv, "--weights-url", "http://elsewhere:1"]

@@ -4,10 +4,12 @@ Called by the CLI (``longtail run``, ``longtail run --resume RUN_DIR``). Steps: 
 spec; create the run directory (``job.yaml``, ``run.json`` with the switches, ``logs/``,
 ``drafters/``, checkpoints, ``metrics.jsonl``); build ``builtin:`` models once up front; start
 the verifier, the trainer and ``rollout.replicas`` rollout workers (``longtail worker ...``,
-one torch thread each); run the harvest coordinator and the progress display until the trainer
-exits; stop every child; write the report. Ctrl-C (SIGINT) or SIGTERM: the trainer is asked to
-stop, checkpoints the last completed step and exits, then the workers are stopped; the run
-can be continued with ``--resume``. Exit codes: 0 complete, 1 failed, 130 stopped.
+one torch thread each; the trainer keeps ``drafters/`` and the workers exchange drafters with
+it over its HTTP port, as pods do on a cluster); run the harvest coordinator and the progress
+display until the trainer exits; stop every child; write the report. Ctrl-C (SIGINT) or
+SIGTERM: the trainer is asked to stop, checkpoints the last completed step and exits, then the
+workers are stopped; the run can be continued with ``--resume``. Exit codes: 0 complete,
+1 failed, 130 stopped.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def start_children(
     started: list[Child],
 ) -> tuple[Child, dict[str, str]]:
     """Start verifier, rollout workers and trainer; each is appended to ``started`` at once,
-    so the caller can stop whatever did start when a later one fails."""
+    so the caller can stop whatever did start when a later one fails. Only the trainer opens the
+    drafter registry directory; the workers use its HTTP exchange (``--drafters-url``)."""
     logs, job = run_dir / "logs", str(run_dir / "job.yaml")
     drafters = str(run_dir / "drafters")
     verifier = Child(
@@ -102,7 +105,8 @@ def start_children(
     rollouts = []
     for i, (name, port) in enumerate(zip(workers, ports, strict=True)):
         extra = ["--dist-rank", str(i + 1)] if opts["weight_sync"] == "dist" else []
-        args = ["--job", job, "--name", name, "--port", str(port), "--drafters", drafters,
+        args = ["--job", job, "--name", name, "--port", str(port),
+                "--drafters-url", f"http://127.0.0.1:{trainer_port}",
                 "--weights-url", f"http://127.0.0.1:{weights_port}", *sync, *extra]  # fmt: skip
         if opts["no_speculative"]:
             args.append("--no-speculative")

@@ -5,7 +5,8 @@
 ``GET /v1/status`` to :meth:`RolloutWorker.status`; the generation endpoint (later) and local
 mode call :meth:`RolloutWorker.generate`. It owns the engine, the capture buffer
 (``spot/buffer.py``), the spot trainer (``spot/trainer.py``), the acceptance tracker and
-optionally a :class:`~longtail_workers.spot.publish.DrafterRegistry`.
+optionally a drafter registry (:class:`~longtail_workers.spot.publish.DrafterStore`: a shared
+directory, or the trainer's HTTP exchange in ``spot/remote.py``).
 
 Role state machine (activity names from ``longtail_api.harvest``)::
 
@@ -18,13 +19,16 @@ Role state machine (activity names from ``longtail_api.harvest``)::
 observed activity began. Switching to rollout waits up to ``stop_timeout_s`` for the trainer to
 stop; if it has not by then, the answer says so (pending) and ``observed`` flips as soon as the
 thread exits. Generation is refused unless the worker is in rollout, and the newest published
-drafter is loaded at the start of each ``generate`` call, never mid-sequence.
+drafter is loaded at the start of each ``generate`` call, never mid-sequence. When the trainer's
+drafter exchange cannot be reached (after its bounded retries), the worker logs it and goes on
+with the drafter it has: speculative decoding stays lossless with any drafter.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,8 +45,11 @@ from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.rollout.metrics import WorkerCollector, role_switch_histogram
 from longtail_workers.spot.acceptance import INITIAL_DRAFTER, AcceptanceTracker
 from longtail_workers.spot.buffer import RolloutBuffer
-from longtail_workers.spot.publish import Candidate, DrafterRegistry
+from longtail_workers.spot.publish import Candidate, DrafterStore
+from longtail_workers.spot.remote import DrafterExchangeError
 from longtail_workers.spot.trainer import EmptyBufferError, SpotTrainer
+
+log = logging.getLogger(__name__)
 
 ROLLOUT: Activity = "rollout"
 WORKER_ACTIVITIES: tuple[Activity, ...] = (ROLLOUT, DRAFTER_TRAIN)
@@ -67,7 +74,7 @@ class RolloutWorker:
         target_id: str,
         name: str = "rollout-0",
         training: DrafterTrainingSpec | None = None,
-        registry: DrafterRegistry | None = None,
+        registry: DrafterStore | None = None,
         drafter: EagleDrafter | None = None,
         max_buffer_bytes: int = 8 << 30,
         policy_version: int = 0,
@@ -144,12 +151,16 @@ class RolloutWorker:
     def _refresh_drafter(self) -> None:
         if self.registry is None:
             return
-        latest = self.registry.latest_version()
-        if latest is None or latest == self.drafter_version:
+        try:
+            latest = self.registry.latest_version()
+            if latest is None or latest == self.drafter_version:
+                return
+            drafter, published = self.registry.load(
+                self.engine.target.model, target_id=self.target_id, version=latest
+            )
+        except DrafterExchangeError as exc:
+            log.warning("keeping drafter version %s: %s", self.drafter_version, exc)
             return
-        drafter, published = self.registry.load(
-            self.engine.target.model, target_id=self.target_id, version=latest
-        )
         self.engine.set_drafter(drafter)
         self.drafter_version = published.version
 
@@ -240,12 +251,16 @@ class RolloutWorker:
         """Train on top of the newest published version (keeps the optimizer's moments)."""
         if self.registry is None:
             return
-        latest = self.registry.latest_version()
-        if latest is None or latest == trainer.base_version:
+        try:
+            latest = self.registry.latest_version()
+            if latest is None or latest == trainer.base_version:
+                return
+            drafter, _ = self.registry.load(
+                self.engine.target.model, target_id=self.target_id, version=latest
+            )
+        except DrafterExchangeError as exc:
+            log.warning("training on drafter version %s: %s", trainer.base_version, exc)
             return
-        drafter, _ = self.registry.load(
-            self.engine.target.model, target_id=self.target_id, version=latest
-        )
         trainer.load_weights(drafter.trainable_state_dict(), base_version=latest)
 
     def _to_rollout(self) -> None:

@@ -10,7 +10,9 @@ version the call names from the weight source (HTTP pull from the trainer, or
 torch.distributed), so one call never mixes versions; the newest drafter is loaded by
 ``RolloutWorker.generate`` at the same point. When a drafter-train window ends (``PUT /v1/role
 rollout``) the trained drafter is submitted as a candidate before the answer is sent, so the
-step driver can merge it right away. Prints ``longtail rollout listening on URL`` once bound.
+step driver can merge it right away. Drafters are exchanged through the trainer's HTTP port
+(``--drafters-url``, ``spot/remote.py``; what pods and ``longtail run`` use) or a directory
+shared with the trainer (``--drafters``). Prints ``longtail rollout listening on URL`` once bound.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from longtail_workers.runtime import (
     make_weight_source,
     policy_and_drafter,
 )
+from longtail_workers.spot.remote import DrafterExchangeError
 from longtail_workers.weights.sync import WeightSource, WeightSyncError, WeightVersionError
 
 log = logging.getLogger(__name__)
@@ -95,7 +98,10 @@ class GeneratingWorker(RolloutWorker):
             self.trainer.wait_stopped(self.stop_timeout_s)
             ack = super().set_role(role)
             if not ack.pending:
-                self.submit_candidate()
+                try:
+                    self.submit_candidate()
+                except DrafterExchangeError as exc:  # the role switch itself succeeded
+                    log.warning("drafter candidate of this window not submitted: %s", exc)
         return ack
 
     def generate_call(self, call: GenerateCall) -> GenerateReply:
@@ -176,7 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8200, help="0 picks a free port")
     ap.add_argument("--weights-url", default=None, help="trainer weight server base URL")
-    ap.add_argument("--drafters", default=None, help="drafter registry directory (shared)")
+    drafters = ap.add_mutually_exclusive_group()
+    drafters.add_argument(
+        "--drafters", default=None, help="drafter registry directory shared with the trainer"
+    )
+    drafters.add_argument(
+        "--drafters-url",
+        default=None,
+        help="trainer's base URL (its --port) serving the drafter exchange; not with --drafters",
+    )
     ap.add_argument("--no-speculative", action="store_true", help="plain decoding only")
     ap.add_argument("--no-drafter-training", action="store_true")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -196,7 +210,7 @@ def main(argv: list[str]) -> int:
     training = spec.drafter_training
     if args.no_drafter_training:
         training = type(training)(**{**vars(training), "enabled": False})
-    model, drafter, registry, target_id = policy_and_drafter(spec, args.drafters)
+    model, drafter, registry, target_id = policy_and_drafter(spec, args.drafters, args.drafters_url)
     engine = TorchEngine(
         model,
         config=EngineConfig(max_running=256),

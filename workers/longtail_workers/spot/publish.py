@@ -20,6 +20,12 @@ then the directory is renamed into place (``rename`` is atomic on one filesystem
 ``fcntl`` lock on ``root/.lock`` so that concurrent publishers (processes on one host or on a
 POSIX-locking shared filesystem) never collide or move ``LATEST`` backwards. Old versions
 beyond ``keep_versions`` are deleted; a reader that lost that race retries with the new latest.
+
+Where the workers do not share the directory (pods on a cluster, and ``longtail run``'s rollout
+workers), the trainer keeps it and serves it over HTTP (``spot/remote.py``): rollout workers use
+:class:`~longtail_workers.spot.remote.RemoteDrafterRegistry`, which has the same
+:class:`DrafterStore` interface, and the trainer stores their uploads with
+:meth:`DrafterRegistry.submit_candidate_files`.
 """
 
 from __future__ import annotations
@@ -33,15 +39,23 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from longtail_workers.drafter.checkpoint import WEIGHTS_FILE, load_drafter, save_drafter
+from longtail_workers.drafter.checkpoint import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    DrafterMismatchError,
+    load_drafter,
+    read_drafter_config,
+    save_drafter,
+)
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.spot.merge import merge_state_dicts
 
@@ -50,6 +64,8 @@ log = logging.getLogger(__name__)
 LATEST_FILE = "LATEST"
 META_FILE = "version.json"
 CANDIDATE_FILE = "candidate.json"
+DRAFTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
+"""What ``save_drafter`` writes: the files a candidate upload must consist of."""
 
 
 class VersionConflictError(RuntimeError):
@@ -100,6 +116,33 @@ class Candidate:
     train_loss: float | None
     heldout_top1: float | None
     created_unix: float
+
+
+class DrafterStore(Protocol):
+    """What a rollout worker needs of a drafter registry (``rollout/control.py``).
+
+    Implemented by :class:`DrafterRegistry` (a directory the trainer and the workers share) and
+    by :class:`~longtail_workers.spot.remote.RemoteDrafterRegistry` (the trainer's HTTP port).
+    """
+
+    def latest_version(self) -> int | None: ...
+
+    def load(
+        self, target: nn.Module, *, target_id: str, version: int | None = None
+    ) -> tuple[EagleDrafter, PublishedVersion]: ...
+
+    def submit_candidate(
+        self,
+        drafter: EagleDrafter,
+        *,
+        worker: str,
+        base_version: int | None,
+        policy_version: int,
+        tokens: int,
+        steps: int,
+        train_loss: float | None = None,
+        heldout_top1: float | None = None,
+    ) -> Candidate: ...
 
 
 def _fsync_file(path: Path) -> None:
@@ -188,15 +231,19 @@ class DrafterRegistry:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def _stage(
-        self, drafter: EagleDrafter, version: int | None, meta: dict[str, Any], name: str
-    ) -> Path:
+    def _stage(self, write: Callable[[Path], object], meta: dict[str, Any], name: str) -> Path:
+        """Write the drafter (``write(dir)``) and ``name`` into a fresh, fsynced staging dir."""
         staging = self.root / ".staging" / uuid.uuid4().hex
-        save_drafter(drafter, staging, version=version)
-        _write_json(staging / name, meta)
-        for f in staging.iterdir():
-            _fsync_file(f)
-        _fsync_dir(staging)
+        staging.mkdir(parents=True)
+        try:
+            write(staging)
+            _write_json(staging / name, meta)
+            for f in staging.iterdir():
+                _fsync_file(f)
+            _fsync_dir(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         return staging
 
     def publish(
@@ -237,7 +284,9 @@ class DrafterRegistry:
                 heldout_top1_is_estimate,
                 time.time(),
             )
-            staging = self._stage(drafter, version, meta.to_dict(), META_FILE)
+            staging = self._stage(
+                lambda d: save_drafter(drafter, d, version=version), meta.to_dict(), META_FILE
+            )
             final = self.root / "versions" / f"{version:06d}"
             if final.exists():
                 shutil.rmtree(staging)
@@ -277,20 +326,48 @@ class DrafterRegistry:
         heldout_top1: float | None = None,
     ) -> Candidate:
         """Store one worker's trained drafter for the merge of ``base_version``'s window."""
-        if not worker or "/" in worker:
-            raise ValueError(f"worker={worker!r}; must be a non-empty name without '/'")
-        info = {
-            "worker": worker, "base_version": base_version, "policy_version": policy_version,
-            "tokens": tokens, "steps": steps, "train_loss": train_loss,
-            "heldout_top1": heldout_top1, "created_unix": time.time(),
-        }  # fmt: skip
-        staging = self._stage(drafter, base_version, info, CANDIDATE_FILE)
-        parent = self.root / "candidates" / _base_dir_name(base_version)
+        info = _candidate_info(
+            worker, base_version, policy_version, tokens, steps, train_loss, heldout_top1
+        )
+        return self._add_candidate(lambda d: save_drafter(drafter, d, version=base_version), info)
+
+    def submit_candidate_files(
+        self,
+        files: Mapping[str, bytes],
+        *,
+        worker: str,
+        base_version: int | None,
+        policy_version: int,
+        tokens: int,
+        steps: int,
+        train_loss: float | None = None,
+        heldout_top1: float | None = None,
+    ) -> Candidate:
+        """:meth:`submit_candidate` for a drafter already saved by ``save_drafter`` elsewhere.
+
+        ``files`` maps ``config.json`` and ``model.safetensors`` to their bytes (the trainer's
+        HTTP exchange receives them from a rollout worker). Raises
+        :class:`~longtail_workers.drafter.checkpoint.DrafterMismatchError` (a ``ValueError``)
+        when they are not a drafter directory; nothing is stored then.
+        """
+        if sorted(files) != sorted(DRAFTER_FILES):
+            raise DrafterMismatchError(
+                f"a candidate consists of exactly {', '.join(DRAFTER_FILES)} (as save_drafter "
+                f"writes them); got {', '.join(sorted(files)) or 'no files'}"
+            )
+        info = _candidate_info(
+            worker, base_version, policy_version, tokens, steps, train_loss, heldout_top1
+        )
+        return self._add_candidate(lambda d: _write_drafter_files(d, files), info)
+
+    def _add_candidate(self, write: Callable[[Path], object], info: dict[str, Any]) -> Candidate:
+        staging = self._stage(write, info, CANDIDATE_FILE)
+        parent = self.root / "candidates" / _base_dir_name(info["base_version"])
         parent.mkdir(parents=True, exist_ok=True)
-        final = parent / f"{worker}-{uuid.uuid4().hex[:8]}"
+        final = parent / f"{info['worker']}-{uuid.uuid4().hex[:8]}"
         os.rename(staging, final)
         _fsync_dir(parent)
-        return Candidate(path=final, **info)  # type: ignore[arg-type]
+        return Candidate(path=final, **info)
 
     def candidates(self, base_version: int | None) -> list[Candidate]:
         """The newest candidate of each worker for ``base_version``."""
@@ -331,6 +408,37 @@ class DrafterRegistry:
             heldout_top1_is_estimate=len(cands) > 1,
             expected_parent=base,
         )
+
+
+def _candidate_info(
+    worker: str,
+    base_version: int | None,
+    policy_version: int,
+    tokens: int,
+    steps: int,
+    train_loss: float | None,
+    heldout_top1: float | None,
+) -> dict[str, Any]:
+    """``candidate.json``'s fields (``worker`` checked: it names a directory)."""
+    if not worker or "/" in worker:
+        raise ValueError(f"worker={worker!r}; must be a non-empty name without '/'")
+    return {
+        "worker": worker, "base_version": base_version, "policy_version": policy_version,
+        "tokens": tokens, "steps": steps, "train_loss": train_loss,
+        "heldout_top1": heldout_top1, "created_unix": time.time(),
+    }  # fmt: skip
+
+
+def _write_drafter_files(directory: Path, files: Mapping[str, bytes]) -> None:
+    """Write uploaded drafter files and check they are one (config format, safetensors header)."""
+    for name in DRAFTER_FILES:
+        (directory / name).write_bytes(files[name])
+    read_drafter_config(directory)
+    try:
+        with safe_open(str(directory / WEIGHTS_FILE), framework="pt") as weights:
+            weights.keys()
+    except (SafetensorError, OSError) as exc:
+        raise DrafterMismatchError(f"{WEIGHTS_FILE} is not a safetensors file: {exc}") from exc
 
 
 def _weighted(values: list[tuple[float | None, int]]) -> float | None:

@@ -7,9 +7,12 @@ torch.distributed broadcast from rank 0), waits for the verifier and every rollo
 healthy, then runs :class:`~longtail_workers.trainer.driver.StepDriver`. Its own HTTP surface
 (``--port``): ``GET /v1/status`` (:class:`longtail_api.workerapi.TrainerStatus`), ``POST
 /v1/checkpoint`` (checkpoint now, answer when it is on disk), ``GET /metrics``, ``/healthz``,
-``/readyz``. Per-step rows go to ``RUN_DIR/metrics.jsonl``. SIGTERM/SIGINT: stop at the next
-safe point, checkpoint the last completed step, exit 0. Exit 1 when the run fails (the error is
-logged and reported in the status).
+``/readyz``, and with ``--drafters DIR`` the drafter exchange ``/v1/drafters/...``
+(``spot/remote.py``: rollout workers fetch published drafter versions and upload their
+candidates, which the step driver merges from DIR). Per-step rows go to
+``RUN_DIR/metrics.jsonl``. SIGTERM/SIGINT: stop at the next safe point, checkpoint the last
+completed step, exit 0. Exit 1 when the run fails (the error is logged and reported in the
+status).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import urllib.request
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
@@ -32,6 +36,7 @@ from longtail_api import metrics as names
 from longtail_api.workerapi import CheckpointAnswer, StepSeconds, TrainerStatus
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
 from longtail_workers.runtime import add_weight_sync_args, install_stop_signals, load_job_spec
+from longtail_workers.spot.remote import DrafterEndpoints
 from longtail_workers.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed
 from longtail_workers.trainer.driver import StepDriver
@@ -71,7 +76,7 @@ class TrainerMetrics:
 
 
 class TrainerApp(BackgroundHTTPServer):
-    """Status / checkpoint / metrics surface of the trainer."""
+    """Status / checkpoint / metrics surface of the trainer, and the drafter exchange."""
 
     thread_name = "trainer-http"
     started_log = "trainer listening on %s"
@@ -81,6 +86,8 @@ class TrainerApp(BackgroundHTTPServer):
         self.driver: StepDriver | None = None
         self.metrics = TrainerMetrics()
         self.failed: str | None = None
+        self.drafters: DrafterEndpoints | None = None
+        """Set once the driver's drafter registry exists (``--drafters``)."""
 
     def status(self) -> TrainerStatus:
         d = self.driver
@@ -116,9 +123,12 @@ class TrainerApp(BackgroundHTTPServer):
 
         def _dispatch(self, method: str) -> None:
             app: TrainerApp = self.server.app  # type: ignore[attr-defined]
-            path = self.path.split("?", 1)[0]
+            url = urlsplit(self.path)
+            path, query = url.path, url.query
             try:
-                if path in ("/healthz", "/readyz") and method in ("GET", "HEAD"):
+                if DrafterEndpoints.owns(path):
+                    self._drafters(app, method, path, query)
+                elif path in ("/healthz", "/readyz") and method in ("GET", "HEAD"):
                     self.send_text(HTTPStatus.OK, "ok\n")
                 elif path == "/v1/status" and method == "GET":
                     self.send_json(HTTPStatus.OK, app.status().to_dict())
@@ -138,7 +148,24 @@ class TrainerApp(BackgroundHTTPServer):
                 message = getattr(exc, "message", f"{type(exc).__name__}: {exc}")
                 if status == HTTPStatus.INTERNAL_SERVER_ERROR:
                     log.exception("trainer HTTP %s %s failed", method, path)
-                self.send_json(status, {"error": message})
+                self.send_json(status, {"error": message}, getattr(exc, "headers", None))
+
+        def _drafters(self, app: TrainerApp, method: str, path: str, query: str) -> None:
+            if app.drafters is not None:
+                app.drafters.handle(self, method, path, query)
+            elif app.driver is None:
+                fail(HTTPStatus.SERVICE_UNAVAILABLE, "trainer still starting (loading); retry")
+            else:
+                fail(
+                    HTTPStatus.NOT_FOUND,
+                    "this trainer keeps no drafter registry; start it with --drafters DIR "
+                    "(the operator does when drafterTraining is enabled)",
+                )
+
+        def must_close(self) -> bool:
+            # An error answered before the request body was read: close, do not misread it.
+            raw = (self.headers.get("Content-Length") or "0").strip()
+            return not self._body_read and ("Transfer-Encoding" in self.headers or raw != "0")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,7 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8300)
     ap.add_argument("--weights-port", type=int, default=8301)
-    ap.add_argument("--drafters", default=None, help="drafter registry directory (shared)")
+    ap.add_argument(
+        "--drafters",
+        default=None,
+        help="drafter registry directory: merged here, served to rollout workers on --port",
+    )
     ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rollout-timeout", type=float, default=900.0)
@@ -210,6 +241,8 @@ def _run(args: argparse.Namespace, app: TrainerApp, stop: threading.Event) -> in
     ckpt_dir = Path(args.checkpoint_dir or run_dir / spec.checkpoint.location)
     driver, publisher_stop = build_driver(spec, args, run_dir, ckpt_dir)
     driver.stop = stop
+    if driver.registry is not None:
+        app.drafters = DrafterEndpoints(driver.registry)
     metrics_path = run_dir / METRICS_FILE
     start_step = 0
     found = latest_checkpoint(ckpt_dir) if args.resume else None

@@ -3,7 +3,8 @@
 Called once by ``trainer/service.py``: policy and tokenizer (``load_policy``), train and eval
 datasets (``resolve_dataset``), the rollout pool and verifier client from the command line, the
 weight publisher (HTTP server, or torch.distributed rank 0 with ``--weight-sync dist``) and the
-shared drafter registry. Returns the driver and a function that stops the publisher.
+drafter registry (``--drafters``; the trainer's HTTP port serves it to the rollout workers,
+``spot/remote.py``). Returns the driver and a function that stops the publisher.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
-from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler
+from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, error_text
 from longtail_workers.weights.checksum import sha256_hex
 from longtail_workers.weights.store import WeightStore
 from longtail_workers.weights.sync import (
@@ -155,7 +155,7 @@ class HttpWeightClient(WeightSource):
         """The newest advertised version, or ``None`` when nothing is published yet."""
         status, _, body = self._get(LATEST_PATH)
         if status == 404:
-            text = _error_text(body)
+            text = error_text(body)
             if text.startswith(NOTHING_PUBLISHED):
                 return None
             raise WeightFetchError(
@@ -228,7 +228,7 @@ class HttpWeightClient(WeightSource):
         status, headers, body = self._get(path)
         if status == 404:
             raise WeightVersionError(
-                f"{self.base_url}{path}: {_error_text(body)}", requested=version, received=None
+                f"{self.base_url}{path}: {error_text(body)}", requested=version, received=None
             )
         got = headers.get(VERSION_HEADER)
         if got != str(version):
@@ -268,7 +268,7 @@ class HttpWeightClient(WeightSource):
                 body = exc.read()
                 if exc.code == 404:
                     return 404, exc.headers, body
-                last = f"HTTP {exc.code}: {_error_text(body)}"
+                last = f"HTTP {exc.code}: {error_text(body)}"
                 if exc.code < 500:
                     break  # a client error does not go away by asking again
             except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
@@ -280,10 +280,3 @@ class HttpWeightClient(WeightSource):
             f"GET {url} failed after {attempt + 1} attempt(s); last error: {last} "
             "(is the trainer's weight server running and reachable?)"
         )
-
-
-def _error_text(body: bytes) -> str:
-    try:
-        return str(json.loads(body)["error"])
-    except (ValueError, KeyError, TypeError):
-        return body.decode("utf-8", errors="replace")[:300] or "(empty body)"
