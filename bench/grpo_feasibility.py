@@ -5,7 +5,10 @@ services: the real rollout engine (:class:`TorchEngine`) samples ``group`` answe
 ``prompts`` training prompts, the ``math`` reward scores them, and the real trainer pieces
 (:func:`group_advantages`, :class:`GrpoBatch`, :func:`train_step`) update the policy. Greedy
 eval accuracy (engine, temperature 0) on the job's eval split is measured before, every
-``--eval-every`` steps and after. Prints one line per step and a JSON summary to
+``--eval-every`` steps and after; with ``--sampled-eval N`` also the mean reward of N answers per
+eval prompt sampled at the rollout temperature (what GRPO maximises, on held-out prompts).
+``--model`` points it at another policy directory, ``--overlong-filter`` drops the loss of
+answers cut at ``--max-new-tokens``. Prints one line per step and a JSON summary to
 ``bench/results/grpo_feasibility.json``; this is how the settings in
 ``examples/01-tiny-arith.yaml`` were chosen (see docs/performance.md).
 """
@@ -37,6 +40,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "grpo_feasibility.json"
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="builtin:tiny")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--group", type=int, default=8)
@@ -52,34 +56,62 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--beta2", type=float, default=0.999)
     ap.add_argument("--adam-eps", type=float, default=1e-8)
+    ap.add_argument(
+        "--sampled-eval",
+        type=int,
+        default=0,
+        help="also measure sampled eval accuracy: this many answers per eval prompt at the "
+        "rollout temperature (the quantity GRPO maximises, on held-out prompts)",
+    )
+    ap.add_argument(
+        "--overlong-filter",
+        action="store_true",
+        help="answers cut at max-new-tokens carry no loss (DAPO's overlong filtering)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     return ap.parse_args(argv)
 
 
-def greedy_eval(engine: TorchEngine, tokenizer, examples, max_new_tokens: int) -> float:
+def eval_accuracy(
+    engine: TorchEngine, tokenizer, examples, max_new_tokens: int, temperature: float, n: int
+) -> float:
+    """Mean ``math`` reward of ``n`` answers per eval prompt at ``temperature`` (0: greedy).
+
+    Sampling seeds are fixed, so two evaluations of the same weights give the same figure.
+    """
     reward = get_reward("math")
     eos = int(tokenizer.eos_token_id)
     reqs = [
         GenerationRequest(
             tokenizer.encode(ex.prompt, add_special_tokens=False),
             max_new_tokens,
-            temperature=0.0,
+            temperature=temperature,
+            seed=900_000 + 1000 * i + g,
             stop_token_ids=[eos],
         )
-        for ex in examples
+        for i, ex in enumerate(examples)
+        for g in range(n)
     ]
     results = engine.generate(reqs)
     texts = tokenizer.batch_decode([r.output_token_ids for r in results], skip_special_tokens=True)
-    return sum(reward(t, ex.answer).correct for t, ex in zip(texts, examples, strict=True)) / len(
-        examples
-    )
+    golds = [ex.answer for ex in examples for _ in range(n)]
+    return sum(reward(t, a).correct for t, a in zip(texts, golds, strict=True)) / len(golds)
+
+
+def evaluate(engine, tokenizer, examples, args: argparse.Namespace) -> dict[str, float]:
+    out = {"accuracy": eval_accuracy(engine, tokenizer, examples, args.max_new_tokens, 0.0, 1)}
+    if args.sampled_eval:
+        out["sampled_accuracy"] = eval_accuracy(
+            engine, tokenizer, examples, args.max_new_tokens, args.temperature, args.sampled_eval
+        )
+    return out
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model, tokenizer = load_policy("builtin:tiny", dtype="float32")
+    model, tokenizer = load_policy(args.model, dtype="float32")
     dataset = DatasetSpec(path="builtin:arith", eval_size=args.eval_size)
     train = resolve_dataset(dataset, "train", seed=args.seed)
     evals = resolve_dataset(dataset, "eval", seed=args.seed)
@@ -98,10 +130,11 @@ def main(argv: list[str]) -> int:
     reward = get_reward("math")
     eos = int(tokenizer.eos_token_id)
     t0 = time.perf_counter()
-    acc0 = greedy_eval(engine, tokenizer, evals, args.max_new_tokens)
+    first = evaluate(engine, tokenizer, evals, args)
+    acc0 = first["accuracy"]
     eval_s = time.perf_counter() - t0
-    print(f"start eval accuracy {acc0:.3f} ({eval_s:.1f} s)", flush=True)
-    curve = [{"step": 0, "accuracy": acc0}]
+    print(f"start eval {first} ({eval_s:.1f} s)", flush=True)
+    curve = [{"step": 0, **first}]
     rows = []
     batches = iterate_batches(train, args.prompts, args.seed)
     start = time.perf_counter()
@@ -128,6 +161,9 @@ def main(argv: list[str]) -> int:
         golds = [ex.answer for ex in prompts for _ in range(args.group)]
         rewards = torch.tensor([reward(t, a).reward for t, a in zip(texts, golds, strict=True)])
         adv = group_advantages(rewards, args.group)
+        if args.overlong_filter:
+            cut = torch.tensor([r.finish_reason == "length" for r in results])
+            adv = torch.where(cut, torch.zeros_like(adv), adv)
         batch = build_grpo_batch(results, adv.tolist(), pad_id=int(tokenizer.pad_token_id))
         tt = time.perf_counter()
         model.train()
@@ -152,13 +188,14 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
         if args.eval_every and step % args.eval_every == 0 and step != args.steps:
-            acc = greedy_eval(engine, tokenizer, evals, args.max_new_tokens)
-            curve.append({"step": step, "accuracy": acc})
-            print(f"  eval accuracy {acc:.3f}", flush=True)
+            figures = evaluate(engine, tokenizer, evals, args)
+            curve.append({"step": step, **figures})
+            print(f"  eval {figures}", flush=True)
     train_s = time.perf_counter() - start
-    acc = greedy_eval(engine, tokenizer, evals, args.max_new_tokens)
-    curve.append({"step": args.steps, "accuracy": acc})
-    print(f"final eval accuracy {acc:.3f} (+{100 * (acc - acc0):.1f} points) in {train_s:.0f} s")
+    last = evaluate(engine, tokenizer, evals, args)
+    acc = last["accuracy"]
+    curve.append({"step": args.steps, **last})
+    print(f"final eval {last} (greedy {100 * (acc - acc0):+.1f} points) in {train_s:.0f} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     summary = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
