@@ -19,6 +19,10 @@ What it measures, all in one process and one sitting so ratios are comparable:
    and with the threshold calibrated from the sweep (the largest batch size at which SD was
    still faster). Wall time of the batch.
 
+``--drafter-window W`` gives every SD engine ``speculative.drafterContextWindow: W``; the long-tail
+batch then also runs the adaptive policy with the drafter reading the whole context, so the
+effect of the window is visible in the same sitting.
+
 ``--save-drafter DIR`` keeps the fitted drafter and ``--drafter DIR`` reuses it (skips fitting).
 
 In the sweep each configuration runs ``--repeats`` times alternating with the others and the best
@@ -168,6 +172,11 @@ def fit(
     }
 
 
+def sd_config(max_running: int, args: argparse.Namespace) -> EngineConfig:
+    """Engine settings of the SD engines: the drafter's context window from ``--drafter-window``."""
+    return EngineConfig(max_running=max_running, drafter_context_window=args.drafter_window or None)
+
+
 def sweep(
     model: torch.nn.Module, tok: object, drafter: EagleDrafter, args: argparse.Namespace
 ) -> list[dict]:
@@ -184,7 +193,7 @@ def sweep(
         sds = {
             k: TorchEngine(
                 model,
-                config=EngineConfig(max_running=bs),
+                config=sd_config(bs, args),
                 drafter=drafter,
                 speculative=sd_spec(10**6, 0, [k], bandit=False),
             )
@@ -258,11 +267,10 @@ def long_tail(
     n = len(items)
     depths = args.depths
 
-    def sd_engine(threshold: int, warmup: int) -> TorchEngine:
+    def sd_engine(threshold: int, warmup: int, config: EngineConfig | None = None) -> TorchEngine:
         spec = sd_spec(threshold, warmup, depths, bandit=True)
-        return TorchEngine(
-            model, config=EngineConfig(max_running=n), drafter=drafter, speculative=spec
-        )
+        config = config or sd_config(n, args)
+        return TorchEngine(model, config=config, drafter=drafter, speculative=spec)
 
     engines = {
         "no_sd": TorchEngine(model, config=EngineConfig(max_running=n)),
@@ -271,6 +279,9 @@ def long_tail(
     }
     if calibrated != args.threshold:
         engines["adaptive_calibrated"] = sd_engine(calibrated, 2)
+    if args.drafter_window:
+        whole = EngineConfig(max_running=n)
+        engines["adaptive_whole_context"] = sd_engine(args.threshold, 2, whole)
     # Sampled answers differ between configurations (SD is lossless in distribution, not per
     # sample), and a batch's wall time hangs on its longest answers. So every configuration
     # runs the same rounds of sampling seeds, in rotated order, and the totals are compared.
@@ -304,6 +315,7 @@ def long_tail(
         "rounds": args.tail_rounds,
         "threshold": args.threshold,
         "calibrated_threshold": calibrated,
+        "drafter_window": args.drafter_window or None,
     }
     return out
 
@@ -335,6 +347,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tail-rounds", type=int, default=4, help="seed rounds, summed")
     ap.add_argument("--no-sweep", action="store_true", help="only the long-tail batch")
     ap.add_argument("--threshold", type=int, default=32, help="adaptive: SD when running <= this")
+    ap.add_argument(
+        "--drafter-window",
+        type=int,
+        default=0,
+        help="speculative.drafterContextWindow of every SD engine (0: the whole context); when "
+        "set, the long-tail batch also runs adaptive with the whole context for comparison",
+    )
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "specdec.json")
     ap.add_argument("--drafter", type=Path, help="load this fitted drafter instead of fitting")

@@ -129,3 +129,22 @@ def test_drop_last_and_waste(target) -> None:
     torch.testing.assert_close(got[1], _reference(target, [4, 10]), rtol=0, atol=1e-10)
     kv.invalidate_tail(torch.tensor([[False], [False]]))
     assert kv.waste() == 1
+
+
+def test_keep_last_is_attention_over_the_newest_slots_only(target) -> None:
+    """After keep_last(n) a query sees exactly the newest n slots: the same logits as a model
+    that never had the older ones (keys carry their positions, so nothing else changes)."""
+    kv = _prefill(target, [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    kv.keep_last(2)
+    assert kv.num_slots == 2 and bool(kv.valid.all())
+    got = _step(target, kv, [11, 12], [5, 5])
+    window = _prefill(target, [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    window.valid[:, :3] = False  # the same cache with the three oldest slots masked out
+    expected = _step(target, window, [11, 12], [5, 5])
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+    full = _step(target, _prefill(target, [[1, 2, 3, 4, 5]]), [11], [5])[0]
+    assert not torch.allclose(got[0], full)  # the cut really removed context
+    kv.keep_last(5)  # asking for more than there is keeps everything
+    assert kv.num_slots == 3
+    with pytest.raises(ValueError, match="n >= 0"):
+        kv.keep_last(-1)

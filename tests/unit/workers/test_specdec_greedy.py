@@ -146,8 +146,22 @@ def test_greedy_sd_with_short_drafter_context(target, fitted_drafter) -> None:
         speculative=_spec(threshold=8, warmup=1, selector="fixed"),
         drafter=fitted_drafter,
     )
+    # Record the drafter cache's length at each draft (the window must bound it: <= 2W + k).
+    sd = engine.sd
+    assert sd is not None
+    slots: list[int] = []
+    catch_up = sd._catch_up
+
+    def recording(batch):  # type: ignore[no-untyped-def]
+        features = catch_up(batch)
+        slots.append(batch.draft_kv.num_slots)
+        return features
+
+    sd._catch_up = recording  # type: ignore[method-assign]
     _assert_same(plain, engine.generate(requests))
     assert engine.stats.sd_steps > 0
+    assert slots and max(slots) <= 2 * 3, slots
+    assert max(len(r.output_token_ids) for r in plain) > 4 * 3  # long enough to slide
 
 
 def test_greedy_sd_matches_hf_generate(target, fitted_drafter) -> None:

@@ -135,6 +135,18 @@ class PaddedKVCache:
             layer.values = layer.values[..., :-n, :]
         self.valid = self.valid[:, :-n]
 
+    def keep_last(self, n: int) -> None:
+        """Keep only the newest ``n`` slots of every row (a sliding window; views, no copy)."""
+        if n < 0:
+            raise ValueError(f"keep_last needs n >= 0, got {n}")
+        drop = self.num_slots - n
+        if drop <= 0:
+            return
+        for layer in self._layers():
+            layer.keys = layer.keys[..., drop:, :]
+            layer.values = layer.values[..., drop:, :]
+        self.valid = self.valid[:, drop:]
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (int64 indices, in the new order)."""
         for layer in self._layers():

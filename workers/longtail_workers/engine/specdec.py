@@ -149,6 +149,10 @@ class SpeculativeDecoder:
         kv.commit(valid)
         for seq in batch.seqs:
             seq.drafter_done = seq.num_pairs
+        if self.context_window is not None and kv.num_slots > 2 * self.context_window:
+            # Sliding window: the drafter reads the newest W..2W slots, so a draft step costs
+            # O(W), not O(context). Cut at 2W so the cut (a view) happens every W slots.
+            kv.keep_last(self.context_window)
         return feats[:, -1]  # [B, H]
 
     @torch.no_grad()

@@ -56,8 +56,11 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     """Padded prompt tokens prefilled in one admission group."""
     drafter_context_window: int | None = None
-    """When SD switches on, re-prefill the drafter with at most this many recent pairs per row
-    (None: the whole context). Bounds the re-prefill cost of very long sequences."""
+    """Sliding window of the drafter's own context, in pairs (None: the whole context). When SD
+    switches on, the drafter is re-prefilled with at most this many recent pairs per row, and
+    its KV cache is cut back to the newest W slots whenever it exceeds 2W, so re-prefill and
+    each draft step cost O(W) instead of O(context). The first draft token reads the target's
+    own hidden state, so a short window costs little acceptance (docs/performance.md)."""
     compact_min_waste: int = 32
     """KV slots that must be reclaimable before a cache is compacted."""
     policy_seed: int = 0

@@ -213,7 +213,9 @@ def main(argv: list[str]) -> int:
     model, drafter, registry, target_id = policy_and_drafter(spec, args.drafters, args.drafters_url)
     engine = TorchEngine(
         model,
-        config=EngineConfig(max_running=256),
+        config=EngineConfig(
+            max_running=256, drafter_context_window=spec.speculative.drafter_context_window
+        ),
         speculative=speculative,
         drafter=drafter if speculative.enabled else None,
     )
