@@ -278,11 +278,17 @@ COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 USED_PORTS=()
 
 # pick_port VAR: a free loopback TCP port (nothing accepts connections on it), distinct from
-# the ones picked before in this run.
+# the ones picked before in this run, and below the kernel's ephemeral range: a port picked
+# inside it can be taken as the local port of an outgoing connection (the apiserver's to etcd)
+# before the component meant to listen on it starts ("bind: address already in use").
 pick_port() {
-  local _p _i
+  local _p _i _lo=20000 _hi=32768 _rest
+  read -r _hi _rest < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  if ((_hi - _lo < 2000)); then  # an unusual ephemeral range: fall back to a wide one
+    _lo=20000 _hi=50000
+  fi
   for _i in $(seq 1 500); do
-    _p=$((20000 + RANDOM % 30000))
+    _p=$((_lo + RANDOM % (_hi - _lo)))
     [[ " ${USED_PORTS[*]:-} " == *" $_p "* ]] && continue
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$_p") 2>/dev/null; then
       USED_PORTS+=("$_p")
