@@ -102,7 +102,8 @@ class WorkerStatus:
     role: str = spec_field()
     """The pod's role in the job (rollout, verifier, trainer, drafter)."""
     assigned_role: str | None = spec_field(None)
-    """Activity the operator last assigned (``rollout`` or ``drafter-train``)."""
+    """Activity the operator last assigned (``rollout``, ``train`` for the trainer, or
+    ``drafter-train``)."""
     observed_role: str | None = spec_field(None)
     """Activity the worker last acknowledged."""
     since: str | None = spec_field(None)

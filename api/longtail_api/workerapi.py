@@ -5,9 +5,11 @@ Two services, one module, so the operator never imports the workers to read them
 - a rollout worker (``longtail_workers.rollout.http``): ``GET /v1/status`` ->
   :class:`RolloutWorkerStatus`, ``PUT /v1/role`` with :class:`RoleRequest` -> :class:`RoleAnswer`
   (200 acknowledged, 202 still completing, 409 refused now, 400 malformed);
-- the trainer (the RL-loop service): ``GET /v1/status`` -> :class:`TrainerStatus`, and
+- the trainer (the RL-loop service): ``GET /v1/status`` -> :class:`TrainerStatus`,
   ``POST /v1/checkpoint`` -> :class:`CheckpointAnswer`, which the operator sends before it
-  deletes pods on ``suspend: true``.
+  deletes pods on ``suspend: true``, and ``PUT /v1/role`` like a rollout worker (activities
+  :data:`TRAINER_ACTIVITIES`: ``train``, or ``drafter-train`` while it waits for a rollout when
+  ``trainer`` is in ``harvest.eligibleRoles``).
 
 JSON keys are camelCase like the RLJob API. ``from_dict`` checks every field it reads (type and
 range) and raises :class:`~longtail_api.protocol.ProtocolError` naming the path, the value and
@@ -31,7 +33,7 @@ from longtail_api.protocol import ProtocolError
 STATUS_PATH = "/v1/status"
 """Rollout worker and trainer: GET the status."""
 ROLE_PATH = "/v1/role"
-"""Rollout worker: PUT a :class:`RoleRequest`."""
+"""Rollout worker and trainer: PUT a :class:`RoleRequest`."""
 CHECKPOINT_PATH = "/v1/checkpoint"
 """Trainer: POST (empty body or ``{"reason": "..."}``) to checkpoint now."""
 
@@ -49,6 +51,8 @@ WorkerState = Literal["generating", "idle", "training", "stopping", "failed"]
 TrainerPhase = Literal["running", "checkpointing", "complete", "failed"]
 WORKER_ACTIVITIES: tuple[Activity, ...] = ("rollout", "drafter-train")
 """Activities a rollout worker can be assigned."""
+TRAINER_ACTIVITIES: tuple[Activity, ...] = ("train", "drafter-train")
+"""Activities the trainer can be assigned (``drafter-train`` only during a step's rollout)."""
 
 
 class _Reader:
@@ -369,6 +373,18 @@ class TrainerStatus:
     answers_done: int = 0
     answers_total: int = 0
     """Progress of the current rollout, in answers."""
+    role: RoleState | None = None
+    """The trainer's own activity (``train`` or ``drafter-train``), as a rollout worker reports
+    it; None from a trainer without a role surface (older versions)."""
+    idle_since: float | None = None
+    """Unix time the trainer began waiting for the current rollout; None outside a rollout."""
+    idle_seconds: float | None = None
+    """Seconds it has waited for the current rollout (the harvest's idleness); None outside."""
+    harvested_seconds: float = 0.0
+    """Seconds the trainer spent training the drafter while it waited (whole run)."""
+    drafter_training: dict[str, Any] | None = None
+    """The trainer's own drafter training (buffer, spot trainer), as plain JSON; None when
+    trainer harvesting is off."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -389,6 +405,11 @@ class TrainerStatus:
             "pendingWorkers": list(self.pending_workers),
             "answersDone": self.answers_done,
             "answersTotal": self.answers_total,
+            "role": None if self.role is None else self.role.to_dict(),
+            "idleSince": self.idle_since,
+            "idleSeconds": self.idle_seconds,
+            "harvestedSeconds": self.harvested_seconds,
+            "drafterTraining": self.drafter_training,
         }
 
     @classmethod
@@ -401,6 +422,7 @@ class TrainerStatus:
         message = r.obj.get("message") or ""
         if not isinstance(message, str):
             raise ProtocolError(r.at("message"), "must be a string", message)
+        role = r.obj.get("role")
         return cls(
             step=r.int_("step"),
             total_steps=r.int_("totalSteps"),
@@ -419,6 +441,11 @@ class TrainerStatus:
             pending_workers=_names(r.obj.get("pendingWorkers", []), r.at("pendingWorkers")),
             answers_done=r.int_("answersDone", required=False) if "answersDone" in r.obj else 0,
             answers_total=r.int_("answersTotal", required=False) if "answersTotal" in r.obj else 0,
+            role=None if role is None else RoleState.from_dict(role, r.at("role")),
+            idle_since=r.opt_num("idleSince", minimum=0.0),
+            idle_seconds=r.opt_num("idleSeconds", minimum=0.0),
+            harvested_seconds=r.opt_num("harvestedSeconds", minimum=0.0) or 0.0,
+            drafter_training=r.mapping("drafterTraining", required=False),
         )
 
 

@@ -10,6 +10,7 @@ same types in ``tests/unit/operator/test_workerapi.py``. Standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -23,6 +24,7 @@ from longtail_api.workerapi import (
     CHECKPOINT_PATH,
     ROLE_PATH,
     STATUS_PATH,
+    TRAINER_ACTIVITIES,
     CheckpointAnswer,
     RoleAck,
     RoleAnswer,
@@ -152,7 +154,9 @@ class FakeWorker(_Served):
 
 
 class FakeTrainer(_Served):
-    """The trainer: a settable :class:`TrainerStatus`; POST /v1/checkpoint records the call."""
+    """The trainer: a settable :class:`TrainerStatus`; POST /v1/checkpoint records the call;
+    PUT /v1/role switches between ``train`` and ``drafter-train`` at once, refusing
+    ``drafter-train`` (409) outside a rollout as the real trainer does."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, total_steps: int = 20) -> None:
         super().__init__(host, port)
@@ -160,15 +164,51 @@ class FakeTrainer(_Served):
             step=0, total_steps=total_steps, phase="running", policy_version=0, drafter_version=-1
         )
         self.checkpoints: list[int] = []
+        self.role = RoleState("train", "train", time.time())
+        self.rollout_since: float | None = None
+        self.role_requests: list[str] = []
+
+    def set_rollout(self, active: bool) -> None:
+        """A step's rollout starts (the trainer waits from now on) or ends (back to train)."""
+        with self.lock:
+            self.rollout_since = time.time() if active else None
+            if not active:
+                self.role = RoleState("train", "train", time.time())
 
     def status_body(self) -> Any:
         with self.lock:
-            return self.status.to_dict()
+            since = self.rollout_since
+            idle = None if since is None else max(0.0, time.time() - since)
+            return dataclasses.replace(
+                self.status,
+                rollout_active=self.status.rollout_active or since is not None,
+                role=self.role,
+                idle_since=since,
+                idle_seconds=idle,
+            ).to_dict()
 
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        if (method, path) == ("PUT", ROLE_PATH):
+            return self._put_role(body)
         if (method, path) != ("POST", CHECKPOINT_PATH):
             return super().handle(method, path, body)
         with self.lock:
             self.checkpoints.append(self.status.step)
             answer = CheckpointAnswer(self.status.step, f"/checkpoints/step-{self.status.step}")
         return 200, answer.to_dict()
+
+    def _put_role(self, body: Any) -> tuple[int, Any]:
+        try:
+            role = RoleRequest.from_dict(body).role
+        except ProtocolError as exc:
+            return int(HTTPStatus.BAD_REQUEST), {"error": str(exc)}
+        with self.lock:
+            self.role_requests.append(role)
+            if role not in TRAINER_ACTIVITIES or (
+                role == "drafter-train" and self.rollout_since is None
+            ):
+                return int(HTTPStatus.CONFLICT), {"error": f"role {role!r} refused now"}
+            if role != self.role.observed:
+                self.role = RoleState(role, role, time.time())
+            ack = RoleAck(role, role, self.role.since, pending=False, switch_seconds=0.0)
+        return 200, RoleAnswer("trainer", ack).to_dict()

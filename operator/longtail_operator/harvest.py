@@ -7,6 +7,12 @@ DCGM metrics), calls :func:`longtail_api.harvest.decide` (the same function loca
 sends the resulting role changes with ``PUT /v1/role`` and tracks, per worker, the assigned
 activity and whether the worker acknowledged it.
 
+"Rollout active" for rollout workers: some eligible worker (not the trainer) is busy. The trainer
+(a target when ``trainer`` is in ``harvest.eligibleRoles``) idles exactly while the others
+work, so it never counts toward that; its own view is decided with the rollout state it reports
+itself (with Prometheus, which cannot tell, the workers' state), so it is harvested only while
+it waits for a rollout, and it refuses ``drafter-train`` (409) outside one.
+
 A decision is sent once; an unacknowledged one (refused with 409, still pending, or the worker
 unreachable) is re-sent with exponential backoff and its message is surfaced in the RLJob status
 until the worker reports the assigned activity or a new decision replaces it. Harvested
@@ -88,7 +94,7 @@ class Harvester:
         obs = source.observe(targets)
         self._last_obs = obs
         changed = self._account(now, obs)
-        eligible = [t for t in targets if t.role in spec.eligible_roles]
+        eligible = [t for t in targets if t.role in spec.eligible_roles and t.role != "trainer"]
         rollout_active = any(obs[t.name].busy for t in eligible if t.name in obs)
         views = [
             WorkerView(
@@ -100,7 +106,7 @@ class Harvester:
             )
             for t in targets
         ]
-        for name, activity in decide(spec, rollout_active, views).items():
+        for name, activity in self._decide(spec, rollout_active, views, obs).items():
             wall = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             prev = self.assignments[name]
             self.assignments[name] = Assignment(
@@ -108,6 +114,19 @@ class Harvester:
             )
             changed = True
         return self._send_due(now) or changed
+
+    @staticmethod
+    def _decide(
+        spec: HarvestSpec, active: bool, views: list[WorkerView], obs: dict[str, Observation]
+    ) -> dict[str, Activity]:
+        """:func:`decide` for the workers, and per trainer with the rollout state it reports."""
+        changes = decide(spec, active, [v for v in views if v.role != "trainer"])
+        for v in views:
+            if v.role == "trainer":
+                o = obs.get(v.name)
+                reported = o.rollout_active if o is not None else None
+                changes.update(decide(spec, active if reported is None else reported, [v]))
+        return changes
 
     def _assignment(self, t: WorkerTarget, now: float) -> Assignment:
         if t.name not in self.assignments:

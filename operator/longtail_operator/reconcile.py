@@ -201,20 +201,27 @@ class Reconciler:
     def _targets(
         self, spec: RLJobSpec | None, pods: list[PodView], plan: Plan
     ) -> list[WorkerTarget]:
-        """Worker pods the harvest loop may poll and reassign (rollout control surface)."""
         if spec is None:
             return []
-        gone = set(plan.delete_pods)
-        eligible = set(spec.harvest.eligible_roles) | {"rollout"}
-        return [
-            WorkerTarget(
-                name=p.name,
-                role=p.role,
-                ip=p.ip,
-                port=builders.role_port(self.settings, p.role),
-                gpus=builders.gpus_of(spec, p.role),
-                uid=p.uid,
-            )
-            for p in pods
-            if p.active and p.name not in gone and p.role in eligible and p.phase == "Running"
-        ]
+        return harvest_targets(spec, pods, set(plan.delete_pods), self.settings)
+
+
+def harvest_targets(
+    spec: RLJobSpec, pods: Iterable[PodView], gone: set[str], settings: Settings
+) -> list[WorkerTarget]:
+    """Running pods the harvest loop polls and may reassign: the rollout workers always, and
+    the pods of the other roles in ``harvest.eligibleRoles`` (the trainer, polled and switched
+    on its own port, when ``trainer`` is eligible)."""
+    eligible = set(spec.harvest.eligible_roles) | {"rollout"}
+    return [
+        WorkerTarget(
+            name=p.name,
+            role=p.role,
+            ip=p.ip,
+            port=builders.role_port(settings, p.role),
+            gpus=builders.gpus_of(spec, p.role),
+            uid=p.uid,
+        )
+        for p in pods
+        if p.active and p.name not in gone and p.role in eligible and p.phase == "Running"
+    ]

@@ -4,7 +4,9 @@ Both implement :class:`IdlenessSource`: given the job's worker targets they retu
 :class:`Observation` per worker that answered (busy or idle, for how long, which activity it
 reports). ``spec.harvest.source`` picks one (``handlers.py`` builds it):
 
-- :class:`WorkerStatusSource` polls every worker's ``GET /v1/status`` concurrently;
+- :class:`WorkerStatusSource` polls every worker's ``GET /v1/status`` concurrently (the trainer
+  pod, a target when ``trainer`` is in ``harvest.eligibleRoles``, answers with its
+  ``TrainerStatus``: idle while it waits for a rollout, and whether a rollout is in progress);
 - :class:`PrometheusSource` runs ``spec.harvest.prometheus.query`` (per-pod GPU busy
   percentage, ``$namespace`` and ``$window`` substituted) against the Prometheus HTTP API and
   counts a pod idle while its value stays at or below ``idleUtilizationThreshold``; it tracks
@@ -26,8 +28,8 @@ from typing import Protocol
 
 from longtail_api.harvest import Activity, is_idle_utilization
 from longtail_api.policies import HarvestSpec
-from longtail_api.workerapi import RolloutWorkerStatus
-from longtail_operator.clients import WorkerClient
+from longtail_api.workerapi import RolloutWorkerStatus, TrainerStatus
+from longtail_operator.clients import TrainerClient, WorkerClient
 from longtail_operator.metrics import OperatorMetrics
 
 
@@ -54,6 +56,9 @@ class Observation:
     observed: Activity | None = None
     """Activity the worker reports doing; None when the source cannot tell."""
     accepted_length: float | None = None
+    rollout_active: bool | None = None
+    """The trainer's own report that a step's rollout is in progress; None from workers and
+    from Prometheus."""
 
 
 class IdlenessSource(Protocol):
@@ -70,6 +75,17 @@ def from_worker_status(s: RolloutWorkerStatus) -> Observation:
     )
 
 
+def from_trainer_status(s: TrainerStatus) -> Observation:
+    """The trainer as a harvest target: idle while it waits for the rollout, busy otherwise
+    (updating the policy, evaluating, checkpointing)."""
+    return Observation(
+        busy=s.idle_seconds is None,
+        idle_seconds=s.idle_seconds,
+        observed=None if s.role is None else s.role.observed,
+        rollout_active=s.rollout_active,
+    )
+
+
 @dataclass
 class WorkerStatusSource:
     """Idleness from the workers' own ``GET /v1/status``."""
@@ -80,10 +96,14 @@ class WorkerStatusSource:
     errors: dict[str, str] = field(default_factory=dict)
     """Last poll error per worker (cleared when it answers again)."""
 
-    def _poll(self, t: WorkerTarget) -> RolloutWorkerStatus | str:
+    def _poll(self, t: WorkerTarget) -> Observation | str:
         if not t.ip:
             return "the pod has no IP yet"
-        return self.client.status(t.ip, t.port)
+        if t.role == "trainer":
+            trainer = TrainerClient(timeout=self.client.timeout).status(t.ip, t.port)
+            return trainer if isinstance(trainer, str) else from_trainer_status(trainer)
+        worker = self.client.status(t.ip, t.port)
+        return worker if isinstance(worker, str) else from_worker_status(worker)
 
     def observe(self, targets: Sequence[WorkerTarget]) -> dict[str, Observation]:
         if not targets:
@@ -94,12 +114,12 @@ class WorkerStatusSource:
         for t, answer in zip(targets, answers, strict=True):
             ok = not isinstance(answer, str)
             if self.metrics is not None:
-                self.metrics.status_poll("worker", ok)
+                self.metrics.status_poll("trainer" if t.role == "trainer" else "worker", ok)
             if isinstance(answer, str):
                 self.errors[t.name] = answer
                 continue
             self.errors.pop(t.name, None)
-            out[t.name] = from_worker_status(answer)
+            out[t.name] = answer
         return out
 
 

@@ -6,7 +6,9 @@ completes with checkpoints, metrics, eval outputs, drafter versions (exchanged w
 over HTTP) and a report; a rollout
 worker killed with SIGKILL during a step is detected and its requests are re-dispatched, and the
 run still completes; SIGINT (Ctrl-C) checkpoints the last completed step and stops every child,
-and ``--resume`` continues at the next step. Needs ``builtin:tiny`` (built on first use).
+and ``--resume`` continues at the next step; with ``trainer`` in ``harvest.eligibleRoles``
+(``ci-tiny-trainer-harvest.yaml``) the trainer trains the drafter while it waits for a rollout and
+its candidate is merged with the workers'. Needs ``builtin:tiny`` (built on first use).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "ci-tiny.yaml"
+TRAINER_HARVEST_JOB = HERE / "ci-tiny-trainer-harvest.yaml"
 pytestmark = pytest.mark.slow
 
 
@@ -158,4 +161,28 @@ def test_two_step_run_with_torch_distributed_weight_sync(tmp_path: Path) -> None
     assert code == 0, out
     assert [r["policy_version"] for r in rows(run_dir)] == [1, 2]
     assert json.loads((run_dir / "run.json").read_text())["weight_sync"] == "dist"
+    assert_children_gone(run_dir)
+
+
+def test_trainer_harvest_merges_a_trainer_candidate(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code, out = finish(longtail_run(str(TRAINER_HARVEST_JOB), "--output", str(run_dir)))
+    assert code == 0, out
+    got = rows(run_dir)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    # Step 1: nothing to learn from yet (the trainer trains on the previous step's answers).
+    assert got[0]["trainer_harvested_s"] == 0.0
+    assert any(r["trainer_harvested_s"] > 0.0 for r in got[1:]), got
+    merged = [
+        json.loads(p.read_text())["merged_from"]
+        for p in sorted((run_dir / "drafters" / "versions").glob("*/version.json"))
+    ]
+    # The trainer's candidate went into a published version, as did the workers' candidates.
+    assert any("trainer" in m for m in merged), merged
+    assert any(w.startswith("rollout-") for m in merged for w in m), merged
+    log = (run_dir / "logs" / "trainer.log").read_text()
+    assert "trainer harvest: drafter candidate submitted" in log
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["trainer_harvested_s_total"] > 0.0
+    assert "trainer harvested" in out
     assert_children_gone(run_dir)

@@ -63,26 +63,35 @@ def policy_and_drafter(
             "given; use --drafters DIR for a shared directory or --drafters-url URL for the "
             "trainer's HTTP exchange, not both"
         )
-    from longtail_workers.drafter.checkpoint import load_drafter
-    from longtail_workers.drafter.model import EagleDrafter, layout_options
     from longtail_workers.models.loading import load_policy
     from longtail_workers.spot.publish import DrafterRegistry
     from longtail_workers.spot.remote import RemoteDrafterRegistry
 
     model, _ = load_policy(spec.model.path, dtype=spec.model.dtype)
     target_id = spec.model.path
+    drafter = initial_drafter(spec, model, target_id)
+    registry: DrafterRegistry | RemoteDrafterRegistry | None = None
+    if registry_dir:
+        registry = DrafterRegistry(registry_dir)
+    elif registry_url:
+        registry = RemoteDrafterRegistry(registry_url)
+    return model, drafter, registry, target_id
+
+
+def initial_drafter(spec: RLJobSpec, model: Any, target_id: str) -> Any:
+    """The job's starting drafter on ``model`` (eval mode): ``drafterTraining.initialDrafter``
+    when set, else a fresh one in ``drafterTraining.layout``. Rollout workers and the trainer's
+    own harvest (``trainer/harvest.py``) start from the same one."""
+    from longtail_workers.drafter.checkpoint import load_drafter
+    from longtail_workers.drafter.model import EagleDrafter, layout_options
+
     initial = spec.drafter_training.initial_drafter
     if initial:
         drafter = load_drafter(initial, model, target_id=target_id)
     else:
         layout = layout_options(spec.drafter_training.layout)
         drafter = EagleDrafter(model, target_id=target_id, **layout)
-    registry: DrafterRegistry | RemoteDrafterRegistry | None = None
-    if registry_dir:
-        registry = DrafterRegistry(registry_dir)
-    elif registry_url:
-        registry = RemoteDrafterRegistry(registry_url)
-    return model, drafter.eval(), registry, target_id
+    return drafter.eval()
 
 
 class _WeightArgs(Protocol):

@@ -1,5 +1,6 @@
 """The harvest loop over real loopback HTTP workers: decide once, retry with backoff, ack,
-GPU-seconds; idleness from a fake source, and from a loopback Prometheus API."""
+GPU-seconds; idleness from a fake source, and from a loopback Prometheus API; the trainer pod as
+a target only when ``trainer`` is eligible, harvested with the rollout state it reports."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from optest import all_pods, example, spec_of
 
 from longtail_api.policies import HarvestSpec, PrometheusSourceSpec
 from longtail_operator.clients import WorkerClient
-from longtail_operator.fakeworker import FakeWorker
+from longtail_operator.fakeworker import FakeTrainer, FakeWorker
 from longtail_operator.harvest import Harvester
 from longtail_operator.metrics import OperatorMetrics
+from longtail_operator.reconcile import harvest_targets
+from longtail_operator.settings import Settings
 from longtail_operator.sources import (
     Observation,
     PrometheusSource,
@@ -173,3 +177,68 @@ def test_prometheus_source_reads_dcgm_busy_percent() -> None:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_trainer_pod_is_a_target_only_when_eligible() -> None:
+    settings = Settings(trainer_port=8300, worker_port=8200)
+    default = spec_of(example())
+    pods = all_pods(default)
+    assert {t.role for t in harvest_targets(default, pods, set(), settings)} == {"rollout"}
+    both = spec_of(example(harvest__eligibleRoles=["rollout", "trainer"]))
+    targets = harvest_targets(both, all_pods(both), set(), settings)
+    (trainer,) = [t for t in targets if t.role == "trainer"]
+    assert trainer.name == "tiny-trainer-0" and trainer.port == 8300
+    assert {t.role for t in targets} == {"rollout", "trainer"}
+    gone = harvest_targets(both, all_pods(both), {"tiny-trainer-0"}, settings)
+    assert "trainer" not in {t.role for t in gone}
+
+
+@pytest.fixture
+def trainer() -> Iterator[FakeTrainer]:
+    t = FakeTrainer()
+    yield t
+    t.close()
+
+
+def test_trainer_harvested_while_it_waits_for_the_rollout(
+    workers: list[FakeWorker], trainer: FakeTrainer
+) -> None:
+    clock = Clock()
+    spec = HarvestSpec(idle_seconds=0.0, eligible_roles=["rollout", "trainer"])
+    h = Harvester("job", WorkerClient(), clock=clock)
+    src = WorkerStatusSource(WorkerClient())
+    tt = WorkerTarget("tiny-trainer-0", "trainer", trainer.host, trainer.port, 4, uid="t")
+    ts = [*targets(workers[:1], gpus=1), tt]
+    # Between rollouts the trainer is busy (updating the policy): it does not make the idle
+    # rollout worker harvestable, and it is not harvested itself.
+    h.step(spec, ts, src)
+    assert trainer.role_requests == [] and workers[0].role_requests == []
+    # A rollout: the worker generates, the trainer waits and is switched to drafter-train.
+    trainer.set_rollout(True)
+    workers[0].set_generating(True)
+    h.step(spec, ts, src)
+    assert trainer.role_requests == ["drafter-train"] and workers[0].role_requests == []
+    clock.t += 5.0
+    h.step(spec, ts, src)
+    assert h.gpu_seconds == pytest.approx(20.0)  # 5 s x the trainer's 4 GPUs
+    snap = h.snapshot()
+    assert snap.harvested_gpus == 4 and snap.training_workers == 1
+    row = next(w for w in snap.workers if w.role == "trainer")
+    assert (row.assigned_role, row.observed_role) == ("drafter-train", "drafter-train")
+    # The rollout ends: the trainer went back to train by itself; the loop follows.
+    workers[0].set_generating(False)
+    trainer.set_rollout(False)
+    h.step(spec, ts, src)
+    assert trainer.role_requests == ["drafter-train", "train"]
+    assert h.snapshot().unacknowledged == () and workers[0].role_requests == []
+
+
+def test_trainer_not_harvested_unless_eligible(
+    workers: list[FakeWorker], trainer: FakeTrainer
+) -> None:
+    h = Harvester("job", WorkerClient())
+    spec = HarvestSpec(idle_seconds=0.0)  # eligibleRoles: [rollout]
+    ts = [WorkerTarget("tiny-trainer-0", "trainer", trainer.host, trainer.port, 4)]
+    trainer.set_rollout(True)
+    h.step(spec, ts, WorkerStatusSource(WorkerClient()))
+    assert trainer.role_requests == []

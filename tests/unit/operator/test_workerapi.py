@@ -7,6 +7,7 @@ the operator in production.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.request
 from collections.abc import Iterator
@@ -131,5 +132,21 @@ def test_trainer_status_round_trip_and_checks() -> None:
         TrainerStatus.from_dict({**minimal, "accuracy": 3})
     with pytest.raises(ProtocolError, match=r"stepSeconds\.tail: is required"):
         TrainerStatus.from_dict({**minimal, "stepSeconds": {"rollout": 1, "train": 1}})
+    harvested = dataclasses.replace(
+        status,
+        rollout_active=True,
+        role=workerapi.RoleState("train", "drafter-train", 1700000000.0),
+        idle_since=1700000000.0,
+        idle_seconds=3.5,
+        harvested_seconds=12.0,
+        drafter_training={"buffer": {"tokens": 120}},
+    )
+    assert TrainerStatus.from_dict(harvested.to_dict()) == harvested
+    assert parsed.role is None and parsed.idle_seconds is None and parsed.harvested_seconds == 0
+    with pytest.raises(ProtocolError, match=r"status\.role\.observed: must be an activity"):
+        TrainerStatus.from_dict({**minimal, "role": {"desired": "train", "observed": "x",
+                                                     "since": 0}})  # fmt: skip
+    with pytest.raises(ProtocolError, match=r"status\.idleSeconds: must be >= 0"):
+        TrainerStatus.from_dict({**minimal, "idleSeconds": -1})
     answer = CheckpointAnswer(step=4, location="/checkpoints/step-4")
     assert CheckpointAnswer.from_dict(answer.to_dict()) == answer

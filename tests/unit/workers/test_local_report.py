@@ -65,3 +65,23 @@ def test_write_report(tmp_path: Path) -> None:
     assert "eval_gain_points | 25.000" in md and "![step_time.png](step_time.png)" in md
     assert "<img" in (tmp_path / "report" / "summary.html").read_text()
     assert json.loads((tmp_path / "summary.json").read_text())["steps_completed"] == 2
+
+
+def test_trainer_harvest_in_the_live_line_and_the_report(tmp_path: Path) -> None:
+    status = TrainerStatus(2, 5, "running", 2, 1)
+    books = HarvestBooks()
+    assert "trainer" not in live_line(status, books)  # not a harvest target: as before
+    books = HarvestBooks(trainer_tracked=True)
+    books.trainer_harvested[2] = 1.5
+    assert "trainer 1.5s" in live_line(status, books)
+    rows = [_row(1), _row(2, trainer_harvested_s=2.5)]  # the trainer's own figure wins
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = write_report(tmp_path, books, {"job": "t"})
+    assert summary["trainer_harvested_s_total"] == 2.5
+    header, first, second = (tmp_path / "metrics.csv").read_text().splitlines()
+    column = header.split(",").index("trainer_harvested_s")
+    assert first.split(",")[column] == "0.0" and second.split(",")[column] == "2.5"
+    plain = write_report(tmp_path, HarvestBooks(), {"job": "t"})
+    assert "trainer_harvested_s_total" in plain  # rows carry it; without them it is absent
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(_row(1)) + "\n")
+    assert "trainer_harvested_s_total" not in write_report(tmp_path, HarvestBooks(), {"job": "t"})

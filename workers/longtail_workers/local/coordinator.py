@@ -6,11 +6,13 @@ status (is a rollout in progress, which workers still hold requests) and each ro
 :class:`~longtail_api.harvest.WorkerView` per worker and calls the shared, pure
 :func:`longtail_api.harvest.decide` (exactly what the operator calls), then sends each change
 with ``PUT /v1/role``. A 409 (the worker cannot train yet, e.g. nothing captured) leaves it
-assigned to ``rollout`` so the next poll may try again.
+assigned to its own activity so the next poll may try again. With ``trainer`` in
+``harvest.eligibleRoles`` the trainer is one more view (role ``trainer``, idle while it waits
+for the rollout, from its own status) and gets its changes on its ``PUT /v1/role``.
 
 It also keeps the run's books: idle worker-seconds during rollouts (a worker without requests
 while others still generate) and harvested worker-seconds (observed ``drafter-train``), per
-step, which the progress line and the report show.
+step, and the trainer's harvested seconds apart, which the progress line and the report show.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from longtail_api.harvest import DRAFTER_TRAIN, Activity, WorkerView, decide
+from longtail_api.harvest import DRAFTER_TRAIN, Activity, WorkerView, decide, default_activity
 from longtail_api.policies import HarvestSpec
 from longtail_api.protocol import ProtocolError
 from longtail_api.workerapi import RolloutWorkerStatus, TrainerStatus
 from longtail_workers.trainer.dispatch import WorkerBusy, http_json
 
 log = logging.getLogger(__name__)
+TRAINER = "trainer"
+"""The trainer's name in the views and the assignments (role ``trainer``)."""
 
 
 @dataclass
@@ -38,6 +42,10 @@ class HarvestBooks:
 
     idle: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     harvested: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    trainer_harvested: dict[int, float] = field(default_factory=lambda: defaultdict(float))
+    """Seconds the trainer reported drafter-train during each step's rollout."""
+    trainer_tracked: bool = False
+    """The trainer is a harvest target (``trainer`` in ``harvest.eligibleRoles``)."""
     switches: int = 0
     refusals: int = 0
 
@@ -48,6 +56,10 @@ class HarvestBooks:
     @property
     def harvested_total(self) -> float:
         return float(sum(self.harvested.values()))
+
+    @property
+    def trainer_harvested_total(self) -> float:
+        return float(sum(self.trainer_harvested.values()))
 
 
 class Coordinator:
@@ -63,7 +75,10 @@ class Coordinator:
     ) -> None:
         self.spec, self.trainer_url, self.workers = spec, trainer_url, dict(workers)
         self.assigned: dict[str, Activity] = {name: "rollout" for name in workers}
-        self.books = HarvestBooks()
+        self.harvest_trainer = spec.enabled and "trainer" in spec.eligible_roles
+        if self.harvest_trainer:
+            self.assigned[TRAINER] = default_activity("trainer")
+        self.books = HarvestBooks(trainer_tracked=self.harvest_trainer)
         self.trainer: TrainerStatus | None = None
         self.statuses: dict[str, RolloutWorkerStatus] = {}
         self.clock = clock
@@ -105,6 +120,9 @@ class Coordinator:
             idle = None if status.generating else status.idle_seconds
             views.append(WorkerView(name, "rollout", self.assigned[name], idle,
                                     pending_work=name in trainer.pending_workers))  # fmt: skip
+        if self.harvest_trainer and trainer.role is not None:
+            idle = trainer.idle_seconds  # waiting for the rollout; None outside one
+            views.append(WorkerView(TRAINER, "trainer", self.assigned[TRAINER], idle))
         self._account(trainer)
         changes = decide(self.spec, trainer.rollout_active, views)
         if any(role == DRAFTER_TRAIN for role in changes.values()) and not self._still(trainer):
@@ -124,12 +142,13 @@ class Coordinator:
         return TrainerStatus.from_dict(http_json(self.trainer_url + "/v1/status", None, 5.0, "GET"))
 
     def _assign(self, name: str, role: Activity) -> None:
+        url = self.trainer_url if name == TRAINER else self.workers[name]
         try:
-            answer: Any = http_json(self.workers[name] + "/v1/role", {"role": role}, 30.0, "PUT")
+            answer: Any = http_json(url + "/v1/role", {"role": role}, 30.0, "PUT")
         except WorkerBusy as exc:
             self.books.refusals += 1
             log.debug("%s refused %s: %s", name, role, exc)
-            self.assigned[name] = "rollout"
+            self.assigned[name] = default_activity("trainer" if name == TRAINER else "rollout")
             return
         except OSError as exc:
             log.info("could not assign %s to %s: %s", name, role, exc)
@@ -151,3 +170,6 @@ class Coordinator:
             self.books.idle[step] += dt
             if status.role.observed == "drafter-train":
                 self.books.harvested[step] += dt
+        role = trainer.role
+        if self.harvest_trainer and role is not None and role.observed == DRAFTER_TRAIN:
+            self.books.trainer_harvested[step] += dt

@@ -4,7 +4,8 @@
 ``local/run.py``. On a terminal it redraws one line in place: the current step's rollout bar
 (answers done / total) and the live figures (reward, accuracy, eval accuracy, share of tokens
 from speculative steps, mean accepted length, drafter version, idle and harvested
-worker-seconds); when a step completes, a permanent line with that step's figures is printed.
+worker-seconds, and the trainer's harvested seconds when it is a harvest target); when a step
+completes, a permanent line with that step's figures is printed.
 Off a terminal (CI logs, tests) only the permanent lines are printed.
 """
 
@@ -41,6 +42,8 @@ def live_line(status: TrainerStatus, books: HarvestBooks) -> str:
         f"idle {books.idle_total:.1f}s",
         f"harvested {books.harvested_total:.1f}s",
     ]
+    if books.trainer_tracked:
+        parts.append(f"trainer {books.trainer_harvested_total:.1f}s")
     return "  ".join(parts)
 
 

@@ -20,7 +20,8 @@ from longtail_workers.local.coordinator import HarvestBooks
 CSV_COLUMNS = (
     "step", "policy_version", "drafter_version", "reward_mean", "accuracy", "eval_accuracy",
     "answers", "mean_length", "max_length", "rollout_s", "tail_s", "train_s", "sync_s", "step_s",
-    "sd_fraction", "mean_accepted_length", "idle_s", "harvested_s", "redispatched",
+    "sd_fraction", "mean_accepted_length", "idle_s", "harvested_s", "trainer_harvested_s",
+    "redispatched",
 )  # fmt: skip
 
 
@@ -37,6 +38,8 @@ def merge_books(rows: list[dict[str, Any]], books: HarvestBooks | None) -> None:
         if books is not None and (step in books.idle or "idle_s" not in row):
             row["idle_s"] = books.idle.get(step, 0.0)
             row["harvested_s"] = books.harvested.get(step, 0.0)
+        if books is not None and books.trainer_tracked and "trainer_harvested_s" not in row:
+            row["trainer_harvested_s"] = books.trainer_harvested.get(step, 0.0)
 
 
 def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
@@ -44,6 +47,7 @@ def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any
     start_eval = info.get("start_eval_accuracy")
     final_eval = evals[-1][1] if evals else None
     step_times = [r["step_s"] for r in rows]
+    trainer = [r["trainer_harvested_s"] for r in rows if "trainer_harvested_s" in r]
     return {
         **info,
         "steps_completed": rows[-1]["step"] if rows else 0,
@@ -58,6 +62,7 @@ def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any
         "accepted_length_mean": _mean([r.get("mean_accepted_length") or None for r in rows]),
         "idle_s_total": sum(r.get("idle_s", 0.0) for r in rows),
         "harvested_s_total": sum(r.get("harvested_s", 0.0) for r in rows),
+        **({"trainer_harvested_s_total": sum(trainer)} if trainer else {}),
         "final_drafter_version": rows[-1]["drafter_version"] if rows else None,
     }
 

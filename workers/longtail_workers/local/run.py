@@ -236,6 +236,11 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
         f"SD tokens {f(s['sd_fraction_mean'])}; "
         f"accepted length {f(s['accepted_length_mean'], '.2f')}; "
         f"idle {s['idle_s_total']:.1f}s, harvested {s['harvested_s_total']:.1f}s worker-seconds"
+        + (
+            f", trainer harvested {s['trainer_harvested_s_total']:.1f}s"
+            if "trainer_harvested_s_total" in s
+            else ""
+        )
     )
     progress.message(f"report: {run_dir / 'report' / 'summary.md'}")
     if code == STOPPED:

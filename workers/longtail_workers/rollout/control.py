@@ -64,6 +64,18 @@ class InvalidRoleError(ValueError):
     """Not an activity name at all (HTTP 400)."""
 
 
+def check_activity(role: object, allowed: tuple[Activity, ...], who: str) -> Activity:
+    """``role`` as one of ``allowed``: :class:`InvalidRoleError` (HTTP 400) for a value that is
+    no activity at all, :class:`RoleConflictError` (409) for one ``who`` cannot take."""
+    if not isinstance(role, str) or role not in get_args(Activity):
+        raise InvalidRoleError(f"role: unknown activity {role!r}; use one of {', '.join(allowed)}")
+    if role not in allowed:
+        raise RoleConflictError(
+            f"role: {who} cannot take {role!r}; it can do {' or '.join(allowed)}"
+        )
+    return role
+
+
 class RolloutWorker:
     """Engine, buffer, spot trainer and the role state machine (see the module text)."""
 
@@ -176,15 +188,7 @@ class RolloutWorker:
     def set_role(self, role: object) -> RoleAck:
         """Switch to ``role`` (see the module text); raises InvalidRoleError / RoleConflictError."""
         started = time.perf_counter()
-        if not isinstance(role, str) or role not in get_args(Activity):
-            raise InvalidRoleError(
-                f"role: unknown activity {role!r}; use one of {', '.join(WORKER_ACTIVITIES)}"
-            )
-        if role not in WORKER_ACTIVITIES:
-            raise RoleConflictError(
-                f"role: a rollout worker cannot take {role!r}; it can do "
-                f"{' or '.join(WORKER_ACTIVITIES)}"
-            )
+        role = check_activity(role, WORKER_ACTIVITIES, "a rollout worker")
         with self._role_lock:
             if role == DRAFTER_TRAIN:
                 self._to_training()

@@ -52,7 +52,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
 }
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 _EXAMPLE = '{"role": "drafter-train"}'
-_BODY_ERRORS = BodyErrors(
+ROLE_BODY_ERRORS = BodyErrors(
     chunked="send the body with a Content-Length header",
     missing="send the body with a Content-Length header",
     invalid="Content-Length: must be an integer, got {raw!r}",
@@ -121,20 +121,13 @@ class ControlHandler(JSONRequestHandler):
         return self._put_role(worker)
 
     def _put_role(self, worker: RolloutWorker) -> int:
-        data = _parse_json(self.read_body(self.app.config.max_body_bytes, _BODY_ERRORS))
-        if not isinstance(data, dict):
-            fail(HTTPStatus.BAD_REQUEST, f"body must be a JSON object like {_EXAMPLE}")
-        unknown = sorted(set(data) - {"role"})
-        if unknown:
-            fail(HTTPStatus.BAD_REQUEST, f"{unknown[0]}: is not a known field (send {_EXAMPLE})")
-        if "role" not in data:
-            fail(HTTPStatus.BAD_REQUEST, f"role: is required (send {_EXAMPLE})")
+        role = role_from_body(self.read_body(self.app.config.max_body_bytes, ROLE_BODY_ERRORS))
         try:
-            ack = worker.set_role(data["role"])
+            ack = worker.set_role(role)
         except InvalidRoleError as exc:
             fail(HTTPStatus.BAD_REQUEST, str(exc))
         except RoleConflictError as exc:
-            fail(HTTPStatus.CONFLICT, f"role {data['role']!r} refused: {exc}")
+            fail(HTTPStatus.CONFLICT, f"role {role!r} refused: {exc}")
         code = HTTPStatus.ACCEPTED if ack.pending else HTTPStatus.OK
         return self.send_json(code, {"worker": worker.name, "role": ack.to_dict()})
 
@@ -145,6 +138,21 @@ class ControlHandler(JSONRequestHandler):
     def _has_body(self) -> bool:
         raw = (self.headers.get("Content-Length") or "0").strip()
         return "Transfer-Encoding" in self.headers or raw not in ("", "0")
+
+
+def role_from_body(body: bytes) -> object:
+    """The ``role`` of a ``PUT /v1/role`` body (unchecked value); 400 for anything else.
+
+    Shared with the trainer's role endpoint (``trainer/service.py``)."""
+    data = _parse_json(body)
+    if not isinstance(data, dict):
+        fail(HTTPStatus.BAD_REQUEST, f"body must be a JSON object like {_EXAMPLE}")
+    unknown = sorted(set(data) - {"role"})
+    if unknown:
+        fail(HTTPStatus.BAD_REQUEST, f"{unknown[0]}: is not a known field (send {_EXAMPLE})")
+    if "role" not in data:
+        fail(HTTPStatus.BAD_REQUEST, f"role: is required (send {_EXAMPLE})")
+    return data["role"]
 
 
 def _parse_json(body: bytes) -> object:

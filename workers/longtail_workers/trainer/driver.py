@@ -7,13 +7,16 @@ process of ``longtail run``). One RL step:
    and build ``groupSize`` sampling requests per prompt with per-answer seeds;
 2. roll out on the :class:`~longtail_workers.trainer.dispatch.RolloutPool` with policy
    version ``v`` (lost workers' shards are re-dispatched), then send every worker back to
-   ``rollout``, which ends the harvest windows and submits their drafter candidates;
+   ``rollout``, which ends the harvest windows and submits their drafter candidates; with
+   trainer harvesting on (``harvest`` below), the trainer's own drafter-train window is ended
+   the same way first (``trainer/harvest.py``), so nothing trains while the policy changes;
 3. score the answers with the verifier, compute group advantages, build the batch and run
    :func:`~longtail_workers.trainer.optim.train_step`;
 4. publish policy ``v + 1`` (weight sync) and merge the drafter candidates into a new drafter
    version (loaded by the workers at the start of the next rollout);
 5. record the step's row (metrics JSONL), evaluate greedily every ``evalEverySteps``, and
-   checkpoint every ``checkpoint.everySteps``.
+   checkpoint every ``checkpoint.everySteps``; hand the step's answers to the trainer's harvest
+   (the data of its next drafter-train window).
 
 ``stop`` (SIGTERM/SIGINT) is honoured between phases and during the rollout; the driver then
 writes a checkpoint of the last completed step and returns.
@@ -42,6 +45,7 @@ from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.checkpoint import save_checkpoint
 from longtail_workers.trainer.dispatch import RolloutAborted, RolloutOutcome, RolloutPool
 from longtail_workers.trainer.grpo import group_advantages, sequence_logprobs
+from longtail_workers.trainer.harvest import TrainerHarvest
 from longtail_workers.trainer.optim import TrainConfig, build_optimizer, train_step
 from longtail_workers.trainer.rollout_batch import build_grpo_batch
 from longtail_workers.verifier.client import VerifierClient
@@ -60,6 +64,8 @@ class DriverState:
     policy_version: int = 0
     drafter_version: int = -1
     rollout_active: bool = False
+    rollout_started: float | None = None
+    """Unix time the current step's rollout began (the trainer waits from then on)."""
     answers_done: int = 0
     answers_total: int = 0
     pending_workers: set[str] = field(default_factory=set)
@@ -98,12 +104,16 @@ class StepDriver:
         config: DriverConfig,
         *,
         registry: Any = None,
+        harvest: TrainerHarvest | None = None,
         on_row: Callable[[dict[str, Any]], None] = lambda row: None,
     ) -> None:
         self.spec, self.model, self.tok = spec, model, tokenizer
         self.train_set, self.eval_set = train_set, eval_set
         self.pool, self.verifier, self.publisher = pool, verifier, publisher
         self.config, self.registry, self.on_row = config, registry, on_row
+        self.harvest = harvest
+        """The trainer's own drafter training during rollouts (None: off, the default)."""
+        self._trainer_harvested_s = 0.0
         algo = spec.algorithm
         self.train_cfg = TrainConfig.from_algorithm(
             algo, micro_batch_tokens=config.micro_batch_tokens
@@ -205,6 +215,8 @@ class StepDriver:
             self.model.eval()
             self.state.policy_version += 1
             self.state.step = step
+        if self.harvest is not None:
+            self.harvest.set_samples(out.samples, step)
         train_s = time.monotonic() - t_train
         sync_s = self.publish_policy()
         sync_s += self._merge_drafters()
@@ -228,13 +240,18 @@ class StepDriver:
 
     def _rollout(self, step: int, requests: list[GenerationRequest]) -> RolloutOutcome:
         st = self.state
+        if self.harvest is not None:  # before rollout_active: it may be harvested from then on
+            self.harvest.begin_rollout(st.policy_version)
+        st.rollout_started = time.time()
         st.answers_done, st.answers_total, st.rollout_active = 0, len(requests), True
         try:
             group = self.spec.algorithm.group_size
             out = self.pool.run(requests, step, st.policy_version, self.stop, group=group)
         finally:
-            st.rollout_active = False
+            st.rollout_active, st.rollout_started = False, None
             st.pending_workers.clear()
+            if self.harvest is not None:  # stopped (bounded wait) before the policy update
+                self._trainer_harvested_s = self.harvest.end_rollout()
             self.pool.end_harvest()  # windows end with the rollout; candidates get submitted
         st.answers_done = len(requests)
         return out
@@ -284,6 +301,7 @@ class StepDriver:
             "redispatched": out.redispatched,
             "failed_workers": sorted(out.failed_workers),
             **{f"train_{k}": v for k, v in stats.items()},
+            **({} if self.harvest is None else {"trainer_harvested_s": self._trainer_harvested_s}),
         }
 
     # --- eval and checkpoints ---------------------------------------------------------------

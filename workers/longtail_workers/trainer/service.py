@@ -6,8 +6,11 @@ once. It loads the policy and the datasets, serves policy versions to the rollou
 torch.distributed broadcast from rank 0), waits for the verifier and every rollout worker to be
 healthy, then runs :class:`~longtail_workers.trainer.driver.StepDriver`. Its own HTTP surface
 (``--port``): ``GET /v1/status`` (:class:`longtail_api.workerapi.TrainerStatus`), ``POST
-/v1/checkpoint`` (checkpoint now, answer when it is on disk), ``GET /metrics``, ``/healthz``,
-``/readyz``, and with ``--drafters DIR`` the drafter exchange ``/v1/drafters/...``
+/v1/checkpoint`` (checkpoint now, answer when it is on disk), ``PUT /v1/role`` (``train``, or
+``drafter-train`` during a rollout when the trainer is a harvest target, ``trainer/harvest.py``;
+the same answers as a rollout worker's: 200/202 with the acknowledged role, 409 refused now, 400
+malformed), ``GET /metrics``, ``/healthz``, ``/readyz``, and with ``--drafters DIR`` the drafter
+exchange ``/v1/drafters/...``
 (``spot/remote.py``: rollout workers fetch published drafter versions and upload their
 candidates, which the step driver merges from DIR). Per-step rows go to
 ``RUN_DIR/metrics.jsonl``. SIGTERM/SIGINT: stop at the next safe point, checkpoint the last
@@ -33,13 +36,29 @@ import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
 from longtail_api import metrics as names
-from longtail_api.workerapi import CheckpointAnswer, StepSeconds, TrainerStatus
+from longtail_api.workerapi import (
+    ROLE_PATH,
+    CheckpointAnswer,
+    RoleAck,
+    RoleAnswer,
+    RoleState,
+    StepSeconds,
+    TrainerStatus,
+)
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
+from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
+from longtail_workers.rollout.http import ROLE_BODY_ERRORS, role_from_body
 from longtail_workers.runtime import add_weight_sync_args, install_stop_signals, load_job_spec
 from longtail_workers.spot.remote import DrafterEndpoints
 from longtail_workers.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed
 from longtail_workers.trainer.driver import StepDriver
+from longtail_workers.trainer.harvest import (
+    TRAIN,
+    WORKER_NAME,
+    TrainerHarvest,
+    check_trainer_role,
+)
 from longtail_workers.verifier.metrics import gauge_from_spec, histogram_from_spec
 
 log = logging.getLogger(__name__)
@@ -88,12 +107,33 @@ class TrainerApp(BackgroundHTTPServer):
         self.failed: str | None = None
         self.drafters: DrafterEndpoints | None = None
         """Set once the driver's drafter registry exists (``--drafters``)."""
+        self.harvest: TrainerHarvest | None = None
+        """The trainer's own drafter training (set when the job makes it a harvest target)."""
+        self.started = time.time()
+
+    def role(self) -> RoleState:
+        if self.harvest is not None:
+            return self.harvest.activity()
+        return RoleState(TRAIN, TRAIN, self.started)
+
+    def set_role(self, role: object) -> RoleAck:
+        """``PUT /v1/role``: the harvest's answer, or ``train`` only when it is off."""
+        if self.harvest is not None:
+            return self.harvest.set_role(role)
+        started = time.perf_counter()
+        if check_trainer_role(role) != TRAIN:
+            raise RoleConflictError(
+                "trainer harvesting is off: it needs harvest.enabled, drafterTraining.enabled, "
+                "'trainer' in harvest.eligibleRoles and a drafter registry (--drafters DIR)"
+            )
+        return RoleAck(TRAIN, TRAIN, self.started, False, time.perf_counter() - started)
 
     def status(self) -> TrainerStatus:
         d = self.driver
         if d is None:
-            return TrainerStatus(0, 0, "running", 0, -1, message="starting")
+            return TrainerStatus(0, 0, "running", 0, -1, message="starting", role=self.role())
         st, row = d.state, d.state.last_row
+        started = st.rollout_started if st.rollout_active else None
         seconds = None
         if row:
             seconds = StepSeconds(row["rollout_s"], row["tail_s"], row["train_s"])
@@ -116,10 +156,15 @@ class TrainerApp(BackgroundHTTPServer):
             pending_workers=tuple(sorted(st.pending_workers)),
             answers_done=st.answers_done,
             answers_total=st.answers_total,
+            role=self.role(),
+            idle_since=started,
+            idle_seconds=None if started is None else max(0.0, time.time() - started),
+            harvested_seconds=0.0 if self.harvest is None else self.harvest.harvested_seconds,
+            drafter_training=None if self.harvest is None else self.harvest.status(),
         )
 
     class handler_class(JSONRequestHandler):
-        dispatch_methods = ("GET", "HEAD", "POST")
+        dispatch_methods = ("GET", "HEAD", "POST", "PUT")
 
         def _dispatch(self, method: str) -> None:
             app: TrainerApp = self.server.app  # type: ignore[attr-defined]
@@ -132,6 +177,8 @@ class TrainerApp(BackgroundHTTPServer):
                     self.send_text(HTTPStatus.OK, "ok\n")
                 elif path == "/v1/status" and method == "GET":
                     self.send_json(HTTPStatus.OK, app.status().to_dict())
+                elif path == ROLE_PATH and method == "PUT":
+                    self._put_role(app)
                 elif path == "/metrics" and method in ("GET", "HEAD"):
                     body = generate_latest(app.metrics.registry)
                     self.send_body(HTTPStatus.OK, body, "text/plain; version=0.0.4")
@@ -149,6 +196,17 @@ class TrainerApp(BackgroundHTTPServer):
                 if status == HTTPStatus.INTERNAL_SERVER_ERROR:
                     log.exception("trainer HTTP %s %s failed", method, path)
                 self.send_json(status, {"error": message}, getattr(exc, "headers", None))
+
+        def _put_role(self, app: TrainerApp) -> None:
+            role = role_from_body(self.read_body(64 * 1024, ROLE_BODY_ERRORS))
+            try:
+                ack = app.set_role(role)
+            except InvalidRoleError as exc:
+                fail(HTTPStatus.BAD_REQUEST, str(exc))
+            except RoleConflictError as exc:
+                fail(HTTPStatus.CONFLICT, f"role {role!r} refused: {exc}")
+            code = HTTPStatus.ACCEPTED if ack.pending else HTTPStatus.OK
+            self.send_json(code, RoleAnswer(WORKER_NAME, ack).to_dict())
 
         def _drafters(self, app: TrainerApp, method: str, path: str, query: str) -> None:
             if app.drafters is not None:
@@ -264,12 +322,15 @@ def _run(args: argparse.Namespace, app: TrainerApp, stop: threading.Event) -> in
         app.metrics.observe(row)
 
     driver.on_row = on_row
+    app.harvest = driver.harvest
     app.driver = driver
     urls = [driver.verifier.base_url, *driver.pool.workers.values()]
     wait_healthy(urls, args.startup_timeout, stop)
     try:
         outcome = driver.run(start_step)
     finally:
+        if driver.harvest is not None:
+            driver.harvest.close()
         publisher_stop()
     log.info("trainer finished: %s at step %d", outcome, driver.state.step)
     return 0
