@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -21,7 +22,11 @@ from torch import nn
 
 from longtail_workers.weights import dist_sync
 from longtail_workers.weights.checksum import state_dict_checksum
-from longtail_workers.weights.dist_sync import DistWeightPublisher, DistWeightReceiver
+from longtail_workers.weights.dist_sync import (
+    DistWeightPublisher,
+    DistWeightReceiver,
+    WeightSyncLostRankError,
+)
 from longtail_workers.weights.sync import WeightIntegrityError, WeightVersionError
 
 
@@ -123,3 +128,53 @@ def test_publisher_needs_an_initialised_process_group() -> None:
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):
         DistWeightPublisher()
+
+
+def _lost_rank_worker(rank: int, world: int, port: int, out: str) -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    if rank == 1:
+        DistWeightReceiver().fetch(1)
+        os._exit(0)  # a rollout worker killed after version 1: no goodbye to the group
+    pub = DistWeightPublisher()
+    pub.publish(1, TinyLM(1).state_dict())
+    started = time.monotonic()
+    try:
+        pub.publish(2, TinyLM(2).state_dict())
+        report: dict[str, Any] = {"raised": None}
+    except WeightSyncLostRankError as exc:
+        report = {"raised": str(exc), "version": exc.version}
+    report["seconds"] = time.monotonic() - started
+    Path(out).write_text(json.dumps(report))
+    # The group has a dead member: tearing it down at interpreter exit can abort in gloo's
+    # destructors ("terminate called without an active exception"); the report is written.
+    os._exit(0)
+
+
+def test_a_lost_rank_fails_the_publish_with_a_message_that_says_how_to_go_on(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(repo))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    out = tmp_path / "rank0.json"
+    ctx = mp.spawn(
+        _lost_rank_worker, args=(2, port, str(out)), nprocs=2, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + 90
+    while not ctx.join(timeout=1):
+        if time.monotonic() > deadline:
+            for proc in ctx.processes:
+                proc.kill()
+            pytest.fail("gloo processes did not finish within 90 s")
+    report = json.loads(out.read_text())
+    assert report["raised"] is not None, "publishing to a dead rank did not fail"
+    assert report["version"] == 2
+    assert "--resume" in report["raised"] and "--weight-sync http" in report["raised"]
+    assert report["seconds"] < 40  # failed, not hung (the group timeout is 30 s)

@@ -243,5 +243,5 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
         )
     )
     progress.message(f"report: {run_dir / 'report' / 'summary.md'}")
-    if code == STOPPED:
+    if code == STOPPED or (code != 0 and s["steps_completed"]):
         progress.message(f"resume with: longtail run --resume {run_dir}")

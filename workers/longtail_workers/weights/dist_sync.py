@@ -17,7 +17,8 @@ in a collective the receiver never joins, and the whole job would hang. The head
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -101,13 +102,41 @@ class DistWeightPublisher(_DistEndpoint, WeightPublisher):
             {"version": version, "checksum": manifest.checksum, "size": manifest.size,
              "entries": [(e.name, e.dtype, e.shape, e.nbytes) for e in entries]}
         ]  # fmt: skip
-        dist.broadcast_object_list(
-            header, src=self.src, group=self.group, device=self._object_device
-        )
+        with _lost_rank_is_an_error(version):
+            dist.broadcast_object_list(
+                header, src=self.src, group=self.group, device=self._object_device
+            )
         for entry in entries:
-            raw = tensors[entry.name].reshape(-1).view(torch.uint8)  # [nbytes]
-            self._broadcast_bytes(raw.to(self.device))
+            raw = tensors[entry.name].reshape(-1).view(torch.uint8).to(self.device)  # [nbytes]
+            with _lost_rank_is_an_error(version):
+                self._broadcast_bytes(raw)
         return manifest
+
+
+@contextlib.contextmanager
+def _lost_rank_is_an_error(version: int) -> Iterator[None]:
+    """Around one collective: gloo and NCCL report a dead or hung peer as a RuntimeError
+    (``Connection closed by peer``, a timeout); say what it means for the run instead."""
+    try:
+        yield
+    except RuntimeError as exc:
+        raise WeightSyncLostRankError(version, exc) from exc
+
+
+class WeightSyncLostRankError(WeightSyncError):
+    """A broadcast failed because a rank of the process group stopped or cannot be reached."""
+
+    def __init__(self, version: int, cause: BaseException) -> None:
+        first = str(cause).strip().splitlines()[0][:300] if str(cause).strip() else repr(cause)
+        super().__init__(
+            f"weight sync (torch.distributed) could not broadcast policy version {version}: a "
+            f"rollout worker of the process group stopped or is unreachable ({first}). A process "
+            "group cannot lose a member, so the run stops here with its last checkpoint intact: "
+            "restart the workers and resume (`longtail run --resume RUN_DIR`; on a cluster the "
+            "operator recreates the pods and the trainer resumes from its checkpoint), or use "
+            "--weight-sync http, which re-dispatches a lost worker's prompts and goes on"
+        )
+        self.version = version
 
 
 class DistWeightReceiver(_DistEndpoint, WeightSource):
