@@ -154,3 +154,28 @@ def test_engine_loads_new_versions_between_rollouts_only(target, tmp_path) -> No
     worker.generate(reqs)
     assert worker.drafter_version == 1 and used[-1] != first
     assert worker.acceptance.by_drafter()[0].spec_steps > 0
+
+
+def test_a_window_ended_twice_submits_its_candidate_once(target, tmp_path) -> None:
+    """The step driver and the harvest coordinator both send ``rollout`` when a rollout ends;
+    concurrent or repeated submits of the same window store one candidate."""
+    from longtail_api.policies import DrafterTrainingSpec
+
+    reg = DrafterRegistry(tmp_path)
+    training = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=3)
+    worker = RolloutWorker(TorchEngine(target), target_id=TID, registry=reg, training=training)
+    worker.generate([GenerationRequest([1, 2, i], max_new_tokens=20, seed=i) for i in range(4)])
+    worker.set_role("drafter-train")
+    assert worker.trainer is not None
+    worker.trainer.wait_stopped(30.0)  # max_steps_per_window reached: the window ended itself
+    worker.set_role("rollout")
+    sent = []
+    threads = [threading.Thread(target=lambda: sent.append(worker.submit_candidate()))
+               for _ in range(3)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sum(c is not None for c in sent) == 1
+    assert worker.submit_candidate() is None  # nothing new trained since
+    assert len(list((tmp_path / "candidates" / "base-init").iterdir())) == 1  # stored once

@@ -113,6 +113,10 @@ class RolloutWorker:
         self.drafter_version = INITIAL_DRAFTER
         self._state = threading.Lock()  # desired/observed/generating
         self._role_lock = threading.Lock()  # one role change at a time
+        self._submit_lock = threading.Lock()
+        self._submitted: tuple[int | None, int, int] | None = None
+        """(base version, optimizer steps, pairs) of the last candidate sent: the driver and the
+        harvest coordinator both end a window with ``rollout``; the window is sent once."""
         self._gen_lock = threading.Lock()  # one generate at a time
         self._desired: Activity = ROLLOUT
         self._observed: Activity = ROLLOUT
@@ -291,17 +295,23 @@ class RolloutWorker:
         trainer = self.trainer
         if self.registry is None or trainer is None or trainer.pairs_since_base == 0:
             return None
-        window = trainer.last_window
-        return self.registry.submit_candidate(
-            trainer.drafter_copy(),
-            worker=self.name,
-            base_version=trainer.base_version,
-            policy_version=max(trainer.policy_versions_seen, default=self.policy_version),
-            tokens=trainer.pairs_since_base,
-            steps=trainer.total_steps,
-            train_loss=window.mean_loss if window is not None else None,
-            heldout_top1=trainer.evaluate(),
-        )
+        with self._submit_lock:
+            key = (trainer.base_version, trainer.total_steps, trainer.pairs_since_base)
+            if key == self._submitted:
+                return None  # this window's drafter was already sent
+            window = trainer.last_window
+            candidate = self.registry.submit_candidate(
+                trainer.drafter_copy(),
+                worker=self.name,
+                base_version=trainer.base_version,
+                policy_version=max(trainer.policy_versions_seen, default=self.policy_version),
+                tokens=trainer.pairs_since_base,
+                steps=trainer.total_steps,
+                train_loss=window.mean_loss if window is not None else None,
+                heldout_top1=trainer.evaluate(),
+            )
+            self._submitted = key
+            return candidate
 
     # --- status -----------------------------------------------------------------------------
 
