@@ -8,7 +8,8 @@ eval accuracy (engine, temperature 0) on the job's eval split is measured before
 ``--eval-every`` steps and after; with ``--sampled-eval N`` also the mean reward of N answers per
 eval prompt sampled at the rollout temperature (what GRPO maximises, on held-out prompts).
 ``--model`` points it at another policy directory, ``--overlong-filter`` drops the loss of
-answers cut at ``--max-new-tokens``. Prints one line per step and a JSON summary to
+answers cut at ``--max-new-tokens``, ``--seq-mean`` weighs answers instead of tokens. Prints
+one line per step and a JSON summary to
 ``bench/results/grpo_feasibility.json``; this is how the settings in
 ``examples/01-tiny-arith.yaml`` were chosen (see docs/performance.md).
 """
@@ -67,6 +68,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--overlong-filter",
         action="store_true",
         help="answers cut at max-new-tokens carry no loss (DAPO's overlong filtering)",
+    )
+    ap.add_argument(
+        "--seq-mean",
+        action="store_true",
+        help="weigh every answer equally (GRPO's per-sequence mean) instead of every token: "
+        "advantages are rescaled by tokens / (answers x answer length)",
     )
     ap.add_argument("--out", type=Path, default=RESULTS)
     return ap.parse_args(argv)
@@ -164,6 +171,9 @@ def main(argv: list[str]) -> int:
         if args.overlong_filter:
             cut = torch.tensor([r.finish_reason == "length" for r in results])
             adv = torch.where(cut, torch.zeros_like(adv), adv)
+        if args.seq_mean:  # token-mean of A_i * N / (B * len_i) == mean over answers of A_i
+            lengths_t = torch.tensor([max(1, len(r.output_token_ids)) for r in results])
+            adv = adv * lengths_t.sum() / (len(results) * lengths_t)
         batch = build_grpo_batch(results, adv.tolist(), pad_id=int(tokenizer.pad_token_id))
         tt = time.perf_counter()
         model.train()
