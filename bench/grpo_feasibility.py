@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.models.loading import load_policy
 from longtail_workers.rewards import get_reward
+from longtail_workers.rewards.extract import extract_final_answer
 from longtail_workers.tasks.arith import parse_operands
 from longtail_workers.trainer.grpo import group_advantages
 from longtail_workers.trainer.optim import TrainConfig, build_optimizer, train_step
@@ -79,12 +81,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def eval_accuracy(
+def eval_answers(
     engine: TorchEngine, tokenizer, examples, max_new_tokens: int, temperature: float, n: int
-) -> float:
-    """Mean ``math`` reward of ``n`` answers per eval prompt at ``temperature`` (0: greedy).
+) -> dict[str, float]:
+    """``n`` answers per eval prompt at ``temperature`` (0: greedy), scored three ways.
 
-    Sampling seeds are fixed, so two evaluations of the same weights give the same figure.
+    ``accuracy``: mean ``math`` reward. ``answer_line``: share of answers with a final answer the
+    reward can read. ``any_format``: share whose last number is the gold sum, in whatever words
+    (separates learning the answer format from learning the sums). Sampling seeds are fixed, so
+    two evaluations of the same weights give the same figures.
     """
     reward = get_reward("math")
     eos = int(tokenizer.eos_token_id)
@@ -102,15 +107,23 @@ def eval_accuracy(
     results = engine.generate(reqs)
     texts = tokenizer.batch_decode([r.output_token_ids for r in results], skip_special_tokens=True)
     golds = [ex.answer for ex in examples for _ in range(n)]
-    return sum(reward(t, a).correct for t, a in zip(texts, golds, strict=True)) / len(golds)
+    scored = [reward(t, a) for t, a in zip(texts, golds, strict=True)]
+    last_numbers = [re.findall(r"\d+", t)[-1:] for t in texts]
+    return {
+        "accuracy": sum(r.correct for r in scored) / len(golds),
+        "answer_line": sum(extract_final_answer(t) is not None for t in texts) / len(golds),
+        "any_format": sum(nums == [a] for nums, a in zip(last_numbers, golds, strict=True))
+        / len(golds),
+    }
 
 
 def evaluate(engine, tokenizer, examples, args: argparse.Namespace) -> dict[str, float]:
-    out = {"accuracy": eval_accuracy(engine, tokenizer, examples, args.max_new_tokens, 0.0, 1)}
+    out = eval_answers(engine, tokenizer, examples, args.max_new_tokens, 0.0, 1)
     if args.sampled_eval:
-        out["sampled_accuracy"] = eval_accuracy(
+        sampled = eval_answers(
             engine, tokenizer, examples, args.max_new_tokens, args.temperature, args.sampled_eval
         )
+        out.update({f"sampled_{k}": v for k, v in sampled.items()})
     return out
 
 

@@ -7,15 +7,19 @@ percentiles of ``builtin:arith`` solution lengths in tokens. Prints the figures 
 to ``bench/results/tiny_model.json``. It asserts nothing about time: timings on a shared CPU are
 noisy, so the load average before and after is recorded next to them.
 
-Run from the repository root: ``.venv/bin/python bench/tiny_model.py``.
+Run from the repository root: ``.venv/bin/python bench/tiny_model.py``. ``--sft-steps`` and
+``--prose-answer-fraction`` build a variant of the recipe instead, and ``--keep DIR`` keeps the
+built model there (for ``bench/grpo_feasibility.py --model DIR`` or a job's ``model.path``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from longtail_workers.models.builtin import CACHE_ENV, DEFAULT_RECIPE, ensure_tiny, read_build_info
+from longtail_workers.models.builtin import (
+    CACHE_ENV,
+    DEFAULT_RECIPE,
+    TinyRecipe,
+    ensure_tiny,
+    read_build_info,
+)
 from longtail_workers.models.evaluation import greedy_accuracy
 from longtail_workers.models.loading import load_policy
 from longtail_workers.tasks.arith import generate
@@ -48,19 +58,23 @@ def length_percentiles(n: int, tokenizer: Any) -> dict[str, float]:
     }
 
 
-def run(eval_n: int, length_items: int) -> dict[str, Any]:
-    """Build into a fresh cache, reload, measure; returns the figures."""
+def run(
+    eval_n: int, length_items: int, recipe: TinyRecipe = DEFAULT_RECIPE, keep: Path | None = None
+) -> dict[str, Any]:
+    """Build ``recipe`` into a fresh cache, reload, measure; returns the figures."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="longtail-bench-") as cache:
         os.environ[CACHE_ENV] = cache
         start = time.perf_counter()
-        model_dir = ensure_tiny(DEFAULT_RECIPE, log_every=100)
+        model_dir = ensure_tiny(recipe, log_every=100)
         build_s = time.perf_counter() - start
         start = time.perf_counter()
-        model, tokenizer = load_policy("builtin:tiny")
+        model, tokenizer = load_policy(str(model_dir))  # the HF-directory path of builtin:tiny
         reload_s = time.perf_counter() - start
         info = read_build_info(model_dir)
-    items = generate(eval_n, seed=DEFAULT_RECIPE.seed, split="eval")
+        if keep is not None:
+            shutil.copytree(model_dir, keep)
+    items = generate(eval_n, seed=recipe.seed, split="eval")
     start = time.perf_counter()
     result = greedy_accuracy(model, tokenizer, items)
     eval_s = time.perf_counter() - start
@@ -91,9 +105,22 @@ def main() -> None:
     parser.add_argument("--eval-n", type=int, default=200, help="eval-split items to score")
     parser.add_argument("--length-items", type=int, default=10000, help="items for lengths")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
+    parser.add_argument("--sft-steps", type=int, help="recipe variant: SFT steps")
+    parser.add_argument(
+        "--prose-answer-fraction", type=float, help="recipe variant: share of prose endings"
+    )
+    parser.add_argument("--keep", type=Path, help="copy the built model to this new directory")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    figures = run(args.eval_n, args.length_items)
+    recipe = DEFAULT_RECIPE
+    if args.sft_steps is not None:
+        sft = dataclasses.replace(recipe.sft, steps=args.sft_steps)
+        recipe = dataclasses.replace(recipe, sft=sft)
+    if args.prose_answer_fraction is not None:
+        recipe = dataclasses.replace(recipe, prose_answer_fraction=args.prose_answer_fraction)
+    if args.keep is not None and args.keep.exists():
+        parser.error(f"--keep {args.keep}: already exists (pass a new directory)")
+    figures = run(args.eval_n, args.length_items, recipe, args.keep)
     lengths = figures["solution_length_tokens"]
     print(f"build (from scratch):  {figures['build_seconds']:.1f} s")
     print(f"reload (from cache):   {figures['reload_seconds']:.2f} s")

@@ -24,6 +24,7 @@ from longtail_workers.models.builtin import (
     ensure_tiny,
     read_build_info,
     tiny_dir,
+    with_prose_endings,
 )
 from longtail_workers.models.evaluation import generate_greedy, greedy_accuracy, math_correct
 from longtail_workers.models.loading import load_policy, resolve_model_path
@@ -153,6 +154,11 @@ def test_fingerprint_tracks_the_recipe() -> None:
     assert MICRO.fingerprint() == TinyRecipe(**MICRO.__dict__).fingerprint()
     assert MICRO.fingerprint() != TinyRecipe(**{**MICRO.__dict__, "seed": 1}).fingerprint()
     assert MICRO.fingerprint() != TinyRecipe().fingerprint()
+    variant = TinyRecipe(prose_answer_fraction=0.5)
+    assert variant.fingerprint() != TinyRecipe().fingerprint()
+    # The shipped recipe's cache name predates prose_answer_fraction and must not change with it
+    # (every user would rebuild builtin:tiny for nothing).
+    assert TinyRecipe().fingerprint() == "21205c9477de"
 
 
 def test_micro_build_is_cached_atomic_and_loadable(
@@ -254,6 +260,32 @@ def test_default_answer_check_is_the_math_reward() -> None:
     assert math_correct("b2: 007+2=009\nAnswer: 9", "9")
     assert not math_correct("b2: 007+2=009\nAnswer: 8", "9")
     assert not math_correct("b2: 007+2=009", "9")  # no final answer line
+
+
+def test_prose_endings_rephrase_only_the_answer_line_of_a_seeded_share() -> None:
+    items = generate(2000, seed=3, split="train")
+    mixed = with_prose_endings(items, 0.65, seed=0)
+    assert mixed == with_prose_endings(items, 0.65, seed=0)  # deterministic in the seed
+    assert with_prose_endings(items, 0.0, seed=0) == items
+    reward = get_reward("math")
+    prose = 0
+    for before, after in zip(items, mixed, strict=True):
+        if after == before:
+            assert reward(after.solution, after.answer).correct
+            continue
+        prose += 1
+        steps = before.solution.rpartition("\n")[0]
+        assert after.solution == (f"{steps}\n" if steps else "") + f"The sum is {before.answer}."
+        # The worked steps are right, yet the reward reads no final answer in the prose line.
+        result = reward(after.solution, after.answer)
+        assert (result.correct, result.formatted) == (False, False)
+    assert 0.62 < prose / len(items) < 0.68
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
+def test_prose_fraction_out_of_range_is_refused(fraction: float) -> None:
+    with pytest.raises(ValueError, match="prose_answer_fraction"):
+        with_prose_endings(generate(4, seed=0), fraction, seed=0)
 
 
 @pytest.mark.slow

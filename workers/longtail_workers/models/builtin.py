@@ -26,23 +26,26 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from longtail_workers.models.evaluation import greedy_accuracy
 from longtail_workers.models.sft import SftConfig, fit
 from longtail_workers.models.tokenizer import build_char_tokenizer
-from longtail_workers.tasks.arith import ArithConfig, generate
+from longtail_workers.tasks.arith import ANSWER_PREFIX, ArithConfig, TaskItem, generate
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "LONGTAIL_CACHE_DIR"
 BUILD_INFO_FILE = "longtail_build.json"
 # Bump when the build code changes in a way that changes the weights for the same recipe.
 BUILD_CODE_VERSION = 1
+_PROSE_STREAM = 7  # seed stream of the prose-ending draw, apart from init and data order
 
 
 @dataclass(frozen=True)
@@ -62,15 +65,21 @@ class TinyRecipe:
     # writes long, well-formed solutions for them: the rollout long tail).
     train_items: int = 20000
     train_task: ArithConfig = field(default_factory=ArithConfig)
+    # Share of SFT solutions that end in prose ("The sum is 21.") instead of the "Answer: 21"
+    # line the math reward reads, as base models often state a result outside the requested
+    # format. A variant knob for RL experiments (format headroom that GRPO learns within ~10
+    # steps, docs/performance.md, RL loop); the shipped recipe keeps every Answer: line.
+    prose_answer_fraction: float = 0.0
     # Measurement: greedy accuracy on the eval split of this task (the builtin:arith default).
     task: ArithConfig = field(default_factory=ArithConfig)
     eval_items: int = 200
 
     def fingerprint(self) -> str:
         """Short stable hash of the recipe and the build code version."""
-        blob = json.dumps(
-            {"recipe": dataclasses.asdict(self), "code": BUILD_CODE_VERSION}, sort_keys=True
-        )
+        recipe = dataclasses.asdict(self)
+        if recipe["prose_answer_fraction"] == 0.0:  # added later: caches built before stay valid
+            del recipe["prose_answer_fraction"]
+        blob = json.dumps({"recipe": recipe, "code": BUILD_CODE_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -92,6 +101,31 @@ class BuildReport:
     train_seconds: float
     torch_threads: int
     parameters: int
+
+
+def with_prose_endings(items: Sequence[TaskItem], fraction: float, seed: int) -> list[TaskItem]:
+    """A seeded ``fraction`` of ``items`` with the final ``Answer: N`` line said as prose.
+
+    The worked steps stay as they are; only the last line becomes ``The sum is N.``, which the
+    ``math`` reward does not read (no ``Answer:`` line, no ``\\boxed{}``).
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(
+            f"TinyRecipe.prose_answer_fraction must be in [0, 1), got {fraction} "
+            f"(0 keeps every solution's Answer: line)"
+        )
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _PROSE_STREAM]))
+    prose = rng.random(len(items)) < fraction
+    out = []
+    for item, as_prose in zip(items, prose, strict=True):
+        if as_prose:
+            steps, _, last = item.solution.rpartition("\n")
+            if not last.startswith(ANSWER_PREFIX):
+                raise ValueError(f"solution without a final {ANSWER_PREFIX!r} line: {item!r}")
+            ending = f"The sum is {item.answer}."
+            item = dataclasses.replace(item, solution=f"{steps}\n{ending}" if steps else ending)
+        out.append(item)
+    return out
 
 
 def cache_root() -> Path:
@@ -139,6 +173,7 @@ def build_tiny(dest: Path, recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int =
             tokenizer = build_char_tokenizer()
             model = Qwen2ForCausalLM(model_config(recipe, tokenizer))
             train = generate(recipe.train_items, recipe.seed, "train", recipe.train_task)
+            train = with_prose_endings(train, recipe.prose_answer_fraction, recipe.seed)
             fit_start = time.perf_counter()
             loss = fit(model, tokenizer, train, recipe.sft, seed=recipe.seed, log_every=log_every)
             train_seconds = time.perf_counter() - fit_start
