@@ -389,6 +389,13 @@ TRAINER_POLICY_VERSION = MetricSpec(
     "Policy weights version the trainer last published to the rollout workers.",
 )
 
+TRAINER_HARVESTED_SECONDS_TOTAL = MetricSpec(
+    "longtail_trainer_harvested_seconds_total",
+    "counter",
+    "Seconds of the trainer's waits for rollouts spent training the drafter (trainer harvest: "
+    "'trainer' in harvest.eligibleRoles); stays 0 when the trainer is not a harvest target.",
+)
+
 TRAINER_METRICS: tuple[MetricSpec, ...] = (
     TRAINER_STEP,
     TRAINER_LAST_STEP_TIMESTAMP,
@@ -397,6 +404,7 @@ TRAINER_METRICS: tuple[MetricSpec, ...] = (
     TRAINER_REWARD_MEAN,
     TRAINER_ACCURACY,
     TRAINER_POLICY_VERSION,
+    TRAINER_HARVESTED_SECONDS_TOTAL,
 )
 """Everything the trainer exports (dashboards and alerts need all of them)."""
 

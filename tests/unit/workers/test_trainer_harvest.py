@@ -257,3 +257,24 @@ def test_coordinator_harvests_the_trainer_only_when_eligible(app, results, eligi
     assert coord.poll_once() == {"trainer": "train"}  # the books follow; acknowledged at once
     assert coord.assigned["trainer"] == "train"
     assert [c.worker for c in harvest.registry.candidates(None)] == ["trainer"]
+
+
+def _step_row(step: int, **extra: float) -> dict[str, Any]:
+    """A driver metrics row (the keys ``TrainerMetrics.observe`` reads)."""
+    row: dict[str, Any] = {"step": step, "step_s": 2.0, "rollout_s": 1.0, "tail_s": 0.25}
+    row.update(train_s=0.5, sync_s=0.1, reward_mean=0.5, accuracy=0.5, policy_version=step)
+    return {**row, **extra}
+
+
+def test_trainer_metrics_count_harvested_seconds() -> None:
+    from prometheus_client import generate_latest
+
+    from longtail_workers.trainer.service import TrainerMetrics
+
+    metrics = TrainerMetrics()
+    metrics.observe(_step_row(1))  # harvest off: no trainer_harvested_s in the row
+    metrics.observe(_step_row(2, trainer_harvested_s=1.5))
+    metrics.observe(_step_row(3, trainer_harvested_s=0.25))
+    harvested = metrics.registry.get_sample_value("longtail_trainer_harvested_seconds_total")
+    assert harvested == pytest.approx(1.75)
+    assert b"longtail_trainer_harvested_seconds_total 1.75" in generate_latest(metrics.registry)

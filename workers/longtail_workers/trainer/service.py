@@ -59,7 +59,11 @@ from longtail_workers.trainer.harvest import (
     TrainerHarvest,
     check_trainer_role,
 )
-from longtail_workers.verifier.metrics import gauge_from_spec, histogram_from_spec
+from longtail_workers.verifier.metrics import (
+    counter_from_spec,
+    gauge_from_spec,
+    histogram_from_spec,
+)
 
 log = logging.getLogger(__name__)
 LISTENING_PREFIX = "longtail trainer listening on "
@@ -79,6 +83,7 @@ class TrainerMetrics:
         self.reward = gauge_from_spec(names.TRAINER_REWARD_MEAN, r)
         self.accuracy = gauge_from_spec(names.TRAINER_ACCURACY, r)
         self.policy = gauge_from_spec(names.TRAINER_POLICY_VERSION, r)
+        self.harvested = counter_from_spec(names.TRAINER_HARVESTED_SECONDS_TOTAL, r)
         self.last_step.set(time.time())
 
     def observe(self, row: dict[str, Any]) -> None:
@@ -92,6 +97,7 @@ class TrainerMetrics:
         self.reward.set(row["reward_mean"])
         self.accuracy.set(row["accuracy"])
         self.policy.set(row["policy_version"])
+        self.harvested.inc(row.get("trainer_harvested_s", 0.0))  # present when harvest is on
 
 
 class TrainerApp(BackgroundHTTPServer):
