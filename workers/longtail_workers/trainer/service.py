@@ -266,7 +266,7 @@ def wait_healthy(urls: list[str], timeout_s: float, stop: threading.Event) -> No
                 urllib.request.urlopen(url + "/healthz", timeout=2.0).close()
                 missing.remove(url)
             except OSError:
-                pass
+                continue  # not up yet: polled again until the deadline, which names it
         if not missing or stop.is_set():
             return
         if time.monotonic() > deadline:
