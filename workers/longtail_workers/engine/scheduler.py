@@ -1,9 +1,10 @@
 """Continuous admission: a FIFO waiting queue feeding a running set of bounded size.
 
 Used by the torch engine before every decode step: as soon as running sequences finish, waiting
-prompts are admitted (prefilled as one left-padded group and merged into the running batch), so
+prompts are admitted (prefilled in left-padded groups and merged into the running batch), so
 the batch stays full while the queue lasts and shrinks only in the tail, which is where
-speculative decoding switches on.
+speculative decoding switches on. :func:`length_groups` splits an admitted group by prompt length
+so that a few long prompts do not make every short one pay for their padding.
 """
 
 from __future__ import annotations
@@ -51,3 +52,28 @@ class Scheduler:
             group.append(self._waiting.popleft())
             longest = max(longest, nxt)
         return group
+
+
+def length_groups(lengths: list[int], split_cost: int) -> list[list[int]]:
+    """Partition prompt indices into prefill groups that minimise padded tokens plus overhead.
+
+    A group costs ``split_cost + len(group) * max(length in group)``: ``split_cost`` is what one
+    more forward is worth in padded tokens (its fixed overhead). Prompts are sorted by length, so
+    the optimal groups are contiguous runs of the sorted order, found by an O(n^2) dynamic
+    programme (n is at most the running-batch size). Returns index lists, shortest prompts first.
+    """
+    if split_cost < 0:
+        raise ValueError(f"split_cost={split_cost}; must be >= 0")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    ls = [lengths[i] for i in order]
+    n = len(ls)
+    best = [0] + [0] * n  # best[j]: cost of grouping the j shortest prompts
+    cut = [0] * (n + 1)  # cut[j]: where the last group of that optimum starts
+    for j in range(1, n + 1):
+        best[j], cut[j] = min((best[i] + split_cost + (j - i) * ls[j - 1], i) for i in range(j))
+    groups: list[list[int]] = []
+    j = n
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
