@@ -10,6 +10,8 @@ checkpointing) live in ``policies.py``.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,6 +28,22 @@ QUANTITY_PATTERN = (
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 _QUANTITY_HINT = "a Kubernetes quantity such as 2, 500m, 4Gi"
+_SUFFIXES = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_SUFFIXES |= {"P": 1e15, "E": 1e18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_SUFFIXES |= {"Pi": 2**50, "Ei": 2**60}
+
+
+def cpu_quantity(value: int | str) -> float:
+    """A Kubernetes quantity as a number (``"500m"`` -> 0.5, ``"2"`` -> 2.0, ``"1e3"`` -> 1000)."""
+    text = str(value).strip()
+    if not re.match(QUANTITY_PATTERN, text):
+        raise ValueError(f"{value!r} is not {_QUANTITY_HINT}")
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * _SUFFIXES[suffix]
+    return float(text)  # plain or e-notation
+
+
 _SOURCE_HINT = "a path, or builtin:<name>"
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -119,9 +137,18 @@ class ResourcesSpec:
     gpus: int = spec_field(0, minimum=0, maximum=64)
     """GPUs per replica (``nvidia.com/gpu``)."""
     cpu: int | str = spec_field("1", pattern=QUANTITY_PATTERN, pattern_hint=_QUANTITY_HINT)
-    """CPU per replica."""
+    """CPU per replica. Rollout and trainer workers also size their torch CPU thread pool from
+    it (whole CPUs rounded down, at least one, at most the CPUs the process may use; the
+    worker's --threads overrides), as Ray sizes OMP_NUM_THREADS from a task's CPUs."""
     memory: int | str = spec_field("4Gi", pattern=QUANTITY_PATTERN, pattern_hint=_QUANTITY_HINT)
     """Memory per replica."""
+
+    def cpu_threads(self) -> int:
+        """Whole CPUs of :attr:`cpu` (rounded down, at least 1): a worker's torch threads.
+
+        Rounded down because a CFS quota of 1.5 CPUs throttles two busy threads.
+        """
+        return max(1, math.floor(cpu_quantity(self.cpu)))
 
 
 @dataclass

@@ -3,6 +3,7 @@
 ``rollout/service.py`` and ``trainer/service.py`` call :func:`load_job_spec` (the RLJob YAML,
 validated the same way ``longtail validate`` does), :func:`policy_and_drafter` (policy, initial
 drafter, drafter registry: a shared directory or the trainer's HTTP exchange),
+:func:`torch_threads` (torch's CPU threads from the role's ``resources.cpu``),
 :func:`make_weight_source` (HTTP pull or torch.distributed
 receive, by ``--weight-sync``) and :class:`ServiceRuntime` (bind, print the ``listening on URL``
 line a parent process reads, run until SIGTERM/SIGINT, stop cleanly).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -24,7 +26,7 @@ from typing import Any, Protocol
 import torch
 
 from longtail_api.manifest import ManifestError, validate_file
-from longtail_api.spec import RLJobSpec
+from longtail_api.spec import ResourcesSpec, RLJobSpec
 from longtail_workers.weights.sync import StateDict, WeightSource, WeightSyncError
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,20 @@ def load_job_spec(path: str | Path) -> RLJobSpec:
         listed = "\n  - ".join(str(e) for e in res.errors)
         raise JobSpecError(f"{path}: {len(res.errors)} error(s):\n  - {listed}")
     return res.spec
+
+
+def torch_threads(requested: int | None, resources: ResourcesSpec) -> int:
+    """Set and return torch's CPU threads: ``--threads`` when given, else the role's CPUs.
+
+    The role's ``resources.cpu`` (whole CPUs, at least one) is capped at the CPUs this process
+    may run on, so a pod without a CPU limit on a large node does not oversubscribe it.
+    """
+    if requested is not None and requested < 1:
+        raise ValueError(f"--threads {requested}: must be >= 1")
+    available = len(os.sched_getaffinity(0))
+    threads = requested if requested is not None else min(resources.cpu_threads(), available)
+    torch.set_num_threads(threads)
+    return threads
 
 
 def policy_and_drafter(

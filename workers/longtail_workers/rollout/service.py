@@ -25,8 +25,6 @@ import time
 from http import HTTPStatus
 from typing import Any
 
-import torch
-
 from longtail_api.harvest import DRAFTER_TRAIN
 from longtail_api.workerapi import RoleAck
 from longtail_workers.engine.stats import RolloutMetrics
@@ -47,6 +45,7 @@ from longtail_workers.runtime import (
     load_job_spec,
     make_weight_source,
     policy_and_drafter,
+    torch_threads,
 )
 from longtail_workers.spot.remote import DrafterExchangeError
 from longtail_workers.weights.sync import WeightSource, WeightSyncError, WeightVersionError
@@ -193,7 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--no-speculative", action="store_true", help="plain decoding only")
     ap.add_argument("--no-drafter-training", action="store_true")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: rollout.resources.cpu)",
+    )
     add_weight_sync_args(ap)
     ap.add_argument("--log-level", default="INFO")
     return ap
@@ -202,8 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format=f"%(asctime)s {args.name} %(message)s")
-    torch.set_num_threads(args.threads)
     spec = load_job_spec(args.job)
+    log.info("torch threads: %d", torch_threads(args.threads, spec.rollout.resources))
     speculative = spec.speculative
     if args.no_speculative:
         speculative = type(speculative)(**{**vars(speculative), "enabled": False})

@@ -48,7 +48,12 @@ from longtail_api.workerapi import (
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
 from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
 from longtail_workers.rollout.http import ROLE_BODY_ERRORS, role_from_body
-from longtail_workers.runtime import add_weight_sync_args, install_stop_signals, load_job_spec
+from longtail_workers.runtime import (
+    add_weight_sync_args,
+    install_stop_signals,
+    load_job_spec,
+    torch_threads,
+)
 from longtail_workers.spot.remote import DrafterEndpoints
 from longtail_workers.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed
@@ -248,7 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="drafter registry directory: merged here, served to rollout workers on --port",
     )
     ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: trainer.resources.cpu)",
+    )
     ap.add_argument("--rollout-timeout", type=float, default=900.0)
     ap.add_argument("--startup-timeout", type=float, default=600.0)
     add_weight_sync_args(ap)
@@ -278,7 +288,6 @@ def wait_healthy(urls: list[str], timeout_s: float, stop: threading.Event) -> No
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s trainer %(message)s")
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     stop = threading.Event()
     restore = install_stop_signals(stop)
@@ -301,6 +310,7 @@ def _run(args: argparse.Namespace, app: TrainerApp, stop: threading.Event) -> in
     from longtail_workers.trainer.setup import build_driver
 
     spec = load_job_spec(args.job)
+    log.info("torch threads: %d", torch_threads(args.threads, spec.trainer.resources))
     run_dir = Path(args.run_dir)
     ckpt_dir = Path(args.checkpoint_dir or run_dir / spec.checkpoint.location)
     driver, publisher_stop = build_driver(spec, args, run_dir, ckpt_dir)
