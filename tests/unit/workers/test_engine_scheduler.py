@@ -109,3 +109,5 @@ def test_split_prefill_gives_the_same_tokens_as_one_group() -> None:
     for x, y in zip(a, b, strict=True):
         assert x.output_token_ids == y.output_token_ids
         assert x.output_logprobs == pytest.approx(y.output_logprobs, abs=1e-9)
+    with pytest.raises(ValueError, match="EngineConfig.prefill_split_cost=-1"):
+        TorchEngine(model, config=EngineConfig(prefill_split_cost=-1))

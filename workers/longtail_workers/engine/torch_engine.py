@@ -89,6 +89,11 @@ class TorchEngine(RolloutEngine):
         draft_observer: DraftObserver | None = None,
     ) -> None:
         self.config = config or EngineConfig()
+        if self.config.prefill_split_cost < 0:
+            raise ValueError(
+                f"EngineConfig.prefill_split_cost={self.config.prefill_split_cost}; must be >= 0 "
+                "(padded prompt tokens one more prefill forward is worth)"
+            )
         self.target = TargetModel(model)
         self.spec = speculative or SpeculativeSpec(enabled=False)
         self.policy = SpecDecodePolicy(self.spec, seed=self.config.policy_seed)
