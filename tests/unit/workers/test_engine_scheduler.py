@@ -109,5 +109,11 @@ def test_split_prefill_gives_the_same_tokens_as_one_group() -> None:
     for x, y in zip(a, b, strict=True):
         assert x.output_token_ids == y.output_token_ids
         assert x.output_logprobs == pytest.approx(y.output_logprobs, abs=1e-9)
-    with pytest.raises(ValueError, match="EngineConfig.prefill_split_cost=-1"):
+
+
+def test_engine_config_errors_name_the_field() -> None:
+    model = tiny_qwen2(seed=3, vocab_size=40, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"EngineConfig\.prefill_split_cost=-1"):
         TorchEngine(model, config=EngineConfig(prefill_split_cost=-1))
+    with pytest.raises(ValueError, match=r"EngineConfig\.drafter_context_window=0"):
+        TorchEngine(model, config=EngineConfig(drafter_context_window=0))

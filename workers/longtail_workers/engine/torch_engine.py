@@ -94,6 +94,12 @@ class TorchEngine(RolloutEngine):
                 f"EngineConfig.prefill_split_cost={self.config.prefill_split_cost}; must be >= 0 "
                 "(padded prompt tokens one more prefill forward is worth)"
             )
+        window = self.config.drafter_context_window
+        if window is not None and window < 1:
+            raise ValueError(
+                f"EngineConfig.drafter_context_window={window}; must be >= 1 pair, or None for "
+                "the whole context (spec field speculative.drafterContextWindow)"
+            )
         self.target = TargetModel(model)
         self.spec = speculative or SpeculativeSpec(enabled=False)
         self.policy = SpecDecodePolicy(self.spec, seed=self.config.policy_seed)
