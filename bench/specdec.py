@@ -48,6 +48,7 @@ from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
 from longtail_workers.drafter.fit import collect_training_sequences, fit_drafter
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
+from longtail_workers.engine.stats import RolloutStats
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.models.loading import load_policy
 from longtail_workers.tasks import arith
@@ -292,6 +293,8 @@ def long_tail(
     for r in range(args.tail_rounds + 1):
         reqs = requests_for(tok, items, args.tail_max_new, args.temperature, seed=30_000 + 1000 * r)
         for name in names[r % len(names) :] + names[: r % len(names)]:
+            if r == 1:
+                engines[name].stats.reset()  # per-bucket figures count the counted rounds only
             fig = timed(engines[name], reqs, args.device)
             if r > 0:
                 totals[name].append(fig)
@@ -310,6 +313,7 @@ def long_tail(
         )
     for name in [k for k in out if k.startswith("adaptive")]:
         out[f"{name}_vs_sd_always"] = out["sd_always"]["seconds"] / out[name]["seconds"]
+    out["by_running_batch"] = by_running_batch({k: e.stats for k, e in engines.items()})
     out["batch"] = {
         "prompts": n,
         "rounds": args.tail_rounds,
@@ -318,6 +322,41 @@ def long_tail(
         "drafter_window": args.drafter_window or None,
     }
     return out
+
+
+def by_running_batch(stats: dict[str, RolloutStats]) -> list[dict]:
+    """Where each configuration's time went, by running-batch bucket (prefill apart).
+
+    Per bucket: seconds and tokens/s of every configuration, the share of the no-SD time, and
+    each configuration's tokens/s over no-SD's there (answers differ, so rates, not seconds).
+    """
+
+    def sums(st: RolloutStats) -> dict[int, tuple[float, int]]:
+        acc: dict[int, tuple[float, int]] = {}
+        for key, sec in st.bucket_seconds.items():  # plain and SD steps of a bucket together
+            s0, t0 = acc.get(key[1], (0.0, 0))
+            acc[key[1]] = (s0 + sec, t0 + int(st.bucket_tokens[key]))
+        return acc
+
+    per = {name: sums(st) for name, st in stats.items()}
+    base = per["no_sd"]
+    total = sum(sec for sec, _ in base.values()) or 1.0
+    rows = []
+    print("  by running sequences (bucket: no-SD share of time; tokens/s vs no-SD per config):")
+    for bucket in sorted({b for p in per.values() for b in p}):
+        row: dict = {"bucket": "prefill" if bucket == 0 else f"<={bucket}"}
+        b_sec, b_tok = base.get(bucket, (0.0, 0))
+        row["no_sd_share"] = b_sec / total
+        line = f"    {row['bucket']:>8}  {100 * row['no_sd_share']:5.1f}%"
+        for name, p in per.items():
+            sec, tok = p.get(bucket, (0.0, 0))
+            row[name] = {"seconds": sec, "tokens": tok}
+            if name != "no_sd" and sec > 0 and b_sec > 0 and b_tok > 0:
+                row[name]["speedup"] = (tok / sec) / (b_tok / b_sec)
+                line += f"  {name} x{row[name]['speedup']:4.2f}"
+        rows.append(row)
+        print(line, flush=True)
+    return rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

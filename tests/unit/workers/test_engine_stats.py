@@ -10,7 +10,7 @@ from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine import stats as stats_mod
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.stats import RolloutMetrics, RolloutStats, StepRecord
+from longtail_workers.engine.stats import RolloutMetrics, RolloutStats, StepRecord, batch_bucket
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 
@@ -86,5 +86,27 @@ def test_rollout_stats_accounting() -> None:
     assert st.tokens == 9 and st.tokens_per_second == pytest.approx(4.5)
     assert st.acceptance_rate == pytest.approx(0.5)
     assert st.mean_accepted_length == pytest.approx(2.5)
+    st.record(StepRecord("plain", 3, 3, 0.25))
+    st.record(StepRecord("plain", 17, 17, 2.0))
+    # Buckets: the power of two at or above the running batch; prefill under 0.
+    assert st.bucket_seconds == {
+        ("prefill", 0): 0.5,
+        ("plain", 2): 0.5,
+        ("sd", 2): 1.0,
+        ("plain", 4): 0.25,
+        ("plain", 32): 2.0,
+    }
+    assert st.bucket_tokens[("sd", 2)] == 5 and st.bucket_tokens[("plain", 32)] == 17
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 33, 64)] == [
+        1,
+        2,
+        4,
+        4,
+        8,
+        8,
+        16,
+        64,
+        64,
+    ]
     st.reset()
-    assert st.steps == 0 and not st.accepted_length_hist
+    assert st.steps == 0 and not st.accepted_length_hist and not st.bucket_seconds

@@ -49,6 +49,11 @@ ALL_METRICS = (
 StepMode = Literal["sd", "plain", "prefill"]
 
 
+def batch_bucket(running: int) -> int:
+    """The power of two at or above ``running`` (1, 2, 4, ...): a running-batch-size bucket."""
+    return 1 << max(0, running - 1).bit_length()
+
+
 @dataclass
 class StepRecord:
     """What one engine step did."""
@@ -86,6 +91,11 @@ class RolloutStats:
     sd_cut_by_stop: int = 0
     sd_cut_by_length: int = 0
     accepted_length_hist: Counter[int] = field(default_factory=Counter)
+    bucket_seconds: Counter[tuple[StepMode, int]] = field(default_factory=Counter)
+    """Step seconds by (mode, :func:`batch_bucket` of the running batch); prefill under 0.
+    Where the time goes as the batch drains: what ``bench/specdec.py`` breaks down."""
+    bucket_tokens: Counter[tuple[StepMode, int]] = field(default_factory=Counter)
+    """Committed tokens, keyed like :attr:`bucket_seconds`."""
     last: StepRecord | None = None
 
     def reset(self) -> None:
@@ -95,6 +105,9 @@ class RolloutStats:
         self.steps += 1
         self.tokens += step.emitted_tokens
         self.time_s += step.latency_s
+        key = (step.mode, 0 if step.mode == "prefill" else batch_bucket(step.batch_size))
+        self.bucket_seconds[key] += step.latency_s
+        self.bucket_tokens[key] += step.emitted_tokens
         if step.mode != "prefill":
             self.max_batch_size = max(self.max_batch_size, step.batch_size)
         if step.mode == "sd":
