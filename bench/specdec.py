@@ -378,12 +378,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[1, 2, 4, 8, 16, 32, 64],
     )
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--fit-prompts", type=int, default=512)
-    ap.add_argument("--fit-max-new", type=int, default=256)
+    ap.add_argument("--fit-prompts", type=int, default=2048)
+    ap.add_argument("--fit-max-new", type=int, default=512)
     ap.add_argument("--fit-steps", type=int, default=1000)
     ap.add_argument("--tail-batch", type=int, default=64)
     ap.add_argument("--tail-max-new", type=int, default=512)
-    ap.add_argument("--tail-rounds", type=int, default=4, help="seed rounds, summed")
+    ap.add_argument("--tail-rounds", type=int, default=8, help="seed rounds, summed")
     ap.add_argument("--no-sweep", action="store_true", help="only the long-tail batch")
     ap.add_argument("--threshold", type=int, default=32, help="adaptive: SD when running <= this")
     ap.add_argument(

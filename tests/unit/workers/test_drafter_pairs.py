@@ -4,8 +4,9 @@ For every drafting phase of a real SD run (sampling at temperature 1, so accepta
 SD switching on mid-generation, so the drafter is re-prefilled; more prompts than slots, so rows
 are admitted while SD is on), the drafter logits that proposed the first draft token of each row
 must equal the drafter's output, on ``build_training_pairs(context, target hidden states)``, at
-the last pair. A builder that is off by one (the pitfall TLT's reference code had) must NOT
-reproduce them, which shows the check can fail.
+the last pair. The drafter's context is the response (pairs from P-1 on), as the trainers
+build it. A builder that is off by one (the pitfall TLT's reference code had), and a context that
+also holds the prompt's pairs, must NOT reproduce them, which shows the check can fail.
 """
 
 from __future__ import annotations
@@ -50,17 +51,18 @@ def _off_by_one_pairs(tokens: torch.Tensor, hidden: torch.Tensor, start: int = 0
 
 
 def _drafter_logits_from_pairs(
-    target, drafter, context: list[int], builder, drafts: list[int] = ()
+    target, drafter, context: list[int], first: int, builder, drafts: list[int] = ()
 ) -> torch.Tensor:
     """Reference drafter logits ``[1 + len(drafts), V]`` from an uncached forward.
 
-    Row 0 comes from the pairs of ``context``; row i (i >= 1) from also feeding draft i with the
-    previous step's output feature in place of the (unknown) target state, as drafting does.
+    Row 0 comes from the pairs of ``context[first:]`` (``first`` = P-1: the response, as trainers
+    build it; 0: the whole context); row i (i >= 1) from also feeding draft i with the previous
+    step's output feature in place of the (unknown) target state, as drafting does.
     """
     tokens = torch.tensor(context)
     with torch.no_grad():
         hidden = target.get_decoder()(input_ids=tokens[None]).last_hidden_state[0]  # [N, H]
-        inputs, _ = builder(tokens, hidden)
+        inputs, _ = builder(tokens[first:], hidden[first:], first)
         ids, hid, pos = inputs.input_ids, inputs.hidden, inputs.position_ids
         feats = drafter(ids[None], hid[None], pos[None])[0]  # [N-1, H]
         out = [drafter.logits(feats[-1])]
@@ -108,19 +110,24 @@ def test_engine_draft_step_uses_the_training_pair_convention(target) -> None:
     traces, engine, drafter = _traces(target)
     assert engine.stats.plain_steps > 0 and engine.stats.sd_steps > 0  # switched on mid-way
     assert len(engine.stats.accepted_length_hist) >= 3  # ragged catch-up blocks
-    checked = mismatched = 0
+    checked = off_by_one = with_prompt = 0
     for trace in traces:
         for row, context in enumerate(trace.contexts):
             drafts = trace.drafts[row, :-1].tolist()
+            first = trace.prompt_lengths[row] - 1
             expected = _drafter_logits_from_pairs(
-                target, drafter, context, build_training_pairs, drafts
+                target, drafter, context, first, build_training_pairs, drafts
             )
             torch.testing.assert_close(trace.draft_logits[row], expected, rtol=0, atol=1e-9)
-            wrong = _drafter_logits_from_pairs(target, drafter, context, _off_by_one_pairs)
-            mismatched += int(not torch.allclose(trace.draft_logits[row, 0], wrong[0], atol=1e-6))
+            got = trace.draft_logits[row, 0]
+            wrong = _drafter_logits_from_pairs(target, drafter, context, first, _off_by_one_pairs)
+            off_by_one += int(not torch.allclose(got, wrong[0], atol=1e-6))
+            whole = _drafter_logits_from_pairs(target, drafter, context, 0, build_training_pairs)
+            with_prompt += int(not torch.allclose(got, whole[0], atol=1e-6))
             checked += 1
     assert checked >= 40
-    assert mismatched == checked  # the off-by-one convention never matches the engine
+    assert off_by_one == checked  # the off-by-one convention never matches the engine
+    assert with_prompt == checked  # nor does a drafter that also reads the prompt's pairs
 
 
 def test_build_training_pairs_layout() -> None:

@@ -17,7 +17,6 @@ def _batch(requests: list[GenerationRequest]) -> RunningBatch:
             index=i,
             request=r,
             seed=i,
-            keep_prompt_hidden=False,
             keep_hidden=True,
             prompt=list(r.prompt_token_ids),
             hidden_offset=len(r.prompt_token_ids) - 1,

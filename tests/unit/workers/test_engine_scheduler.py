@@ -71,7 +71,6 @@ def test_scheduler_admits_fifo_within_slots_and_budget() -> None:
             index=i,
             request=req,
             seed=0,
-            keep_prompt_hidden=False,
             keep_hidden=False,
             prompt=[1] * n,
         )

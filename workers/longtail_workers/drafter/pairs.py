@@ -16,6 +16,14 @@ and predicts the state one step ahead. At draft time the engine feeds (x_N, h_{N
 newest committed token x_N; the drafter's output ``f`` stands in for ``h_N`` and
 ``lm_head(f)`` proposes ``x_{N+1}``. Deeper draft steps feed ``(d, f)`` with the drafter's own
 previous feature in place of the unavailable target state.
+
+Context (what the drafter attends over): the **response** pairs only, from pair ``P-1`` =
+``(y_0, h_{P-1})`` on, for a prompt of P tokens. Trainers build exactly those pairs
+(``sequence_from_result`` starts at ``x_{P-1}``; ``spot/windows.py`` windows start there) and the
+engine's drafter cache holds the same ones (``engine/specdec.py``); the prompt reaches the drafter
+only through the target states ``h_t``. Feeding the prompt's pairs too, which the drafter never
+saw in training, cost a third of the long-tail speedup (docs/performance.md), and would make
+every switch-on re-read the prompt.
 """
 
 from __future__ import annotations

@@ -32,8 +32,6 @@ class SequenceState:
     index: int
     request: GenerationRequest
     seed: int
-    keep_prompt_hidden: bool
-    """Record the prompt's pair states too (needed to (re-)prefill a drafter)."""
     keep_hidden: bool
     """Record pair states of generated tokens (drafter or ``return_hidden_states``)."""
     prompt: list[int] = field(default_factory=list)
@@ -44,7 +42,8 @@ class SequenceState:
     chunk_starts: list[int] = field(default_factory=list)
     """Pair index of the first state in each chunk (ascending)."""
     hidden_offset: int = 0
-    """Pair index of the first recorded state (0, or P-1 when prompt states are not kept)."""
+    """Pair index of the first recorded state: P-1, the first response pair (the engine never
+    needs the prompt's states; tests may record from 0)."""
     num_pairs: int = 0
     """Pairs committed so far = number of tokens - 1."""
     drafter_done: int = 0
@@ -56,6 +55,11 @@ class SequenceState:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def first_response_pair(self) -> int:
+        """Pair index P-1: ``(y_0, h_{P-1})``, where the drafter's context starts (``pairs.py``)."""
+        return len(self.prompt) - 1
 
     def record_pairs(self, states: torch.Tensor) -> None:
         """Append ``[n, H]`` states of the next ``n`` pairs (kept only when needed)."""
@@ -98,8 +102,8 @@ class SequenceState:
         assert self.finish_reason is not None
         hidden = None
         if self.request.return_hidden_states and self.output:
-            hidden = self.pair_states(len(self.prompt) - 1)
-            if self.keep_prompt_hidden:  # do not pin the prompt's states through a view
+            hidden = self.pair_states(self.first_response_pair)
+            if self.hidden_offset < self.first_response_pair:  # never pin prompt states via a view
                 hidden = hidden.clone()
         return GenerationResult(
             request_id=self.request.request_id,

@@ -6,9 +6,10 @@ marks as speculative. A step, for every row at once:
 1. **Drafter catch-up.** The drafter's KV cache holds the pairs it has already read; the pairs
    committed since (``drafter/pairs.py`` convention: pair j = (x_{j+1}, h_j) at position j) are
    fed in one forward, right-aligned in a ``[B, m]`` block (rows have different counts: ragged
-   acceptance last step; the whole context right after SD switches on or a row was admitted,
-   which is the "re-prefill"). The output at the newest pair is the feature ``f`` that proposes
-   the next token.
+   acceptance last step; the whole response so far right after SD switches on or a row was
+   admitted, which is the "re-prefill"). The drafter's context is the response from pair P-1
+   on, never the prompt's pairs, because that is what every trainer trains it on. The output at
+   the newest pair is the feature ``f`` that proposes the next token.
 2. **Drafting.** k tokens from the drafter's processed distribution ``q`` (same temperature and
    top-p as the target), feeding ``(d_i, f_i)`` back for steps 2..k. Those speculative entries
    are dropped from the drafter cache afterwards; only real pairs stay in it.
@@ -66,6 +67,8 @@ class DraftTrace:
 
     contexts: list[list[int]]
     """Committed tokens of each row when drafting started."""
+    prompt_lengths: list[int]
+    """Prompt tokens of each row (the drafter's context starts at pair ``P-1``)."""
     draft_logits: torch.Tensor
     """``[B, k, V]`` drafter logits that proposed each draft token."""
     drafts: torch.Tensor
@@ -104,10 +107,10 @@ class SpeculativeDecoder:
         self.observer = observer
 
     def activate(self, batch: RunningBatch) -> None:
-        """SD switches on: an empty drafter cache; every row's whole context becomes pending."""
+        """SD switches on: an empty drafter cache; every row's response so far becomes pending."""
         batch.draft_kv = PaddedKVCache(self.drafter.config, len(batch), batch.device)
         for seq in batch.seqs:
-            seq.drafter_done = 0
+            seq.drafter_done = seq.first_response_pair
 
     @staticmethod
     def deactivate(batch: RunningBatch) -> None:
@@ -115,7 +118,8 @@ class SpeculativeDecoder:
         batch.draft_kv = None
 
     def _pending_start(self, seq: SequenceState) -> int:
-        start = seq.drafter_done
+        # A row admitted while SD is on starts at its first response pair, like one at switch-on.
+        start = max(seq.drafter_done, seq.first_response_pair)
         if self.context_window is not None:
             start = max(start, seq.num_pairs - self.context_window)
         return start
@@ -182,7 +186,8 @@ class SpeculativeDecoder:
         drafts_t, q_t = torch.cat(drafts, dim=1), torch.cat(qs, dim=1)  # [B, k], [B, k, V]
         if self.observer is not None:
             contexts = [s.tokens for s in batch.seqs]
-            self.observer(DraftTrace(contexts, torch.cat(all_logits, dim=1), drafts_t))
+            prompts = [len(s.prompt) for s in batch.seqs]
+            self.observer(DraftTrace(contexts, prompts, torch.cat(all_logits, dim=1), drafts_t))
         return drafts_t, q_t
 
     @torch.no_grad()

@@ -147,10 +147,10 @@ class TorchEngine(RolloutEngine):
             request=request,
             # Any int seeds the counter-based stream; folded into the uint64 key space.
             seed=(request.seed if request.seed is not None else secrets.randbits(63)) % 2**64,
-            keep_prompt_hidden=has_drafter,
             keep_hidden=has_drafter or request.return_hidden_states,
             prompt=prompt,
-            hidden_offset=0 if has_drafter else len(prompt) - 1,
+            # The drafter reads response pairs only (pairs.py), so prompt states are never kept.
+            hidden_offset=len(prompt) - 1,
         )
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
