@@ -383,7 +383,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--fit-steps", type=int, default=1000)
     ap.add_argument("--tail-batch", type=int, default=64)
     ap.add_argument("--tail-max-new", type=int, default=512)
-    ap.add_argument("--tail-rounds", type=int, default=8, help="seed rounds, summed")
+    ap.add_argument("--tail-rounds", type=int, default=16, help="seed rounds, summed")
     ap.add_argument("--no-sweep", action="store_true", help="only the long-tail batch")
     ap.add_argument("--threshold", type=int, default=32, help="adaptive: SD when running <= this")
     ap.add_argument(
@@ -393,7 +393,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="speculative.drafterContextWindow of every SD engine (0: the whole context); when "
         "set, the long-tail batch also runs adaptive with the whole context for comparison",
     )
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="sweep: best of this many runs")
     ap.add_argument("--out", type=Path, default=RESULTS / "specdec.json")
     ap.add_argument("--drafter", type=Path, help="load this fitted drafter instead of fitting")
     ap.add_argument("--save-drafter", type=Path, help="save the fitted drafter here")

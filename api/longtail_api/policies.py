@@ -77,7 +77,8 @@ class SpeculativeSpec:
     selector: SelectorSpec = spec_field(default_factory=SelectorSpec)
     """How a strategy is picked per batch-size bucket."""
     drafter_context_window: int | None = spec_field(None, minimum=1, maximum=1_048_576)
-    """Sliding window of the drafter's own attention, in tokens; empty: the whole context.
+    """Sliding window of the drafter's own attention, in tokens; empty: the whole answer so far
+    (the drafter reads the answer, never the prompt, as it is trained).
     When SD switches on the drafter re-reads at most this many recent tokens per sequence, and
     its cache is cut back to this many whenever it doubles, so switching on and each draft step
     cost O(window) instead of O(context): a bound for very long answers. Shorter windows can
