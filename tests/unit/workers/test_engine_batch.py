@@ -19,7 +19,6 @@ def _batch(requests: list[GenerationRequest]) -> RunningBatch:
             seed=i,
             keep_hidden=True,
             prompt=list(r.prompt_token_ids),
-            hidden_offset=len(r.prompt_token_ids) - 1,
         )
         for i, r in enumerate(requests)
     ]

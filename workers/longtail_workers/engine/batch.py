@@ -41,13 +41,12 @@ class SequenceState:
     hidden_chunks: list[torch.Tensor] = field(default_factory=list)
     chunk_starts: list[int] = field(default_factory=list)
     """Pair index of the first state in each chunk (ascending)."""
-    hidden_offset: int = 0
-    """Pair index of the first recorded state: P-1, the first response pair (the engine never
-    needs the prompt's states; tests may record from 0)."""
     num_pairs: int = 0
     """Pairs committed so far = number of tokens - 1."""
     drafter_done: int = 0
-    """Pairs already in the drafter's KV cache (only meaningful while SD is on)."""
+    """Pairs already in the drafter's KV cache, counted from pair 0 (only meaningful while SD is
+    on). A fresh drafter cache (switch-on, or a row admitted while SD is on) sets it to the first
+    response pair: the drafter never reads the prompt's pairs (``drafter/pairs.py``)."""
     spec_steps: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -58,7 +57,10 @@ class SequenceState:
 
     @property
     def first_response_pair(self) -> int:
-        """Pair index P-1: ``(y_0, h_{P-1})``, where the drafter's context starts (``pairs.py``)."""
+        """Pair index P-1: ``(y_0, h_{P-1})``, where the drafter's context starts (``pairs.py``).
+
+        Also the first pair whose state is recorded: neither the drafter nor a result needs the
+        prompt's states."""
         return len(self.prompt) - 1
 
     def record_pairs(self, states: torch.Tensor) -> None:
@@ -67,9 +69,9 @@ class SequenceState:
         self.num_pairs += int(states.shape[0])
         if not self.keep_hidden:
             return
-        if first < self.hidden_offset:  # prompt states we were told not to keep
-            states = states[self.hidden_offset - first :]
-            first = self.hidden_offset
+        if first < self.first_response_pair:  # prompt states (prefill) are not kept
+            states = states[self.first_response_pair - first :]
+            first = self.first_response_pair
         if states.shape[0] > 0:
             # A copy, so a row never pins the whole [B, k+1, H] block it was sliced from.
             self.hidden_chunks.append(states.clone())
@@ -81,9 +83,9 @@ class SequenceState:
         Only the chunks that overlap the range are concatenated, so the per-step cost is the
         number of pending pairs, not the sequence length.
         """
-        if start < self.hidden_offset or not self.hidden_chunks:
+        if start < self.first_response_pair or not self.hidden_chunks:
             raise RuntimeError(
-                f"pair states from {start} were not kept (kept from {self.hidden_offset}, "
+                f"pair states from {start} were not kept (kept from {self.first_response_pair}, "
                 f"{len(self.hidden_chunks)} chunks)"
             )
         i = bisect.bisect_right(self.chunk_starts, start) - 1
@@ -103,8 +105,6 @@ class SequenceState:
         hidden = None
         if self.request.return_hidden_states and self.output:
             hidden = self.pair_states(self.first_response_pair)
-            if self.hidden_offset < self.first_response_pair:  # never pin prompt states via a view
-                hidden = hidden.clone()
         return GenerationResult(
             request_id=self.request.request_id,
             prompt_token_ids=list(self.prompt),
@@ -207,9 +207,11 @@ class RunningBatch:
         self.seqs = self.seqs + other.seqs
         self.kv.extend(other.kv)
         if self.draft_kv is not None:
-            # New rows have nothing in the drafter yet: an empty cache, all their pairs pending.
+            # New rows have nothing in the drafter yet: an empty cache, their response pending.
             fresh = PaddedKVCache(self.draft_kv.config, len(other), self.device)
             self.draft_kv.extend(fresh)
+            for seq in other.seqs:
+                seq.drafter_done = seq.first_response_pair
         width = max(self.stop_ids.shape[1], other.stop_ids.shape[1])
         self.stop_ids = torch.cat(
             [_pad_cols(self.stop_ids, width), _pad_cols(other.stop_ids, width)]

@@ -118,8 +118,7 @@ class SpeculativeDecoder:
         batch.draft_kv = None
 
     def _pending_start(self, seq: SequenceState) -> int:
-        # A row admitted while SD is on starts at its first response pair, like one at switch-on.
-        start = max(seq.drafter_done, seq.first_response_pair)
+        start = seq.drafter_done
         if self.context_window is not None:
             start = max(start, seq.num_pairs - self.context_window)
         return start

@@ -149,8 +149,6 @@ class TorchEngine(RolloutEngine):
             seed=(request.seed if request.seed is not None else secrets.randbits(63)) % 2**64,
             keep_hidden=has_drafter or request.return_hidden_states,
             prompt=prompt,
-            # The drafter reads response pairs only (pairs.py), so prompt states are never kept.
-            hidden_offset=len(prompt) - 1,
         )
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
