@@ -1,4 +1,4 @@
-"""``longtail`` subcommands: validate, crd, worker, run, drafter export, and --version.
+"""``longtail`` subcommands: validate, crd, worker, run, drafter export/fit, and --version.
 
 Called by the console script declared in pyproject.toml. Each subcommand is a small function
 returning an exit code; heavy packages are imported inside the subcommand that needs them.
@@ -89,6 +89,13 @@ def cmd_drafter_export(args: argparse.Namespace) -> int:
     return entry(list(args.forwarded))
 
 
+def cmd_drafter_fit(args: argparse.Namespace) -> int:
+    """Fit a job's drafter offline, for spec.drafterTraining.initialDrafter (docs/local-mode.md)."""
+    module = importlib.import_module("longtail_workers.drafter.warmstart")
+    entry: Callable[[list[str]], int] = module.main
+    return entry(list(args.forwarded))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="longtail",
@@ -128,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,  # --help goes to the exporter, which owns the options
     )
     e.set_defaults(func=cmd_drafter_export, forwards=True)
+    f = dsub.add_parser(
+        "fit",
+        help="fit a job's drafter offline on its policy's rollouts (for initialDrafter)",
+        add_help=False,  # --help goes to the fitter, which owns the options
+    )
+    f.set_defaults(func=cmd_drafter_fit, forwards=True)
     return ap
 
 

@@ -8,7 +8,9 @@ worker killed with SIGKILL during a step is detected and its requests are re-dis
 run still completes; SIGINT (Ctrl-C) checkpoints the last completed step and stops every child,
 and ``--resume`` continues at the next step; with ``trainer`` in ``harvest.eligibleRoles``
 (``ci-tiny-trainer-harvest.yaml``) the trainer trains the drafter while it waits for a rollout and
-its candidate is merged with the workers'. Needs ``builtin:tiny`` (built on first use).
+its candidate is merged with the workers'; ``longtail drafter fit`` warm-starts a drafter that a
+run then starts from (``drafterTraining.initialDrafter``). Needs ``builtin:tiny`` (built on first
+use).
 """
 
 from __future__ import annotations
@@ -185,4 +187,35 @@ def test_trainer_harvest_merges_a_trainer_candidate(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["trainer_harvested_s_total"] > 0.0
     assert "trainer harvested" in out
+    assert_children_gone(run_dir)
+
+
+def test_drafter_fit_then_a_run_that_starts_from_it(tmp_path: Path) -> None:
+    example = HERE.parents[1] / "examples" / "03-tiny-arith-warm-drafter.yaml"
+    drafter = tmp_path / "drafter"
+    fit = [sys.executable, "-m", "longtail_cli.main", "drafter", "fit", str(example), "-o",
+           str(drafter), "--prompts", "64", "--steps", "60", "--max-new-tokens", "48",
+           "--threads", "1"]  # fmt: skip
+    proc = subprocess.run(fit, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("held-out top-1"))
+    before, after = (float(x) for x in line.split(": ")[1].split(" (")[0].split(" -> "))
+    assert after > before + 0.2, line  # the fit really learnt the policy's next tokens
+    assert (drafter / "model.safetensors").is_file() and (drafter / "config.json").is_file()
+    # Example 03 at CI size, starting from that drafter.
+    doc = yaml.safe_load(example.read_text())
+    spec = doc["spec"]
+    spec["drafterTraining"]["initialDrafter"] = str(drafter)
+    spec["dataset"]["evalSize"] = 8
+    spec["algorithm"].update(
+        totalSteps=1, groupSize=2, promptsPerStep=4, maxNewTokens=48, evalEverySteps=0
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "run"
+    code, out = finish(longtail_run(str(job), "--output", str(run_dir)))
+    assert code == 0, out
+    (row,) = rows(run_dir)
+    # Step 1 speculates with the fitted drafter (a fresh one gets nearly nothing accepted).
+    assert row["sd_fraction"] > 0.5 and row["mean_accepted_length"] > 2.0, row
     assert_children_gone(run_dir)

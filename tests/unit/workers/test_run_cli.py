@@ -48,3 +48,18 @@ def test_run_help_lists_the_switches(capsys) -> None:
     out = capsys.readouterr().out
     for flag in ("--output", "--resume", "--no-speculative", "--no-harvest", "--weight-sync"):
         assert flag in out
+
+
+def test_a_missing_initial_drafter_is_refused_before_any_process(tmp_path: Path, capsys) -> None:
+    job = REPO / "examples" / "03-tiny-arith-warm-drafter.yaml"
+    missing = tmp_path / "no-drafter"
+    text = job.read_text().replace(
+        "initialDrafter: drafters/tiny-arith", f"initialDrafter: {missing}"
+    )
+    bad = tmp_path / "job.yaml"
+    bad.write_text(text)
+    assert main(["run", str(bad), "-o", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"spec.drafterTraining.initialDrafter: '{missing}' is not a drafter directory" in err
+    assert f"longtail drafter fit {bad} -o {missing}" in err
+    assert not (tmp_path / "run" / "processes.json").exists()  # nothing was started

@@ -13,7 +13,12 @@ from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.testing import random_prompts, tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.spot.buffer import CapturedSequence, RolloutBuffer
-from longtail_workers.spot.trainer import EmptyBufferError, SpotTrainer, SpotTrainingError
+from longtail_workers.spot.trainer import (
+    EmptyBufferError,
+    SpotTrainer,
+    SpotTrainingError,
+    WindowVerdict,
+)
 
 VOCAB = 48
 SPEC = DrafterTrainingSpec(learning_rate=3e-3, window_tokens=32, max_steps_per_window=10_000)
@@ -151,3 +156,34 @@ def test_spot_trained_drafter_gets_more_drafts_accepted(target, filled) -> None:
     before = _mean_accepted_length(target, untrained)
     after = _mean_accepted_length(target, trained)
     assert after > before + 0.3, (before, after)
+
+
+def test_quality_gate_keeps_a_better_window_and_reverts_a_worse_one(target, filled) -> None:
+    t = trainer(target, filled, seed=2)
+    run(t, 150)
+    better = t.judge_against_base()  # against the random initial weights
+    assert better.keep and better.trained_top1 > better.base_top1 + 0.2, better
+    # The fitted drafter becomes the base (as a merged version does), then a window wrecks it.
+    t.load_weights(t.drafter_copy().trainable_state_dict(), base_version=0)
+    fitted = {n: p.detach().clone() for n, p in t.drafter.named_parameters()}
+    same = t.judge_against_base()
+    assert same.keep and same.trained_top1 == same.base_top1  # nothing trained since the base
+    for group in t.optimizer.param_groups:
+        group["lr"] = 1.0
+    run(t, 5)
+    worse = t.judge_against_base()
+    assert worse.pairs >= WindowVerdict.MIN_PAIRS, worse  # enough held-out data to judge
+    assert not worse.keep and worse.trained_top1 < worse.base_top1 - 0.1, worse
+    t.revert_to_base()
+    for name, param in t.drafter.named_parameters():
+        torch.testing.assert_close(param, fitted[name], rtol=0, atol=0)
+    assert t.pairs_since_base == 0 and t.status().rejected_windows == 1
+    assert t.status().to_dict()["rejectedWindows"] == 1
+    assert t.judge_against_base().trained_top1 == same.base_top1
+
+
+def test_quality_gate_needs_enough_held_out_pairs() -> None:
+    few = WindowVerdict(trained_top1=0.1, base_top1=0.9, pairs=WindowVerdict.MIN_PAIRS - 1)
+    enough = WindowVerdict(trained_top1=0.1, base_top1=0.9, pairs=WindowVerdict.MIN_PAIRS)
+    assert few.keep and not enough.keep
+    assert WindowVerdict(None, 0.9, 4096).keep and WindowVerdict(0.5, 0.5, 4096).keep

@@ -77,6 +77,17 @@ def prepare_run_dir(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     return run_dir, opts
 
 
+def check_initial_drafter(spec: RLJobSpec, job_file: str) -> None:
+    """Refuse a job whose ``initialDrafter`` is not there before any process starts."""
+    path = spec.drafter_training.initial_drafter
+    if path and not (Path(path) / "config.json").is_file():
+        raise JobSpecError(
+            f"spec.drafterTraining.initialDrafter: {path!r} is not a drafter directory (no "
+            f"config.json under {Path(path).resolve()}); write one with `longtail drafter fit "
+            f"{job_file} -o {path}`, or remove the field to start from a fresh drafter"
+        )
+
+
 def start_children(
     spec: RLJobSpec,
     run_dir: Path,
@@ -131,6 +142,7 @@ def run(argv: list[str]) -> int:
     try:
         run_dir, opts = prepare_run_dir(args)
         spec = load_job_spec(run_dir / "job.yaml")
+        check_initial_drafter(spec, opts.get("source", str(run_dir / "job.yaml")))
     except JobSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -297,8 +297,16 @@ class RolloutWorker:
             return None
         with self._submit_lock:
             key = (trainer.base_version, trainer.total_steps, trainer.pairs_since_base)
-            if key == self._submitted:
-                return None  # this window's drafter was already sent
+            if key == self._submitted or trainer.pairs_since_base == 0:
+                return None  # already sent, or dropped by the gate while this call waited
+            verdict = trainer.judge_against_base()
+            if not verdict.keep:
+                trainer.revert_to_base()
+                log.info(
+                    "%s: drafter window dropped, held-out top-1 %.3f < %.3f of base version %s",
+                    self.name, verdict.trained_top1, verdict.base_top1, trainer.base_version,
+                )  # fmt: skip
+                return None
             window = trainer.last_window
             candidate = self.registry.submit_candidate(
                 trainer.drafter_copy(),
@@ -308,7 +316,7 @@ class RolloutWorker:
                 tokens=trainer.pairs_since_base,
                 steps=trainer.total_steps,
                 train_loss=window.mean_loss if window is not None else None,
-                heldout_top1=trainer.evaluate(),
+                heldout_top1=verdict.trained_top1,
             )
             self._submitted = key
             return candidate

@@ -15,6 +15,14 @@ them into ``rows_per_step`` rows of ``pack_tokens`` pairs and minimises TLT's lo
 :meth:`SpotTrainer.evaluate` (top-1 agreement with the target's next token), which the
 publisher records with each version.
 
+Quality gate: a window's weights are only worth submitting if they draft better than the weights
+they started from. :meth:`SpotTrainer.judge_against_base` scores both on the same held-out
+windows; the callers (``rollout/control.py``, ``trainer/harvest.py``) submit a candidate only when
+it is no worse, and otherwise :meth:`SpotTrainer.revert_to_base`. Why: a drafter that starts
+well-fitted (``drafterTraining.initialDrafter``) is pushed off its optimum by the first AdamW steps
+of a short window at the online learning rate (accepted length 5.6 -> 3.1 after one merge,
+docs/performance.md), and a worse merge would be served to every rollout worker.
+
 Errors: starting on an empty buffer raises :class:`EmptyBufferError`; a crash inside the thread
 is logged, puts the trainer in state ``failed`` with the message in :attr:`TrainerStatus.error`,
 and :meth:`SpotTrainer.raise_if_failed` re-raises it for the controller. Nothing is swallowed.
@@ -28,7 +36,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -71,6 +79,26 @@ class WindowReport:
 
 
 @dataclass(frozen=True)
+class WindowVerdict:
+    """Held-out top-1 of the trained weights against the base they started from (same data)."""
+
+    trained_top1: float | None
+    base_top1: float | None
+    pairs: int
+    """Held-out pairs both were scored on."""
+
+    # Fewer held-out pairs than this are too few to overrule the training loss.
+    MIN_PAIRS: ClassVar[int] = 256
+
+    @property
+    def keep(self) -> bool:
+        """Submit unless enough held-out data says the training made the drafter worse."""
+        if self.trained_top1 is None or self.base_top1 is None or self.pairs < self.MIN_PAIRS:
+            return True  # too little held-out data yet: nothing to judge by
+        return self.trained_top1 >= self.base_top1
+
+
+@dataclass(frozen=True)
 class TrainerStatus:
     """Plain-data view of the trainer for status endpoints."""
 
@@ -82,6 +110,8 @@ class TrainerStatus:
     last_loss: float | None
     base_version: int | None
     error: str | None
+    rejected_windows: int = 0
+    """Trained weights dropped by the quality gate (worse than their base on held-out data)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -93,6 +123,7 @@ class TrainerStatus:
             "lastLoss": self.last_loss,
             "baseVersion": self.base_version,
             "error": self.error,
+            "rejectedWindows": self.rejected_windows,
         }
 
 
@@ -145,6 +176,8 @@ class SpotTrainer:
         self._window_steps, self._max_steps = 0, 0
         self._last_loss: float | None = None
         self.policy_versions_seen: set[int] = set()
+        self.rejected_windows = 0
+        self._base_state = self._trainable_state()  # what revert_to_base() goes back to
 
     # --- control ----------------------------------------------------------------------------
 
@@ -211,6 +244,7 @@ class SpotTrainer:
             last_loss=self._last_loss,
             base_version=self.base_version,
             error=None if err is None else f"{type(err).__name__}: {err}",
+            rejected_windows=self.rejected_windows,
         )
 
     # --- weights ----------------------------------------------------------------------------
@@ -225,15 +259,49 @@ class SpotTrainer:
         """Continue from ``state`` (a merged version), keeping the optimizer's moments."""
         if self._state in ("training", "stopping"):
             raise RuntimeError("load_weights while training; stop the trainer first")
-        with self._weights:
-            for name, param in self.drafter.named_parameters():
-                param.copy_(state[name].to(param.device, param.dtype))
+        self._copy_in(state)
         self.base_version, self.pairs_since_base = base_version, 0
+        self._base_state = self._trainable_state()
         self.policy_versions_seen.clear()
         self._cache = None  # re-read the buffer's policy versions for the new base
 
-    def evaluate(self, max_pairs: int = 4096) -> float | None:
-        """Held-out top-1 accuracy (None without held-out data); safe while training."""
+    def revert_to_base(self) -> None:
+        """Drop what was trained since the base was loaded (the quality gate's "no").
+
+        The AdamW moments are kept: they still describe the loss around the base weights.
+        """
+        if self._state in ("training", "stopping"):
+            raise RuntimeError("revert_to_base while training; stop the trainer first")
+        self._copy_in(self._base_state)
+        self.pairs_since_base = 0
+        self.rejected_windows += 1
+
+    def judge_against_base(self, max_pairs: int = 4096) -> WindowVerdict:
+        """Held-out top-1 of the current weights and of the base weights, on the same windows."""
+        base = self.drafter_copy()
+        with torch.no_grad():
+            for name, param in base.named_parameters():
+                param.copy_(self._base_state[name].to(param.device, param.dtype))
+        _, _, held = self._windows()
+        pairs = min(max_pairs, sum(w.num_pairs for w in held))
+        trained = self.evaluate(max_pairs)
+        return WindowVerdict(trained, self.evaluate(max_pairs, drafter=base), pairs)
+
+    @torch.no_grad()
+    def _copy_in(self, state: dict[str, torch.Tensor]) -> None:
+        with self._weights:
+            for name, param in self.drafter.named_parameters():
+                param.copy_(state[name].to(param.device, param.dtype))
+
+    def _trainable_state(self) -> dict[str, torch.Tensor]:
+        with self._weights:
+            return {n: p.detach().clone() for n, p in self.drafter.named_parameters()}
+
+    def evaluate(self, max_pairs: int = 4096, drafter: EagleDrafter | None = None) -> float | None:
+        """Held-out top-1 accuracy of ``drafter`` (default: a copy of the trained weights).
+
+        None without held-out data; safe while training.
+        """
         _, _, held = self._windows()
         if not held:
             return None
@@ -244,7 +312,7 @@ class SpotTrainer:
                 break
             picked.append(w)
             total += w.num_pairs
-        drafter = self.drafter_copy()
+        drafter = self.drafter_copy() if drafter is None else drafter
         hits = pairs = 0
         for i in range(0, len(picked), 8):
             batch = pack_windows(picked[i : i + 8], self.pack_tokens, self.device)

@@ -371,6 +371,14 @@ class TrainerHarvest:
         spot = self.spot
         if spot.pairs_since_base == 0 or spot.total_steps == self._submitted_at:
             return None
+        verdict = spot.judge_against_base()
+        if not verdict.keep:
+            spot.revert_to_base()
+            self._submitted_at = spot.total_steps
+            log.info("trainer harvest: drafter window dropped, held-out top-1 %.3f < %.3f of "
+                     "base version %s", verdict.trained_top1, verdict.base_top1,
+                     spot.base_version)  # fmt: skip
+            return None
         window = spot.last_window
         cand = self.registry.submit_candidate(
             spot.drafter_copy(),
@@ -380,7 +388,7 @@ class TrainerHarvest:
             tokens=spot.pairs_since_base,
             steps=spot.total_steps,
             train_loss=window.mean_loss if window is not None else None,
-            heldout_top1=spot.evaluate(),
+            heldout_top1=verdict.trained_top1,
         )
         self._submitted_at = spot.total_steps
         self.last_candidate = cand

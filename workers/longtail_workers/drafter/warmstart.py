@@ -1,0 +1,183 @@
+"""``longtail drafter fit``: warm-start a job's drafter offline on the policy's own rollouts.
+
+A drafter trained from scratch online reaches only a short accepted length in a short run (the
+spot trainer gets a few worker-seconds per step). This command does before the run what the spot
+trainer does during it, in one go and with large batches: it samples the job's policy on the
+job's *training* prompts (the job's temperature, top-p and ``maxNewTokens``), records the target's
+hidden states, fits a drafter in the job's ``drafterTraining.layout`` with TLT's loss
+(:func:`longtail_workers.drafter.fit.fit_drafter`), reports its held-out top-1 agreement with the
+target and writes it as a drafter directory. Point ``spec.drafterTraining.initialDrafter`` at that
+directory; rollout workers then speculate well from the first step, and the online trainer's
+quality gate (``spot/trainer.py``) keeps it from being replaced by anything worse.
+
+Called by ``longtail drafter fit`` (``cli/longtail_cli/main.py`` routes to :func:`main`).
+Memory: the hidden states of every sampled token are kept (tokens x hidden size x 4 bytes; 512
+answers of ~70 tokens of ``builtin:tiny`` are ~40 MB, a 7B model's 3584-wide states ~10x that
+per token), so ``--prompts`` bounds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from longtail_api.policies import DrafterTrainingSpec
+from longtail_api.spec import RLJobSpec
+from longtail_workers.data import resolve_dataset
+from longtail_workers.data.loader import DEFAULT_BUILTIN_TRAIN_SIZE
+from longtail_workers.data.prompts import format_example
+from longtail_workers.drafter.checkpoint import save_drafter
+from longtail_workers.drafter.fit import (
+    TrainingSequence,
+    collect_training_sequences,
+    fit_drafter,
+    pair_batch,
+)
+from longtail_workers.drafter.model import EagleDrafter, layout_options
+from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.models.loading import load_policy
+from longtail_workers.runtime import JobSpecError, load_job_spec
+
+HOLDOUT_EVERY = 10  # every 10th sampled answer is held out to measure the fit
+_SEED_BASE = 7_000_000  # sampling seeds apart from the RL run's answer seeds
+
+
+def sampling_requests(
+    spec: RLJobSpec, tokenizer: object, n: int, max_new_tokens: int
+) -> list[GenerationRequest]:
+    """One request per training prompt (the first ``n``), sampled as the job's rollout would."""
+    algo = spec.algorithm
+    size = max(DEFAULT_BUILTIN_TRAIN_SIZE, n)
+    examples = resolve_dataset(spec.dataset, "train", seed=algo.seed, builtin_train_size=size)
+    eos = [int(tokenizer.eos_token_id)]  # type: ignore[attr-defined]
+    requests = []
+    for i, example in enumerate(examples[:n]):
+        text = format_example(tokenizer, example, spec.dataset.apply_chat_template)
+        requests.append(
+            GenerationRequest(
+                list(tokenizer.encode(text, add_special_tokens=False)),  # type: ignore[attr-defined]
+                max_new_tokens,
+                temperature=algo.temperature,
+                top_p=algo.top_p,
+                seed=_SEED_BASE + algo.seed * 100_003 + i,
+                stop_token_ids=eos,
+            )
+        )
+    return requests
+
+
+@torch.no_grad()
+def heldout_top1(drafter: EagleDrafter, seqs: Sequence[TrainingSequence], batch: int = 16) -> float:
+    """Share of held-out pairs whose drafted next token is the target's own next token."""
+    hits = total = 0
+    drafter.eval()
+    for i in range(0, len(seqs), batch):
+        ids, hidden, pos, target, valid = pair_batch(seqs[i : i + batch])
+        mask = drafter.mask(valid[:, :0], valid)
+        predicted = drafter(ids, hidden, pos, attention_mask=mask)  # [B, T, H]
+        drafted = drafter.logits(predicted).argmax(-1)  # [B, T]
+        wanted = drafter.logits(target).argmax(-1)  # [B, T]: the target's greedy next token
+        hits += int(((drafted == wanted) & valid).sum())
+        total += int(valid.sum())
+    return hits / total if total else float("nan")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="longtail drafter fit",
+        description="Fit a drafter offline on the job's policy and training prompts; write it "
+        "for spec.drafterTraining.initialDrafter.",
+    )
+    ap.add_argument("job", type=Path, metavar="JOB.yaml", help="the RLJob the drafter is for")
+    ap.add_argument("--output", "-o", type=Path, required=True, help="new drafter directory")
+    ap.add_argument("--prompts", type=int, default=512, help="training prompts to sample (512)")
+    ap.add_argument("--steps", type=int, default=600, help="AdamW steps of the fit (600)")
+    ap.add_argument("--batch-size", type=int, default=16, help="windows per step (16)")
+    ap.add_argument("--learning-rate", type=float, default=3e-4, help="AdamW rate (3e-4)")
+    ap.add_argument("--window-tokens", type=int, default=512, help="pairs per window (512)")
+    ap.add_argument(
+        "--max-new-tokens", type=int, default=None, help="answer budget (the job's maxNewTokens)"
+    )
+    ap.add_argument("--max-running", type=int, default=64, help="answers sampled at once (64)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's)")
+    ap.add_argument("--force", action="store_true", help="overwrite a non-empty --output")
+    return ap.parse_args(list(argv))
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    """The first bad option, as an error line naming it; None when all are usable."""
+    for name in ("steps", "batch_size", "window_tokens", "max_running"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')}={getattr(args, name)}: must be >= 1"
+    if args.prompts < 2:
+        return f"--prompts={args.prompts}: need >= 2 (one answer in {HOLDOUT_EVERY} is held out)"
+    if args.max_new_tokens is not None and args.max_new_tokens < 2:
+        return f"--max-new-tokens={args.max_new_tokens}: must be >= 2 (a pair needs two tokens)"
+    if args.output.exists() and any(args.output.iterdir()) and not args.force:
+        return f"--output {args.output}: exists and is not empty (choose a new path or --force)"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    problem = _check_args(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        spec = load_job_spec(args.job)
+    except JobSpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    model, tokenizer = load_policy(spec.model.path, dtype=spec.model.dtype)
+    model.to(args.device)
+    max_new = args.max_new_tokens or spec.algorithm.max_new_tokens
+    requests = sampling_requests(spec, tokenizer, args.prompts, max_new)
+    print(f"sampling {len(requests)} answers of {spec.model.path} (up to {max_new} tokens each)")
+    engine = TorchEngine(model, config=EngineConfig(max_running=args.max_running))
+    seqs = collect_training_sequences(engine, requests)
+    held = seqs[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY] or seqs[-1:]
+    train = [s for i, s in enumerate(seqs) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1] or seqs
+    sampled_s = time.perf_counter() - started
+    print(f"sampled {sum(len(s.tokens) for s in seqs)} tokens in {sampled_s:.0f} s; fitting")
+    layout = layout_options(spec.drafter_training.layout)
+    drafter = EagleDrafter(model, target_id=spec.model.path, **layout)
+    training = DrafterTrainingSpec(
+        learning_rate=args.learning_rate,
+        window_tokens=args.window_tokens,
+        loss_weights=spec.drafter_training.loss_weights,
+    )
+    before = heldout_top1(drafter, held)
+    every = max(1, args.steps // 10)
+
+    def progress(step: int, loss: object) -> None:
+        if (step + 1) % every == 0:
+            print(f"  step {step + 1}/{args.steps}  loss {float(loss.total):.4f}", flush=True)  # type: ignore[attr-defined]
+
+    fit_drafter(
+        drafter, train, steps=args.steps, training=training, batch_size=args.batch_size,
+        seed=spec.algorithm.seed, on_step=progress,
+    )  # fmt: skip
+    after = heldout_top1(drafter, held)
+    save_drafter(drafter, args.output)
+    print(
+        f"held-out top-1 agreement with the target: {before:.3f} -> {after:.3f} "
+        f"({len(held)} held-out answers); {time.perf_counter() - started:.0f} s in all\n"
+        f"drafter written to {args.output}\n"
+        f"use it: spec.drafterTraining.initialDrafter: {args.output.resolve()}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
