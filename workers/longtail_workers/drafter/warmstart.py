@@ -36,13 +36,13 @@ from longtail_workers.drafter.fit import (
     TrainingSequence,
     collect_training_sequences,
     fit_drafter,
-    pair_batch,
 )
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.models.loading import load_policy
 from longtail_workers.runtime import JobSpecError, load_job_spec
+from longtail_workers.spot.windows import Window, top1_over
 
 HOLDOUT_EVERY = 10  # every 10th sampled answer is held out to measure the fit
 _SEED_BASE = 7_000_000  # sampling seeds apart from the RL run's answer seeds
@@ -72,20 +72,12 @@ def sampling_requests(
     return requests
 
 
-@torch.no_grad()
-def heldout_top1(drafter: EagleDrafter, seqs: Sequence[TrainingSequence], batch: int = 16) -> float:
+def heldout_top1(drafter: EagleDrafter, seqs: Sequence[TrainingSequence]) -> float:
     """Share of held-out pairs whose drafted next token is the target's own next token."""
-    hits = total = 0
-    drafter.eval()
-    for i in range(0, len(seqs), batch):
-        ids, hidden, pos, target, valid = pair_batch(seqs[i : i + batch])
-        mask = drafter.mask(valid[:, :0], valid)
-        predicted = drafter(ids, hidden, pos, attention_mask=mask)  # [B, T, H]
-        drafted = drafter.logits(predicted).argmax(-1)  # [B, T]
-        wanted = drafter.logits(target).argmax(-1)  # [B, T]: the target's greedy next token
-        hits += int(((drafted == wanted) & valid).sum())
-        total += int(valid.sum())
-    return hits / total if total else float("nan")
+    windows = [Window(s.tokens, s.hidden, s.start_position) for s in seqs]
+    row = max(w.num_pairs for w in windows)  # one whole answer per packed row at most
+    share, _ = top1_over(drafter.eval(), windows, row)
+    return float("nan") if share is None else share
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -47,7 +47,7 @@ from longtail_workers.spot.windows import (
     Window,
     pack_windows,
     packed_loss,
-    top1_accuracy,
+    top1_over,
     windows_of,
 )
 
@@ -278,33 +278,29 @@ class SpotTrainer:
 
     def judge_against_base(self, max_pairs: int = 4096) -> WindowVerdict:
         """Held-out top-1 of the current weights and of the base weights, on the same windows."""
+        held = self._heldout(max_pairs)
         base = self.drafter_copy()
-        with torch.no_grad():
-            for name, param in base.named_parameters():
-                param.copy_(self._base_state[name].to(param.device, param.dtype))
-        _, _, held = self._windows()
-        pairs = min(max_pairs, sum(w.num_pairs for w in held))
-        trained = self.evaluate(max_pairs)
-        return WindowVerdict(trained, self.evaluate(max_pairs, drafter=base), pairs)
+        _load_into(base, self._base_state)
+        trained, pairs = top1_over(self.drafter_copy(), held, self.pack_tokens, self.device)
+        base_top1, _ = top1_over(base, held, self.pack_tokens, self.device)
+        return WindowVerdict(trained, base_top1, pairs)
 
-    @torch.no_grad()
     def _copy_in(self, state: dict[str, torch.Tensor]) -> None:
         with self._weights:
-            for name, param in self.drafter.named_parameters():
-                param.copy_(state[name].to(param.device, param.dtype))
+            _load_into(self.drafter, state)
 
     def _trainable_state(self) -> dict[str, torch.Tensor]:
         with self._weights:
             return {n: p.detach().clone() for n, p in self.drafter.named_parameters()}
 
-    def evaluate(self, max_pairs: int = 4096, drafter: EagleDrafter | None = None) -> float | None:
-        """Held-out top-1 accuracy of ``drafter`` (default: a copy of the trained weights).
+    def evaluate(self, max_pairs: int = 4096) -> float | None:
+        """Held-out top-1 accuracy (None without held-out data); safe while training."""
+        return top1_over(self.drafter_copy(), self._heldout(max_pairs), self.pack_tokens,
+                         self.device)[0]  # fmt: skip
 
-        None without held-out data; safe while training.
-        """
+    def _heldout(self, max_pairs: int) -> list[Window]:
+        """The first held-out windows, up to ``max_pairs`` pairs (at least one window)."""
         _, _, held = self._windows()
-        if not held:
-            return None
         picked: list[Window] = []
         total = 0
         for w in held:
@@ -312,13 +308,7 @@ class SpotTrainer:
                 break
             picked.append(w)
             total += w.num_pairs
-        drafter = self.drafter_copy() if drafter is None else drafter
-        hits = pairs = 0
-        for i in range(0, len(picked), 8):
-            batch = pack_windows(picked[i : i + 8], self.pack_tokens, self.device)
-            h, n = top1_accuracy(drafter, batch)
-            hits, pairs = hits + h, pairs + n
-        return hits / pairs if pairs else None
+        return picked
 
     # --- the thread -------------------------------------------------------------------------
 
@@ -406,3 +396,10 @@ class SpotTrainer:
         w = self.training.window_tokens
         self._cache = (snap.version, windows_of(train, w), windows_of(held, w))
         return self._cache
+
+
+@torch.no_grad()
+def _load_into(drafter: EagleDrafter, state: dict[str, torch.Tensor]) -> None:
+    """Copy ``state`` (trainable weights by name) into ``drafter``'s parameters."""
+    for name, param in drafter.named_parameters():
+        param.copy_(state[name].to(param.device, param.dtype))

@@ -203,3 +203,24 @@ def top1_accuracy(drafter: EagleDrafter, batch: PackedBatch) -> tuple[int, int]:
     theirs = drafter.logits(batch.target_hidden.to(predicted.dtype)).argmax(dim=-1)  # [B, T]
     valid = batch.valid
     return int((mine.eq(theirs) & valid).sum()), int(valid.sum())
+
+
+@torch.no_grad()
+def top1_over(
+    drafter: EagleDrafter,
+    windows: Sequence[Window],
+    row_tokens: int,
+    device: torch.device | None = None,
+    windows_per_batch: int = 8,
+) -> tuple[float | None, int]:
+    """``(share, pairs)``: :func:`top1_accuracy` over ``windows``, packed a few at a time.
+
+    ``share`` is None when there is no pair to score. Used by the spot trainer's held-out
+    evaluation and quality gate, and by ``longtail drafter fit``.
+    """
+    hits = pairs = 0
+    for i in range(0, len(windows), windows_per_batch):
+        batch = pack_windows(windows[i : i + windows_per_batch], row_tokens, device)
+        h, n = top1_accuracy(drafter, batch)
+        hits, pairs = hits + h, pairs + n
+    return (hits / pairs if pairs else None), pairs
