@@ -1,9 +1,10 @@
 """A batched KV cache with per-slot validity, and the attention mask that goes with it.
 
 Used by the torch engine for the target model and by speculative decoding for the drafter. The
-keys/values live in a Hugging Face ``DynamicCache`` (so any HF decoder that appends to it works),
-shaped ``[B, heads, L, head_dim]`` per layer: all rows share the slot axis ``L``. Rows differ in
-how many of those slots hold real tokens, which is tracked in ``valid`` ``[B, L]``:
+keys/values live in a Hugging Face ``DynamicCache`` (so any HF decoder that appends to it works)
+whose layers append in place (:class:`~longtail_workers.engine.kv_layer.GrowingLayer`), shaped
+``[B, heads, L, head_dim]`` per layer: all rows share the slot axis ``L``. Rows differ in how many
+of those slots hold real tokens, which is tracked in ``valid`` ``[B, L]``:
 
 * prompts are left-padded at prefill (invalid slots on the left);
 * rejected draft tokens leave holes (their slots are marked invalid instead of being cut out,
@@ -21,6 +22,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from longtail_workers.engine.kv_layer import GrowingLayer
 
 MASKED_ATTENTION = ("sdpa", "eager")
 """Attention implementations that accept the engine's explicit 4D masks."""
@@ -90,6 +93,11 @@ class PaddedKVCache:
                 "sliding windows in the model config (use_sliding_window=false) or use another "
                 "engine backend"
             )
+        # Same layers, appending in place (kv_layer.py): the decode step's cost stops growing
+        # with the cache length.
+        self.cache.layers = [GrowingLayer() for _ in self.cache.layers]
+        if self.cache.layer_class_to_replicate is not None:
+            self.cache.layer_class_to_replicate = GrowingLayer
         self.valid = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)  # [B, L]
 
     @property
@@ -104,7 +112,7 @@ class PaddedKVCache:
         """Real tokens per row ``[B]``."""
         return self.valid.sum(dim=1)
 
-    def _layers(self) -> list[DynamicLayer]:
+    def _layers(self) -> list[GrowingLayer]:
         return [layer for layer in self.cache.layers if layer.is_initialized]
 
     def mask_for(self, new_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -150,8 +158,7 @@ class PaddedKVCache:
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (int64 indices, in the new order)."""
         for layer in self._layers():
-            layer.keys = layer.keys[rows]
-            layer.values = layer.values[rows]
+            layer.select_rows(rows)
         self.valid = self.valid[rows]
 
     def waste(self) -> int:
@@ -209,7 +216,7 @@ class PaddedKVCache:
             a.values = torch.cat([a.values, b.values], dim=0)
         self.valid = torch.cat([self.valid, other.valid], dim=0)
 
-    def _materialise_like(self, layers: list[DynamicLayer]) -> None:
+    def _materialise_like(self, layers: list[GrowingLayer]) -> None:
         """Give an uninitialised cache zero tensors shaped like ``layers`` for our rows/slots."""
         for mine, ref in zip(self.cache.layers, layers, strict=True):
             _, h, _, d = ref.keys.shape

@@ -46,7 +46,12 @@ from longtail_workers.trainer.checkpoint import save_checkpoint
 from longtail_workers.trainer.dispatch import RolloutAborted, RolloutOutcome, RolloutPool
 from longtail_workers.trainer.grpo import group_advantages, sequence_logprobs
 from longtail_workers.trainer.harvest import TrainerHarvest
-from longtail_workers.trainer.optim import TrainConfig, build_optimizer, train_step
+from longtail_workers.trainer.optim import (
+    TrainConfig,
+    build_optimizer,
+    default_micro_batch_tokens,
+    train_step,
+)
 from longtail_workers.trainer.rollout_batch import build_grpo_batch
 from longtail_workers.verifier.client import VerifierClient
 from longtail_workers.weights.sync import WeightPublisher
@@ -79,7 +84,9 @@ class DriverState:
 class DriverConfig:
     run_dir: Path
     checkpoint_dir: Path
-    micro_batch_tokens: int | None = 8192
+    micro_batch_tokens: int | None = None
+    """Padded tokens per forward pass of the policy update; ``None``: the default for the
+    policy's device (:func:`~longtail_workers.trainer.optim.default_micro_batch_tokens`)."""
     eval_max_new_tokens: int | None = None
 
 
@@ -115,9 +122,9 @@ class StepDriver:
         """The trainer's own drafter training during rollouts (None: off, the default)."""
         self._trainer_harvested_s = 0.0
         algo = spec.algorithm
-        self.train_cfg = TrainConfig.from_algorithm(
-            algo, micro_batch_tokens=config.micro_batch_tokens
-        )
+        device = next(model.parameters()).device
+        budget = config.micro_batch_tokens or default_micro_batch_tokens(device)
+        self.train_cfg = TrainConfig.from_algorithm(algo, micro_batch_tokens=budget)
         self.optimizer = build_optimizer(model, self.train_cfg)
         # The KL reference is the policy as loaded (before any checkpoint is applied on resume).
         self.reference = copy.deepcopy(model).eval() if algo.kl_coef > 0 else None
