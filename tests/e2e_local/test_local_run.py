@@ -91,6 +91,8 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
     assert all(r["answers"] == 8 and 0.0 <= r["reward_mean"] <= 1.0 for r in got)
     assert all(0 <= r["tail_s"] <= r["rollout_s"] for r in got)
     assert all(r["train_kl_ref"] >= 0.0 and r["train_tokens"] > 0 for r in got)
+    # trainer.microBatchTokens 64 splits each ~500-token update (the CPU default, 1024, would not)
+    assert all(r["train_micro_batches"] >= 2 for r in got), [r["train_micro_batches"] for r in got]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
         "step-000001",
         "step-000002",

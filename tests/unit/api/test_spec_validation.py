@@ -92,6 +92,7 @@ def test_three_distinct_mistakes_all_reported() -> None:
         ({"rollout": {"template": "x"}}, "spec.rollout.template: must be a mapping"),
         ({"rollout": 3}, "spec.rollout: must be a mapping, got 3"),
         ({"trainer": {"replicas": 2}}, "the trainer is a single process today"),
+        ({"trainer": {"microBatchTokens": -1}}, "spec.trainer.microBatchTokens: must be >= 0"),
         ({"speculative": {"strategies": []}}, "must have at least 1 item(s)"),
         ({"speculative": {"strategies": [{"draftDepth": 0}]}}, "strategies[0].draftDepth"),
         ({"harvest": {"eligibleRoles": ["gpu"]}}, "spec.harvest.eligibleRoles[0]: must be one of"),

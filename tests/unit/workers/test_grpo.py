@@ -16,7 +16,14 @@ from longtail_workers.trainer.grpo import (
     k3_kl,
     sequence_logprobs,
 )
-from longtail_workers.trainer.optim import TrainConfig, build_optimizer, train_step
+from longtail_workers.trainer.optim import (
+    CPU_MICRO_BATCH_TOKENS,
+    GPU_MICRO_BATCH_TOKENS,
+    TrainConfig,
+    build_optimizer,
+    micro_batch_budget,
+    train_step,
+)
 
 VOCAB = 32
 
@@ -323,3 +330,10 @@ def test_train_config_from_algorithm_and_validation() -> None:
     assert cfg.micro_batch_tokens == 4096
     with pytest.raises(ValueError, match=r"clip_ratio=1\.5"):
         TrainConfig(clip_ratio=1.5)
+
+
+def test_the_micro_batch_budget_is_the_job_setting_else_the_device_default() -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert micro_batch_budget(0, cpu) == CPU_MICRO_BATCH_TOKENS == 1024
+    assert micro_batch_budget(None, gpu) == GPU_MICRO_BATCH_TOKENS == 16384
+    assert micro_batch_budget(3000, cpu) == micro_batch_budget(3000, gpu) == 3000

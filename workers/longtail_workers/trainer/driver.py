@@ -49,7 +49,7 @@ from longtail_workers.trainer.harvest import TrainerHarvest
 from longtail_workers.trainer.optim import (
     TrainConfig,
     build_optimizer,
-    default_micro_batch_tokens,
+    micro_batch_budget,
     train_step,
 )
 from longtail_workers.trainer.rollout_batch import build_grpo_batch
@@ -85,8 +85,9 @@ class DriverConfig:
     run_dir: Path
     checkpoint_dir: Path
     micro_batch_tokens: int | None = None
-    """Padded tokens per forward pass of the policy update; ``None``: the default for the
-    policy's device (:func:`~longtail_workers.trainer.optim.default_micro_batch_tokens`)."""
+    """Padded tokens per forward pass of the policy update; ``None``: the job's
+    ``trainer.microBatchTokens``, else the default for the policy's device
+    (:func:`~longtail_workers.trainer.optim.micro_batch_budget`)."""
     eval_max_new_tokens: int | None = None
 
 
@@ -123,7 +124,9 @@ class StepDriver:
         self._trainer_harvested_s = 0.0
         algo = spec.algorithm
         device = next(model.parameters()).device
-        budget = config.micro_batch_tokens or default_micro_batch_tokens(device)
+        budget = micro_batch_budget(
+            config.micro_batch_tokens or spec.trainer.micro_batch_tokens, device
+        )
         self.train_cfg = TrainConfig.from_algorithm(algo, micro_batch_tokens=budget)
         self.optimizer = build_optimizer(model, self.train_cfg)
         # The KL reference is the policy as loaded (before any checkpoint is applied on resume).

@@ -35,8 +35,11 @@ GPU_MICRO_BATCH_TOKENS = 16384
 default token budget per GPU is the same)."""
 
 
-def default_micro_batch_tokens(device: torch.device) -> int:
-    """The micro-batch token budget for a policy on ``device`` (see the two constants)."""
+def micro_batch_budget(requested: int | None, device: torch.device) -> int:
+    """The update's token budget: ``requested`` (``spec.trainer.microBatchTokens``) if set,
+    else the default for a policy on ``device`` (see the two constants)."""
+    if requested:
+        return requested
     return CPU_MICRO_BATCH_TOKENS if device.type == "cpu" else GPU_MICRO_BATCH_TOKENS
 
 
