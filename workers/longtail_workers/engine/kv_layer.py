@@ -38,19 +38,37 @@ def _is_prefix_view(t: torch.Tensor, buf: torch.Tensor) -> bool:
     )
 
 
+def _tensor_slot(name: str) -> Any:
+    """The ``keys`` / ``values`` attribute: reads the filled prefix, writes through ``_set``."""
+    return property(lambda self: self._get(name), lambda self, t: self._set(name, t))
+
+
 class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose appends write into spare capacity; see the module text."""
+    """A ``DynamicLayer`` whose appends write into spare capacity; see the module text.
+
+    A buffer is either ``None`` (nothing cached) or ``[B, heads, capacity, head_dim]``.
+    """
+
+    keys = _tensor_slot("keys")  # [B, heads, L, head_dim]
+    values = _tensor_slot("values")  # [B, heads, L, head_dim]
 
     def __init__(self, **kwargs: Any) -> None:
         self._bufs: dict[str, torch.Tensor | None] = {"keys": None, "values": None}
         self._fill: dict[str, int] = {"keys": 0, "values": 0}
-        super().__init__(**kwargs)  # sets keys/values to None through the properties
+        super().__init__(**kwargs)  # sets keys/values to None through the slots
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        # DynamicLayer starts from 1-D empty tensors to concatenate onto; here the first append
+        # allocates the buffer, so the buffers stay None until then.
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def get_seq_length(self) -> int:
+        return self._fill["keys"]
 
     def _get(self, name: str) -> torch.Tensor | None:
         buf = self._bufs[name]
-        if buf is None or buf.dim() != 4:
-            return buf
-        return buf[:, :, : self._fill[name], :]
+        return None if buf is None else buf[:, :, : self._fill[name], :]
 
     def _set(self, name: str, t: torch.Tensor | None) -> None:
         buf = self._bufs[name]
@@ -58,42 +76,19 @@ class GrowingLayer(DynamicLayer):
             self._fill[name] = int(t.shape[2])  # a crop: keep the buffer, move the fill mark
             return
         self._bufs[name] = t
-        self._fill[name] = 0 if t is None or t.dim() != 4 else int(t.shape[2])
-
-    @property  # type: ignore[override]
-    def keys(self) -> torch.Tensor | None:  # [B, heads, L, head_dim]
-        return self._get("keys")
-
-    @keys.setter
-    def keys(self, t: torch.Tensor | None) -> None:
-        self._set("keys", t)
-
-    @property  # type: ignore[override]
-    def values(self) -> torch.Tensor | None:  # [B, heads, L, head_dim]
-        return self._get("values")
-
-    @values.setter
-    def values(self, t: torch.Tensor | None) -> None:
-        self._set("values", t)
+        self._fill[name] = 0 if t is None else int(t.shape[2])
 
     @property
     def capacity(self) -> int:
         """Slots the key buffer holds, filled or not."""
         buf = self._bufs["keys"]
-        return 0 if buf is None or buf.dim() != 4 else int(buf.shape[2])
+        return 0 if buf is None else int(buf.shape[2])
 
     def _append(self, name: str, new: torch.Tensor) -> torch.Tensor:
         """Write ``new`` ``[B, heads, Q, head_dim]`` after the filled slots; return them all."""
         buf, fill = self._bufs[name], self._fill[name]
         q = int(new.shape[2])
-        fits = (
-            buf is not None
-            and buf.dim() == 4
-            and buf.shape[:2] == new.shape[:2]
-            and buf.shape[3] == new.shape[3]
-            and fill + q <= buf.shape[2]
-        )
-        if not fits:
+        if buf is None or buf.shape[:2] != new.shape[:2] or fill + q > buf.shape[2]:
             need = fill + q
             b, h, _, d = new.shape
             grown = new.new_empty(b, h, need + max(MIN_SPARE_SLOTS, need // 2), d)
@@ -101,7 +96,6 @@ class GrowingLayer(DynamicLayer):
                 assert buf is not None
                 grown[:, :, :fill] = buf[:, :, :fill]
             buf = grown
-        assert buf is not None
         buf[:, :, fill : fill + q] = new
         self._bufs[name], self._fill[name] = buf, fill + q
         return buf[:, :, : fill + q]
@@ -116,7 +110,6 @@ class GrowingLayer(DynamicLayer):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep batch rows ``rows`` (int64, new order), spare slots included (one copy)."""
-        for name in ("keys", "values"):
-            buf = self._bufs[name]
-            if buf is not None and buf.dim() == 4:
+        for name, buf in self._bufs.items():
+            if buf is not None:
                 self._bufs[name] = buf[rows]

@@ -84,10 +84,6 @@ class DriverState:
 class DriverConfig:
     run_dir: Path
     checkpoint_dir: Path
-    micro_batch_tokens: int | None = None
-    """Padded tokens per forward pass of the policy update; ``None``: the job's
-    ``trainer.microBatchTokens``, else the default for the policy's device
-    (:func:`~longtail_workers.trainer.optim.micro_batch_budget`)."""
     eval_max_new_tokens: int | None = None
 
 
@@ -124,9 +120,7 @@ class StepDriver:
         self._trainer_harvested_s = 0.0
         algo = spec.algorithm
         device = next(model.parameters()).device
-        budget = micro_batch_budget(
-            config.micro_batch_tokens or spec.trainer.micro_batch_tokens, device
-        )
+        budget = micro_batch_budget(spec.trainer.micro_batch_tokens, device)
         self.train_cfg = TrainConfig.from_algorithm(algo, micro_batch_tokens=budget)
         self.optimizer = build_optimizer(model, self.train_cfg)
         # The KL reference is the policy as loaded (before any checkpoint is applied on resume).
