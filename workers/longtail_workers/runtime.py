@@ -14,19 +14,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from types import FrameType
 from typing import Any, Protocol
 
 import torch
 
 from longtail_api.manifest import ManifestError, validate_file
 from longtail_api.spec import ResourcesSpec, RLJobSpec
+from longtail_workers.signals import install_stop_signals
 from longtail_workers.weights.sync import StateDict, WeightSource, WeightSyncError
 
 log = logging.getLogger(__name__)
@@ -206,39 +205,23 @@ class ServiceRuntime:
         self.stop = stop or threading.Event()
 
     def serve_forever(self, on_stop: Any = None) -> int:
+        restore = install_stop_signals(self.stop)  # before the URL is announced: see signals.py
         try:
-            self.server.start()
-        except OSError as exc:
-            print(f"error: cannot listen: {exc} (pick another --port, or 0)", file=sys.stderr)
-            return 1
-        print(f"{self.prefix}{self.server.url}", flush=True)
-        restore = install_stop_signals(self.stop)
-        try:
-            self.stop.wait()
+            try:
+                self.server.start()
+            except OSError as exc:
+                print(f"error: cannot listen: {exc} (pick another --port, or 0)", file=sys.stderr)
+                return 1
+            print(f"{self.prefix}{self.server.url}", flush=True)
+            try:
+                self.stop.wait()
+            finally:
+                if on_stop is not None:
+                    on_stop()
+                self.server.stop(grace_s=2.0)
         finally:
             restore()
-            if on_stop is not None:
-                on_stop()
-            self.server.stop(grace_s=2.0)
         return 0
-
-
-def install_stop_signals(stop: threading.Event) -> Any:
-    """SIGTERM/SIGINT set ``stop``; returns a function restoring the previous handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore
 
 
 def add_weight_sync_args(ap: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -291,3 +292,25 @@ def test_main_serves_until_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_stop_signals_are_handled_before_the_url_is_announced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A supervisor may send SIGTERM as soon as it reads the URL. The handler must already be
+    # installed when the server starts (it used to come after the announcement, and a SIGTERM
+    # in that window killed the process with -15 instead of a clean stop).
+    seen: list[Any] = []
+    start = VerifierServer.start
+
+    def recording_start(self: VerifierServer) -> Any:
+        seen.append(signal.getsignal(signal.SIGTERM))
+        return start(self)
+
+    monkeypatch.setattr(VerifierServer, "start", recording_start)
+    stop = threading.Event()
+    stop.set()  # main() returns as soon as it has started and announced
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["--port", "0"], stop=stop) == 0
+    assert seen and seen[0] not in (signal.SIG_DFL, before)
+    assert signal.getsignal(signal.SIGTERM) == before  # restored on the way out

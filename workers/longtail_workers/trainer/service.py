@@ -48,12 +48,8 @@ from longtail_api.workerapi import (
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
 from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
 from longtail_workers.rollout.http import ROLE_BODY_ERRORS, role_from_body
-from longtail_workers.runtime import (
-    add_weight_sync_args,
-    install_stop_signals,
-    load_job_spec,
-    torch_threads,
-)
+from longtail_workers.runtime import add_weight_sync_args, load_job_spec, torch_threads
+from longtail_workers.signals import install_stop_signals
 from longtail_workers.spot.remote import DrafterEndpoints
 from longtail_workers.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed

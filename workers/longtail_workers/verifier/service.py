@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import signal
 import sys
 import threading
 from collections.abc import Callable
-from types import FrameType
 
 from longtail_workers.rewards import UnknownRewardError, get_reward, known_rewards
+from longtail_workers.signals import install_stop_signals
 from longtail_workers.verifier.server import VerifierConfig, VerifierServer
 
 LISTENING_PREFIX = "longtail verifier listening on "
@@ -129,23 +128,25 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
         default_reward=args.reward,
     )
     server = VerifierServer(config)
-    try:
-        server.start()
-    except OSError as exc:
-        print(
-            f"error: cannot listen on {args.host}:{args.port}: {exc} "
-            f"(pick another --port, or --port 0 for a free one)",
-            file=sys.stderr,
-        )
-        return 1
-    print(f"{LISTENING_PREFIX}{server.url}", flush=True)
     stop = stop if stop is not None else threading.Event()
-    restore = _install_signal_handlers(stop)
+    restore = install_stop_signals(stop)  # before the URL is announced: see signals.py
     try:
-        stop.wait()
+        try:
+            server.start()
+        except OSError as exc:
+            print(
+                f"error: cannot listen on {args.host}:{args.port}: {exc} "
+                f"(pick another --port, or --port 0 for a free one)",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"{LISTENING_PREFIX}{server.url}", flush=True)
+        try:
+            stop.wait()
+        finally:
+            server.stop(grace_s=args.grace_seconds)
     finally:
         restore()
-        server.stop(grace_s=args.grace_seconds)
     return 0
 
 
@@ -165,28 +166,6 @@ def _load_rewards(modules: list[str], default_reward: str) -> str | None:
         return f"--reward: {exc}"
     logging.getLogger(__name__).info("rewards available: %s", ", ".join(known_rewards()))
     return None
-
-
-def _install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
-    """Make SIGTERM/SIGINT set ``stop``; returns a function restoring the previous handlers.
-
-    Signal handlers can only be installed from the main thread; elsewhere (``main`` called from
-    a test thread) this does nothing and the caller stops the server another way.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        logging.getLogger(__name__).info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore
 
 
 if __name__ == "__main__":
