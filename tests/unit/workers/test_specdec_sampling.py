@@ -12,25 +12,24 @@ rules plugged into the engine: that shows the test has the power to catch a loss
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Sequence
 
 import pytest
 import torch
+from lossless import chi_square, exact_distribution
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.rejection import AcceptanceRule, Verdict, rejection_sample
-from longtail_workers.engine.sampling import sample_from_probs, sampling_probs
+from longtail_workers.engine.sampling import sample_from_probs
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 
 VOCAB = 8
 PROMPT = [1, 2, 3]
 SAMPLES = 20_000
-Z_ALPHA = 3.719  # standard normal upper quantile for alpha = 1e-4
 
 
 def _target() -> torch.nn.Module:
@@ -44,57 +43,6 @@ def _target() -> torch.nn.Module:
         sharpness=12.0,
         dtype=torch.float64,
     )
-
-
-def _exact_distribution(
-    model: torch.nn.Module, n_tokens: int, temperature: float, top_p: float, stop: int | None
-) -> dict[tuple[int, ...], float]:
-    """P(continuation) for every continuation of PROMPT of n_tokens (shorter if it hits stop)."""
-    done: dict[tuple[int, ...], float] = {}
-    frontier: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(n_tokens):
-        prefixes = list(frontier)
-        ids = torch.tensor([PROMPT + list(p) for p in prefixes])
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits[:, -1:, :]  # [M, 1, V]
-        m = len(prefixes)
-        probs = sampling_probs(
-            logits,
-            torch.full((m,), temperature, dtype=torch.float64),
-            torch.full((m,), top_p, dtype=torch.float64),
-        )[:, 0]
-        nxt: dict[tuple[int, ...], float] = {}
-        for row, prefix in enumerate(prefixes):
-            for tok in range(VOCAB):
-                pr = frontier[prefix] * float(probs[row, tok])
-                if pr == 0.0:
-                    continue
-                seq = (*prefix, tok)
-                (done if tok == stop else nxt)[seq] = pr
-        frontier = nxt
-    done.update(frontier)
-    return done
-
-
-def _chi_square(observed: Counter[tuple[int, ...]], exact: dict[tuple[int, ...], float], n: int):
-    """(statistic, critical value, df); cells with expected < 5 are pooled into one."""
-    unknown = [seq for seq in observed if seq not in exact]
-    assert not unknown, f"engine produced impossible continuations {unknown[:5]}"
-    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
-    for seq, pr in exact.items():
-        expected = n * pr
-        if expected < 5:
-            pooled_obs += observed.get(seq, 0)
-            pooled_exp += expected
-            continue
-        stat += (observed.get(seq, 0) - expected) ** 2 / expected
-        cells += 1
-    if pooled_exp > 0:
-        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
-        cells += 1
-    df = cells - 1
-    crit = df * (1 - 2 / (9 * df) + Z_ALPHA * math.sqrt(2 / (9 * df))) ** 3
-    return stat, crit, df
 
 
 def _sd_samples(
@@ -170,14 +118,14 @@ def test_sd_sampling_matches_target_distribution(case: str) -> None:
     torch.set_num_threads(1)
     cfg = CASES[case]
     model = _target()
-    exact = _exact_distribution(
-        model, cfg["n_tokens"], cfg["temperature"], cfg["top_p"], cfg["stop"]
+    exact = exact_distribution(
+        model, PROMPT, cfg["n_tokens"], cfg["temperature"], cfg["top_p"], cfg["stop"]
     )
     observed, engine = _sd_samples(model, **cfg)
     # SD really ran, with both acceptances and rejections (otherwise the test proves little).
     assert engine.stats.sd_steps > 0
     assert 0.05 < engine.stats.acceptance_rate < 0.95, engine.stats.snapshot()
-    stat, crit, df = _chi_square(observed, exact, SAMPLES)
+    stat, crit, df = chi_square(observed, exact, SAMPLES)
     assert stat < crit, f"chi-square {stat:.1f} >= {crit:.1f} (df={df}): SD is not lossless"
 
 
@@ -188,9 +136,9 @@ def test_broken_acceptance_rules_are_caught(rule: AcceptanceRule) -> None:
     torch.set_num_threads(1)
     cfg = CASES["t1-k2"]
     model = _target()
-    exact = _exact_distribution(
-        model, cfg["n_tokens"], cfg["temperature"], cfg["top_p"], cfg["stop"]
+    exact = exact_distribution(
+        model, PROMPT, cfg["n_tokens"], cfg["temperature"], cfg["top_p"], cfg["stop"]
     )
     observed, _ = _sd_samples(model, rule=rule, **cfg)
-    stat, crit, _ = _chi_square(observed, exact, SAMPLES)
+    stat, crit, _ = chi_square(observed, exact, SAMPLES)
     assert stat > crit, f"broken rule passed the check: chi-square {stat:.1f} < {crit:.1f}"

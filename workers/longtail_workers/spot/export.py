@@ -1,6 +1,7 @@
 """Export a Longtail drafter in the EAGLE-1 draft-model layout that SGLang and vLLM load.
 
-Called by ``longtail drafter export`` (the CLI routes to :func:`main`) and by users directly via
+Called by ``longtail drafter export`` (the CLI routes to :func:`main`), by the vLLM rollout engine
+(:func:`engine_tensors`, hot swaps) and by users directly via
 :func:`export_drafter`. ``docs/drafter-export.md`` documents the targeted engines, options and
 the weight-name mapping in full; in short, the output directory holds::
 
@@ -175,6 +176,14 @@ def _layout(
             + ". Pass allow_approximate=True (--allow-approximate) to export it anyway"
         )
     return out, exact, notes
+
+
+def engine_tensors(weights: dict[str, torch.Tensor], engine: str) -> dict[str, torch.Tensor]:
+    """A drafter's own weights under ``engine``'s EAGLE-1 names, exactly or not at all
+    (:class:`ExportError`): what ``VllmEngine`` hot-swaps into a running engine."""
+    if engine not in ENGINES:
+        raise ExportError(f"engine={engine!r}; choose one of {', '.join(ENGINES)}")
+    return _layout(weights, {}, engine, approx=False)[0]
 
 
 def _embedding(target: str) -> torch.Tensor:

@@ -1,0 +1,11 @@
+"""Worker-test helpers: puts this directory on sys.path so helper modules (``lossless.py``)
+import by name under --import-mode=importlib."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
