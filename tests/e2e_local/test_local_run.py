@@ -221,3 +221,26 @@ def test_drafter_fit_then_a_run_that_starts_from_it(tmp_path: Path) -> None:
     # Step 1 speculates with the fitted drafter (a fresh one gets nearly nothing accepted).
     assert row["sd_fraction"] > 0.5 and row["mean_accepted_length"] > 2.0, row
     assert_children_gone(run_dir)
+
+
+def test_a_vllm_run_hot_swaps_the_drafters_it_publishes(tmp_path: Path) -> None:
+    doc = yaml.safe_load(JOB.read_text())
+    doc["spec"]["rollout"]["engine"] = "vllm"
+    doc["spec"]["drafterTraining"]["layout"] = "eagle1"
+    doc["spec"]["algorithm"].update(totalSteps=3, maxNewTokens=64)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "run"
+    code, out = finish(longtail_run(str(job), "--output", str(run_dir)), timeout_s=420)
+    assert code == 0, out
+    got = rows(run_dir)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    assert any(r["sd_fraction"] > 0 for r in got), got  # vLLM speculated in the tail
+    assert max(r["drafter_version"] for r in got) >= 1  # a harvested drafter was in use
+    # the rollout's log-probs are the policy's own: the first PPO ratio is 1
+    assert all(abs(r["train_ratio_mean"] - 1.0) < 1e-3 for r in got), got
+    logs = "".join((run_dir / "logs" / f"rollout-{i}.log").read_text() for i in (0, 1))
+    assert "LongtailWorkerExtension" in logs  # the rollout really ran on vLLM
+    assert "policy weights loaded into vLLM" in logs
+    assert "drafter weights loaded into vLLM" in logs
+    assert_children_gone(run_dir)

@@ -26,6 +26,7 @@ What vLLM does and what stays Longtail's:
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -50,6 +51,7 @@ from longtail_workers.engine.vllm_schedule import VllmSchedule, vllm_schedule
 from longtail_workers.spot.export import engine_tensors, export_drafter
 from longtail_workers.weights.checksum import serialize_state_dict
 
+log = logging.getLogger(__name__)
 EXTENSION = "longtail_workers.engine.vllm_ext.LongtailWorkerExtension"
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -153,14 +155,18 @@ class VllmEngine(RolloutEngine):
 
     def policy_loaded(self) -> None:
         """Push the torch copy's weights (just loaded by the worker) into vLLM, in place."""
+        t0 = time.perf_counter()
         blob = serialize_state_dict(self.target.model.state_dict())
         self.llm.collective_rpc("longtail_load_policy", args=(blob,))
+        log.info("policy weights loaded into vLLM (%d MB, %.2f s)", len(blob) >> 20, _since(t0))
 
     def set_drafter(self, drafter: EagleDrafter) -> None:
         """Hot-swap ``drafter`` into the running engine (from the next :meth:`generate` on)."""
         tensors = engine_tensors(drafter.trainable_state_dict(), "vllm")
         if self.schedule is not None:
+            t0 = time.perf_counter()
             self.llm.collective_rpc("longtail_load_drafter", args=(serialize_state_dict(tensors),))
+            log.info("drafter weights loaded into vLLM (%.2f s)", _since(t0))
         self.drafter = drafter
 
     def probe(self) -> dict[str, Any]:
@@ -269,6 +275,10 @@ class VllmEngine(RolloutEngine):
         if shutdown is not None:
             shutdown()
         self._tmp.cleanup()
+
+
+def _since(t0: float) -> float:
+    return time.perf_counter() - t0
 
 
 def _length(res: GenerationResult) -> int:
