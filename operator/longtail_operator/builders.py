@@ -48,6 +48,10 @@ class JobRef:
     generation: int = 1
 
 
+STARTUP_PROBE_FAILURES = 90
+"""Startup-probe failures, 10 s apart, before the kubelet restarts a loading worker (15 min)."""
+
+
 def role_specs(spec: RLJobSpec) -> dict[str, RoleSpec]:
     """The roles this job runs (``drafter`` only when the spec asks for it), in ROLES order."""
     roles: dict[str, RoleSpec | None] = {
@@ -207,6 +211,10 @@ def worker_pod(
         source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
         volumes.append({"name": "checkpoints", **source})
         mounts.append({"name": "checkpoints", "mountPath": checkpoint_path(spec)})
+    if role == "rollout" and spec.rollout.engine == "vllm":
+        # vLLM's engine processes talk through shared memory; a pod's /dev/shm is 64 MiB.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     probe = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5}
     container = {
         "name": CONTAINER,
@@ -220,6 +228,13 @@ def worker_pod(
         "resources": _resources(role_spec),
         "volumeMounts": mounts,
         "readinessProbe": probe,
+        # The port opens once the model is loaded (and vLLM's engine started): minutes for a
+        # large model, so liveness only counts from then on.
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": STARTUP_PROBE_FAILURES,
+        },
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "http"},
             "periodSeconds": 10,

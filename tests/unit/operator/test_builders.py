@@ -53,6 +53,22 @@ def test_rollout_pod_identity_resources_and_args() -> None:
     assert env["LONGTAIL_CONFIG"] == "/etc/longtail/rljob.yaml"
 
 
+def test_vllm_rollout_pods_get_shared_memory_and_every_worker_a_startup_probe() -> None:
+    spec = spec_of(example(rollout__engine="vllm", drafterTraining__layout="eagle1"))
+    pod = builders.worker_pod(JOB, spec, SETTINGS, "rollout", 0)
+    c = pod["spec"]["containers"][0]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["spec"]["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    trainer = builders.worker_pod(JOB, spec, SETTINGS, "trainer", 0)
+    assert all(v["name"] != "dshm" for v in trainer["spec"]["volumes"])
+    torch_pod = builders.worker_pod(JOB, spec_of(example()), SETTINGS, "rollout", 0)
+    assert all(v["name"] != "dshm" for v in torch_pod["spec"]["volumes"])
+    for p in (pod, trainer, torch_pod):
+        probe = p["spec"]["containers"][0]["startupProbe"]
+        assert probe["httpGet"]["path"] == "/healthz"
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= 600  # model loads take time
+
+
 def test_cpu_only_pod_has_no_gpu_and_trainer_gets_checkpoints() -> None:
     spec = spec_of(example())
     verifier = builders.worker_pod(JOB, spec, SETTINGS, "verifier", 0)

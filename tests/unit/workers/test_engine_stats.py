@@ -110,3 +110,28 @@ def test_rollout_stats_accounting() -> None:
     ]
     st.reset()
     assert st.steps == 0 and not st.accepted_length_hist and not st.bucket_seconds
+
+
+def test_per_sequence_totals_of_the_vllm_engine() -> None:
+    stats = RolloutStats()
+    # two sequences: one with verify steps of 3, 1 and 2 tokens (+1 plain token), one plain
+    stats.add_sequences(
+        tokens=12,
+        sd_tokens=6,
+        drafted=12,
+        accepted_lengths=[3, 1, 2],
+        seconds=0.5,
+        batch_size=2,
+        steps=5,
+        sd_steps=3,
+    )
+    assert (stats.steps, stats.sd_steps, stats.plain_steps) == (5, 3, 2)
+    assert (stats.tokens, stats.sd_tokens, stats.drafted, stats.accepted) == (12, 6, 12, 3)
+    assert stats.mean_accepted_length == 2.0 and stats.acceptance_rate == 0.25
+    assert stats.max_batch_size == 2 and stats.tokens_per_second == 24.0
+    registry = CollectorRegistry()
+    metrics = RolloutMetrics(registry)
+    metrics.observe_sequences(stats, tokens=12, drafted=12, accepted_lengths=[3, 1, 2], seconds=0.5)
+    assert registry.get_sample_value(stats_mod.METRIC_GENERATED_TOKENS) == 12
+    assert registry.get_sample_value(stats_mod.METRIC_ACCEPTED_DRAFT_TOKENS) == 3
+    assert registry.get_sample_value(stats_mod.METRIC_ACCEPTED_LENGTH + "_count") == 3
