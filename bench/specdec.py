@@ -46,7 +46,7 @@ import torch
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
 from longtail_workers.drafter.fit import collect_training_sequences, fit_drafter
-from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
 from longtail_workers.engine.stats import RolloutStats
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
@@ -149,8 +149,13 @@ def best(runs: list[RunFigures]) -> RunFigures:
 
 
 def fit(
-    model: torch.nn.Module, tok: object, target_id: str, args: argparse.Namespace
+    model: torch.nn.Module,
+    tok: object,
+    target_id: str,
+    args: argparse.Namespace,
+    layout: str = "longtail",
 ) -> tuple[EagleDrafter, dict]:
+    """A drafter in ``layout`` fitted on the policy's own sampled answers to training prompts."""
     plain = TorchEngine(model, config=EngineConfig(max_running=64))
     items = arith.generate(args.fit_prompts, seed=1, split="train")
     t0 = time.perf_counter()
@@ -158,7 +163,8 @@ def fit(
         plain, requests_for(tok, items, args.fit_max_new, args.temperature, seed=10_000)
     )
     t_collect = time.perf_counter() - t0
-    drafter = EagleDrafter(model, target_id=target_id, seed=0).to(args.device)
+    drafter = EagleDrafter(model, target_id=target_id, seed=0, **layout_options(layout))
+    drafter.to(args.device)
     t0 = time.perf_counter()
     report = fit_drafter(drafter, seqs, steps=args.fit_steps, batch_size=16, seed=0)
     t_fit = time.perf_counter() - t0
@@ -359,6 +365,24 @@ def by_running_batch(stats: dict[str, RolloutStats]) -> list[dict]:
     return rows
 
 
+def write_results(args: argparse.Namespace, **sections: object) -> None:
+    """Write the machine, the arguments and ``sections`` to ``args.out`` as JSON."""
+    result = {
+        "machine": {
+            "device": args.device,
+            "threads": args.threads,
+            "cpu": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+        },
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        **sections,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="builtin:tiny")
@@ -426,22 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         f"calibrated from the sweep {calibrated}):"
     )
     tail = long_tail(model, tok, drafter, args, calibrated)
-    result = {
-        "machine": {
-            "device": args.device,
-            "threads": args.threads,
-            "cpu": platform.processor() or platform.machine(),
-            "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-        },
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "fit": fit_info,
-        "sweep": rows,
-        "long_tail": tail,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_results(args, fit=fit_info, sweep=rows, long_tail=tail)
     return 0
 
 

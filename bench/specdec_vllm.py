@@ -27,8 +27,6 @@ times include ``VllmEngine``'s torch forward over each answer (the log-probs of 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from dataclasses import asdict
@@ -37,8 +35,6 @@ from pathlib import Path
 import torch
 
 from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
-from longtail_workers.drafter.fit import collect_training_sequences, fit_drafter
-from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.engine.vllm_engine import VllmEngine, VllmEngineConfig
@@ -46,32 +42,19 @@ from longtail_workers.models.loading import resolve_model_path
 from longtail_workers.tasks import arith
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from specdec import RESULTS, RunFigures, load_target, requests_for, sd_spec, timed
+from specdec import (
+    RESULTS,
+    RunFigures,
+    fit,
+    load_target,
+    requests_for,
+    sd_spec,
+    timed,
+    write_results,
+)
 
 Engine = TorchEngine | VllmEngine
 CONFIGS = ("torch no-SD", "torch SD", "vLLM no-SD", "vLLM SD")
-
-
-def fit(model: torch.nn.Module, tok: object, args: argparse.Namespace) -> tuple[EagleDrafter, dict]:
-    """An eagle1 drafter fitted on the policy's own sampled answers (as specdec.py's ``fit``)."""
-    plain = TorchEngine(model, config=EngineConfig(max_running=64))
-    items = arith.generate(args.fit_prompts, seed=1, split="train")
-    t0 = time.perf_counter()
-    reqs = requests_for(tok, items, args.fit_max_new, args.temperature, seed=10_000)
-    seqs = collect_training_sequences(plain, reqs)
-    t_collect = time.perf_counter() - t0
-    drafter = EagleDrafter(model, target_id=args.model, seed=0, **layout_options("eagle1"))
-    t0 = time.perf_counter()
-    report = fit_drafter(drafter, seqs, steps=args.fit_steps, batch_size=16, seed=0)
-    drafter.eval()
-    return drafter, {
-        "sequences": len(seqs),
-        "collect_s": t_collect,
-        "fit_s": time.perf_counter() - t0,
-        "steps": args.fit_steps,
-        "loss_first": report.total[0],
-        "loss_last": report.total[-1],
-    }
 
 
 def in_batches(engine: Engine, reqs: list[GenerationRequest], bs: int, device: str) -> RunFigures:
@@ -168,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         fit_info: dict = {"loaded_from": str(args.drafter)}
     else:
         print("fitting eagle1 drafter ...", flush=True)
-        drafter, fit_info = fit(model, tok, args)
+        drafter, fit_info = fit(model, tok, args.model, args, layout="eagle1")
         if args.save_drafter is not None:
             save_drafter(drafter, args.save_drafter)
     print(f"  {fit_info}", flush=True)
@@ -200,20 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for eng in vllm:
             eng.close()
-    result = {
-        "machine": {
-            "device": args.device,
-            "threads": args.threads,
-            "cpu": platform.processor() or platform.machine(),
-            "torch": torch.__version__,
-        },
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "fit": fit_info,
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_results(args, fit=fit_info, rows=rows)
     return 0
 
 
