@@ -64,10 +64,22 @@ def torch_threads(requested: int | None, resources: ResourcesSpec) -> int:
     return threads
 
 
+def role_device(resources: ResourcesSpec) -> str:
+    """Where a role's torch model lives: ``cuda`` when the role asks for GPUs, else ``cpu``.
+
+    A pod given GPUs whose process sees none fails when the model loads (``resolve_device``
+    names the fix) instead of running on the CPU unnoticed.
+    """
+    return "cuda" if resources.gpus >= 1 else "cpu"
+
+
 def policy_and_drafter(
-    spec: RLJobSpec, registry_dir: str | None, registry_url: str | None = None
+    spec: RLJobSpec,
+    registry_dir: str | None,
+    registry_url: str | None = None,
+    device: str = "cpu",
 ) -> tuple[Any, Any, Any, str]:
-    """(policy model in eval mode, initial drafter, registry or None, target id).
+    """(policy model in eval mode on ``device``, initial drafter, registry or None, target id).
 
     The registry is the shared directory ``registry_dir`` or the trainer's drafter exchange at
     ``registry_url`` (``spot/remote.py``); give at most one.
@@ -82,7 +94,7 @@ def policy_and_drafter(
     from longtail_workers.spot.publish import DrafterRegistry
     from longtail_workers.spot.remote import RemoteDrafterRegistry
 
-    model, _ = load_policy(spec.model.path, dtype=spec.model.dtype)
+    model, _ = load_policy(spec.model.path, dtype=spec.model.dtype, device=device)
     target_id = spec.model.path
     drafter = initial_drafter(spec, model, target_id)
     registry: DrafterRegistry | RemoteDrafterRegistry | None = None

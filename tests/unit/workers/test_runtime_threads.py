@@ -33,3 +33,14 @@ def test_role_cpus_capped_at_the_cpus_this_process_may_use() -> None:
 def test_nonpositive_threads_are_refused() -> None:
     with pytest.raises(ValueError, match="--threads 0"):
         torch_threads(0, ResourcesSpec())
+
+
+def test_a_role_with_gpus_loads_its_model_on_cuda_and_fails_loudly_without_one() -> None:
+    from longtail_workers.models.loading import resolve_device
+    from longtail_workers.runtime import role_device
+
+    assert role_device(ResourcesSpec(gpus=0)) == "cpu"
+    assert role_device(ResourcesSpec(gpus=2)) == "cuda"
+    if not torch.cuda.is_available():  # what a GPU pod that sees no GPU would get
+        with pytest.raises(ValueError, match="no CUDA GPU is visible"):
+            resolve_device(role_device(ResourcesSpec(gpus=1)))

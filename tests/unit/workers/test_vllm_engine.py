@@ -116,10 +116,11 @@ def test_greedy_is_identical_with_and_without_sd_and_equals_the_torch_engine(
 
 def test_the_batch_size_schedule_turns_sd_off_above_the_threshold(prompts, sd_engine) -> None:
     # 16 rows without stop tokens run together to the end, 16 > THRESHOLD: SD stays off, but
-    # for a step or two while vLLM's engine core has received only the first few requests.
+    # for the first few rows while vLLM's engine core (its own process, already stepping) has
+    # received no more than THRESHOLD requests.
     crowd = sd_engine.generate([GenerationRequest(p, 24, temperature=0.0) for p in prompts])
-    assert all(r.spec_steps <= 2 for r in crowd), [r.spec_steps for r in crowd]
-    assert sum(r.spec_steps == 0 for r in crowd) >= len(crowd) - THRESHOLD
+    never = sum(r.spec_steps == 0 for r in crowd)
+    assert never >= len(crowd) - THRESHOLD, [r.spec_steps for r in crowd]
     alone = sd_engine.generate([GenerationRequest(prompts[0], 24, temperature=0.0)])
     assert alone[0].spec_steps >= 24 // 5  # at most 4 drafts + 1 per verify step
 

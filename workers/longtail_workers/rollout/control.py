@@ -2,11 +2,12 @@
 
 :class:`RolloutWorker` is the object every front end drives: the HTTP control surface
 (``rollout/http.py``) maps ``PUT /v1/role`` to :meth:`RolloutWorker.set_role` and
-``GET /v1/status`` to :meth:`RolloutWorker.status`; the generation endpoint (later) and local
-mode call :meth:`RolloutWorker.generate`. It owns the engine, the capture buffer
-(``spot/buffer.py``), the spot trainer (``spot/trainer.py``), the acceptance tracker and
-optionally a drafter registry (:class:`~longtail_workers.spot.publish.DrafterStore`: a shared
-directory, or the trainer's HTTP exchange in ``spot/remote.py``).
+``GET /v1/status`` to :meth:`RolloutWorker.status`; the generation endpoint
+(``rollout/service.py``) calls :meth:`RolloutWorker.generate`. It owns the engine (torch or
+vLLM), the capture buffer (``spot/buffer.py``), the spot trainer (``spot/trainer.py``), the
+acceptance tracker and optionally a drafter registry
+(:class:`~longtail_workers.spot.publish.DrafterStore`: a shared directory, or the trainer's HTTP
+exchange in ``spot/remote.py``).
 
 Role state machine (activity names from ``longtail_api.harvest``)::
 
@@ -40,8 +41,7 @@ from longtail_api.harvest import DRAFTER_TRAIN, Activity
 from longtail_api.policies import DrafterTrainingSpec
 from longtail_api.workerapi import RoleAck
 from longtail_workers.drafter.model import EagleDrafter, layout_options
-from longtail_workers.engine.interface import GenerationRequest, GenerationResult
-from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.engine.interface import GenerationRequest, GenerationResult, RolloutEngine
 from longtail_workers.rollout.metrics import WorkerCollector, role_switch_histogram
 from longtail_workers.spot.acceptance import INITIAL_DRAFTER, AcceptanceTracker
 from longtail_workers.spot.buffer import RolloutBuffer
@@ -81,7 +81,7 @@ class RolloutWorker:
 
     def __init__(
         self,
-        engine: TorchEngine,
+        engine: RolloutEngine,  # TorchEngine or VllmEngine: target, stats, running, set_drafter
         *,
         target_id: str,
         name: str = "rollout-0",

@@ -2,7 +2,10 @@
 
 The CLI routes ``longtail worker rollout ARGS...`` to :func:`main`; local mode (``longtail
 run``) starts exactly that command once per rollout replica. The process loads the job's policy,
-builds the adaptive-SD :class:`~longtail_workers.engine.torch_engine.TorchEngine` and a
+builds the job's engine (``rollout.engine``: the adaptive-SD
+:class:`~longtail_workers.engine.torch_engine.TorchEngine`, or
+:class:`~longtail_workers.engine.vllm_engine.VllmEngine`, which fails at start with the fix
+when vLLM cannot be imported, never falling back to torch) and a
 :class:`~longtail_workers.rollout.control.RolloutWorker` (capture buffer, spot trainer, role
 state machine, drafter registry), and serves the control surface of ``rollout/http.py`` plus
 ``POST /v1/generate`` (``rollout/wire.py``). Before each generate call it loads the policy
@@ -48,6 +51,7 @@ from longtail_workers.runtime import (
     load_job_spec,
     make_weight_source,
     policy_and_drafter,
+    role_device,
     torch_threads,
 )
 from longtail_workers.spot.remote import DrafterExchangeError
@@ -272,7 +276,10 @@ def _serve(args: argparse.Namespace, spec: Any) -> int:
     training = spec.drafter_training
     if args.no_drafter_training:
         training = type(training)(**{**vars(training), "enabled": False})
-    model, drafter, registry, target_id = policy_and_drafter(spec, args.drafters, args.drafters_url)
+    device = role_device(spec.rollout.resources)  # vLLM: the torch copy shares its GPU
+    model, drafter, registry, target_id = policy_and_drafter(
+        spec, args.drafters, args.drafters_url, device=device
+    )
     engine = build_engine(spec, model, drafter, speculative, threads)
     weights = make_weight_source(args)
     worker = GeneratingWorker(
