@@ -232,9 +232,11 @@ def test_invalid_spec_sets_validation_failed_and_touches_nothing(
     control_plane: ControlPlane, ns: str
 ) -> None:
     cp = control_plane
-    # Schema-valid, but a cross-field rule fails: vllm needs GPUs (CEL is dropped on v1.20).
+    # Schema-valid, but a cross-field rule fails: speculative decoding on vLLM needs the eagle1
+    # drafter layout (CEL is dropped on v1.20).
     bad = job_manifest(ns, "bad")
     bad["spec"]["rollout"] = {"replicas": 2, "engine": "vllm", "resources": {"gpus": 0}}
+    bad["spec"]["drafterTraining"] = {"layout": "longtail"}
     apply(cp, bad)
 
     def failed() -> dict[str, Any] | None:
@@ -245,7 +247,7 @@ def test_invalid_spec_sets_validation_failed_and_touches_nothing(
     message = next(
         c["message"] for c in j["status"]["conditions"] if c["type"] == "ValidationFailed"
     )
-    assert "spec.rollout.resources.gpus: must be >= 1 when rollout.engine is 'vllm'" in message
+    assert "spec.drafterTraining.layout: must be 'eagle1' when rollout.engine is 'vllm'" in message
     assert live_pods(cp, ns) == set()
     assert "InvalidSpec" in events(cp, ns)
     # A running job whose spec turns invalid keeps its pods (and its scale).
@@ -253,6 +255,7 @@ def test_invalid_spec_sets_validation_failed_and_touches_nothing(
     wait_phase(cp, ns, "Running")
     broken = job_manifest(ns)
     broken["spec"]["rollout"] = {"replicas": 4, "engine": "vllm", "resources": {"gpus": 0}}
+    broken["spec"]["drafterTraining"] = {"layout": "longtail"}
     apply(cp, broken)
     cp.wait_for(
         lambda: cond(job(cp, ns), "ValidationFailed") == ("True", "InvalidSpec"),
