@@ -2,7 +2,7 @@
 
 Built by the rollout worker (``rollout/service.py``) when the job asks for vLLM, and by tests and
 ``bench/specdec_vllm.py``. The only modules that import vLLM are this one and ``vllm_ext.py``
-(the methods vLLM's worker process runs for us); an import contract keeps it so.
+(the methods vLLM's worker runs for us); an import contract keeps it so.
 
 What vLLM does and what stays Longtail's:
 
@@ -133,6 +133,10 @@ class VllmEngine(RolloutEngine):
             if cfg.threads is not None:  # vLLM would pin its own cores; follow the role's CPUs
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
                 os.environ.setdefault("OMP_NUM_THREADS", str(cfg.threads))
+        # vLLM's engine core and worker run inside this process (one device per rollout worker,
+        # so no executor processes are needed): no child process outlives a killed worker, and
+        # every request of a generate() call is queued before the first engine step.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         dtype = DTYPE_NAMES.get(self.target.dtype)
         if dtype is None:
             raise ValueError(f"model.dtype: vLLM cannot run a {self.target.dtype} policy")
@@ -149,6 +153,7 @@ class VllmEngine(RolloutEngine):
             # accepted drafts per sequence (vLLM refuses the option without a drafter)
             per_request_spec_decode_metrics="summary" if speculative_config else "none",
             worker_extension_cls=EXTENSION,
+            distributed_executor_backend="uni",
         )
 
     # --- weights ----------------------------------------------------------------------------
@@ -270,7 +275,7 @@ class VllmEngine(RolloutEngine):
             )
 
     def close(self) -> None:
-        """Stop vLLM's engine processes and drop the exported drafter files."""
+        """Stop vLLM's engine core and drop the exported drafter files."""
         shutdown = getattr(self.llm.llm_engine.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()

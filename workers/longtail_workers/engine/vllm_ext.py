@@ -1,8 +1,9 @@
-"""Longtail's methods inside vLLM's worker process: load policy and drafter weights in place.
+"""Longtail's methods inside vLLM's worker: load policy and drafter weights in place.
 
-vLLM runs the model in a worker process of its own (``worker_extension_cls`` mixes this class
-into that worker). :class:`~longtail_workers.engine.vllm_engine.VllmEngine` reaches these methods
-with ``LLM.collective_rpc(name, args=...)``; nothing else calls them. Both loads go through
+vLLM runs the model in a worker object (``worker_extension_cls`` mixes this class into it; the
+rollout worker runs it in its own process, ``VllmEngine`` turns vLLM's multiprocessing off).
+:class:`~longtail_workers.engine.vllm_engine.VllmEngine` reaches these methods with
+``LLM.collective_rpc(name, args=...)``; nothing else calls them. Both loads go through
 vLLM's in-place reload (``reload_weights``: checkpoint-format names, then the same kernel
 post-processing as at start-up, e.g. the CPU backend's weight packing), so the engine keeps its
 KV cache, scheduler and compiled state and only the weights change.
