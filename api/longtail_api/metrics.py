@@ -396,6 +396,15 @@ TRAINER_HARVESTED_SECONDS_TOTAL = MetricSpec(
     "'trainer' in harvest.eligibleRoles); stays 0 when the trainer is not a harvest target.",
 )
 
+TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL = MetricSpec(
+    "longtail_trainer_drafter_candidates_rejected_total",
+    "counter",
+    "Drafter candidates the trainer refused, by stage: 'upload' (answered 400, nothing stored: "
+    "not the job's drafter, no tensors, or NaN/inf weights) or 'merge' (skipped at the step's "
+    "merge, or a merge that came out non-finite and was not published).",
+    labels=(LABEL_STAGE,),
+)
+
 TRAINER_METRICS: tuple[MetricSpec, ...] = (
     TRAINER_STEP,
     TRAINER_LAST_STEP_TIMESTAMP,
@@ -405,6 +414,7 @@ TRAINER_METRICS: tuple[MetricSpec, ...] = (
     TRAINER_ACCURACY,
     TRAINER_POLICY_VERSION,
     TRAINER_HARVESTED_SECONDS_TOTAL,
+    TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL,
 )
 """Everything the trainer exports (dashboards and alerts need all of them)."""
 

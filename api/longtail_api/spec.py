@@ -128,6 +128,10 @@ class AlgorithmSpec:
     """Seed of prompt shuffling, sampling and initialisation; same seed, same run."""
     eval_every_steps: int = spec_field(10, minimum=0, maximum=10_000_000)
     """Evaluate every N steps (and after the last); 0 evaluates only at the start and end."""
+    eval_samples: int = spec_field(4, minimum=0, maximum=1024)
+    """Answers sampled per eval prompt at the rollout temperature and top-p, with fixed seeds;
+    the share of them that are correct is the sampled eval accuracy (what GRPO maximises, on
+    held-out prompts), reported next to the greedy accuracy. 0 evaluates greedily only."""
 
 
 @dataclass

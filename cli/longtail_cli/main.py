@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from longtail_api import __version__
+from longtail_api.context import spec_context_error
 from longtail_api.manifest import ManifestError, validate_file
 from longtail_api.schema import render_crd
 
@@ -25,7 +26,11 @@ WORKER_ROLES: dict[str, str] = {
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Validate RLJob files; print every error, or one summary line per valid job."""
+    """Validate RLJob files; print every error, or one summary line per valid job.
+
+    Beyond the spec's own rules, a job whose ``algorithm.maxNewTokens`` cannot fit its model's
+    context is refused when the context is known without loading the model
+    (``longtail_api.context``)."""
     failed = False
     for path in args.files:
         try:
@@ -36,10 +41,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         for i, res in enumerate(results):
             where = path if len(results) == 1 else f"{path}[{i}]"
-            if res.errors:
+            context = spec_context_error(res.spec) if res.spec and not res.errors else None
+            errors = [*res.errors, *([context] if context else [])]
+            if errors:
                 failed = True
-                print(f"{where}: {len(res.errors)} error(s):", file=sys.stderr)
-                for err in res.errors:
+                print(f"{where}: {len(errors)} error(s):", file=sys.stderr)
+                for err in errors:
                     print(f"  - {err}", file=sys.stderr)
                 continue
             s = res.spec

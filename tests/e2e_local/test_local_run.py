@@ -108,7 +108,11 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "complete" and summary["steps_completed"] == 2
     assert summary["start_eval_accuracy"] is not None
-    assert "complete: 2 steps" in out
+    assert summary["start_eval_sampled_accuracy"] is not None  # evalSamples' default: 4
+    assert summary["final_eval_sampled_accuracy"] is not None
+    step0 = (run_dir / "eval" / "step-000000.jsonl").read_text().splitlines()
+    assert len(step0) == 8 * (1 + 4)  # evalSize 8: greedy + 4 samples per prompt
+    assert "complete: 2 steps" in out and ", sampled " in out
     csv_lines = (run_dir / "metrics.csv").read_text().splitlines()
     assert csv_lines[0].startswith("step,") and len(csv_lines) == 3
     assert_children_gone(run_dir)

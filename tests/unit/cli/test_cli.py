@@ -98,3 +98,13 @@ def test_drafter_export_is_routed_to_the_exporter(tmp_path: Path) -> None:
     )
     assert missing.returncode != 0
     assert "nope" in missing.stderr + missing.stdout
+
+
+def test_validate_refuses_max_new_tokens_beyond_the_models_context(tmp_path: Path) -> None:
+    job = tmp_path / "too-long.yaml"
+    example = (REPO / "examples" / "01-tiny-arith.yaml").read_text()
+    job.write_text(example.replace("maxNewTokens: 256", "maxNewTokens: 4000"))
+    out = run("validate", str(job))
+    assert out.returncode == 1
+    assert "  - spec.algorithm.maxNewTokens: " in out.stderr
+    assert "max_position_embeddings 2048" in out.stderr and "got 4000" in out.stderr

@@ -28,11 +28,12 @@ def test_bar_and_live_line() -> None:
     assert bar(5, 10, width=10) == "[#####.....]"
     assert bar(3, 0, width=4) == "[....]"
     status = TrainerStatus(2, 5, "running", 2, 1, reward_mean=0.25, accuracy=0.5,
-                           accepted_length=2.5, eval_accuracy=0.4, sd_fraction=0.3)  # fmt: skip
+                           accepted_length=2.5, eval_accuracy=0.4, sd_fraction=0.3,
+                           eval_sampled_accuracy=0.35)  # fmt: skip
     books = HarvestBooks()
     books.idle[1], books.harvested[1] = 3.0, 2.0
     line = live_line(status, books)
-    for part in ("reward 0.250", "acc 0.500", "eval 0.400", "sd 30%", "acc.len 2.50",
+    for part in ("reward 0.250", "acc 0.500", "eval 0.400/0.350", "sd 30%", "acc.len 2.50",
                  "drafter v1", "idle 3.0s", "harvested 2.0s"):  # fmt: skip
         assert part in line
 
@@ -49,13 +50,15 @@ def test_progress_prints_one_line_per_completed_step_off_a_terminal() -> None:
 
 
 def test_write_report(tmp_path: Path) -> None:
-    rows = [_row(1), _row(2, eval_accuracy=0.5)]
+    rows = [_row(1), _row(2, eval_accuracy=0.5, eval_sampled_accuracy=0.45)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     books = HarvestBooks()
     books.idle[2], books.harvested[2] = 4.0, 3.0
-    summary = write_report(tmp_path, books, {"job": "t", "start_eval_accuracy": 0.25})
+    info = {"job": "t", "start_eval_accuracy": 0.25, "start_eval_sampled_accuracy": 0.2}
+    summary = write_report(tmp_path, books, info)
     assert summary["steps_completed"] == 2
     assert abs(summary["eval_gain_points"] - 25.0) < 1e-9
+    assert abs(summary["eval_sampled_gain_points"] - 25.0) < 1e-9
     assert summary["harvested_s_total"] == 3.0 and summary["idle_s_total"] == 4.0
     csv = (tmp_path / "metrics.csv").read_text().splitlines()
     assert len(csv) == 3 and csv[0].startswith("step,policy_version")

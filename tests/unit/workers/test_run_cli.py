@@ -63,3 +63,38 @@ def test_a_missing_initial_drafter_is_refused_before_any_process(tmp_path: Path,
     assert f"spec.drafterTraining.initialDrafter: '{missing}' is not a drafter directory" in err
     assert f"longtail drafter fit {bad} -o {missing}" in err
     assert not (tmp_path / "run" / "processes.json").exists()  # nothing was started
+
+
+@pytest.mark.parametrize("name", ["missing.yaml", "a-directory"])
+def test_a_missing_file_or_a_directory_is_one_line_exit_2_and_no_run_dir(
+    tmp_path: Path, monkeypatch, capsys, name: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-directory").mkdir()
+    assert main(["run", name]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {name}: cannot read file") and err.count("\n") == 1, err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
+def test_a_refused_job_leaves_no_run_dir_and_names_the_users_file(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: longtail.dev/v1alpha1\nkind: RLJob\nmetadata: {name: x}\n"
+        "spec: {model: {path: ''}, dataset: {path: builtin:arith}}\n"
+    )
+    too_long = tmp_path / "too-long.yaml"  # valid spec, but 4000 tokens cannot fit 2048
+    too_long.write_text(
+        (REPO / "examples" / "01-tiny-arith.yaml")
+        .read_text()
+        .replace("maxNewTokens: 256", "maxNewTokens: 4000")
+    )
+    for job, field in ((bad, "spec.model.path"), (too_long, "spec.algorithm.maxNewTokens")):
+        assert main(["run", str(job)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {job}: 1 error(s)") and field in err, err
+        assert "job.yaml" not in err
+    assert not (tmp_path / "runs").exists()

@@ -43,6 +43,13 @@ def test_eval_split_is_disjoint_from_train() -> None:
     assert not other_seed & {it.prompt for it in evals}
 
 
+def test_eval_prompts_are_distinct() -> None:
+    evals = generate(400, seed=0, split="eval")
+    assert len({it.prompt for it in evals}) == 400
+    assert generate(200, seed=0, split="eval") == evals[:200]  # a larger n extends the list
+    assert any(it.size == 2 for it in evals)  # the few two-operand eval prompts are in it
+
+
 def test_eval_split_differs_from_train_stream() -> None:
     train, evals = generate(50, seed=0), generate(50, seed=0, split="eval")
     assert [it.size for it in train] != [it.size for it in evals]

@@ -58,7 +58,12 @@ def read_drafter_config(directory: str | Path) -> dict[str, object]:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise DrafterMismatchError(f"{path} does not exist; not a drafter directory")
-    config = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DrafterMismatchError(f"{path}: not JSON ({exc}); not a drafter directory") from exc
+    if not isinstance(config, dict):
+        raise DrafterMismatchError(f"{path}: holds a {type(config).__name__}, not a JSON object")
     if config.get("format") != DRAFTER_FORMAT:
         raise DrafterMismatchError(
             f"{path}: format {config.get('format')!r}, expected {DRAFTER_FORMAT!r}"

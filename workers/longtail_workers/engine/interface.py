@@ -20,6 +20,7 @@ here, once, because GRPO's importance ratios and the drafter trainer both depend
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,33 +56,50 @@ class GenerationRequest:
     """Caller's identifier, echoed in the result."""
 
     def validate(self, vocab_size: int, max_positions: int | None) -> None:
-        """Raise ``ValueError`` naming the offending field when the request cannot run."""
-        if len(self.prompt_token_ids) == 0:
-            raise ValueError(f"request {self.request_id!r}: prompt_token_ids is empty; pass >= 1")
+        """Raise :class:`InvalidRequestError` naming the offending field when it cannot run."""
+        rid, n_prompt = self.request_id, len(self.prompt_token_ids)
+        if n_prompt == 0:
+            raise InvalidRequestError(
+                "prompt_token_ids", f"request {rid!r}: prompt_token_ids is empty; pass >= 1"
+            )
         bad = [t for t in self.prompt_token_ids if not 0 <= int(t) < vocab_size]
         if bad:
-            raise ValueError(
-                f"request {self.request_id!r}: prompt_token_ids {bad[:5]} outside the model's "
-                f"vocabulary [0, {vocab_size})"
+            raise InvalidRequestError(
+                "prompt_token_ids",
+                f"request {rid!r}: prompt_token_ids {bad[:5]} outside the model's vocabulary "
+                f"[0, {vocab_size})",
             )
         if self.max_new_tokens < 1:
-            raise ValueError(
-                f"request {self.request_id!r}: max_new_tokens={self.max_new_tokens}; must be >= 1"
+            raise InvalidRequestError(
+                "max_new_tokens",
+                f"request {rid!r}: max_new_tokens={self.max_new_tokens}; must be >= 1",
             )
-        if self.temperature < 0:
-            raise ValueError(
-                f"request {self.request_id!r}: temperature={self.temperature}; must be >= 0 "
-                "(0 = greedy)"
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise InvalidRequestError(
+                "temperature",
+                f"request {rid!r}: temperature={self.temperature}; must be a finite number "
+                ">= 0 (0 = greedy)",
             )
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"request {self.request_id!r}: top_p={self.top_p}; must be in (0, 1]")
-        total = len(self.prompt_token_ids) + self.max_new_tokens
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise InvalidRequestError(
+                "top_p", f"request {rid!r}: top_p={self.top_p}; must be in (0, 1]"
+            )
+        total = n_prompt + self.max_new_tokens
         if max_positions is not None and total > max_positions:
-            raise ValueError(
-                f"request {self.request_id!r}: prompt ({len(self.prompt_token_ids)}) + "
-                f"max_new_tokens ({self.max_new_tokens}) = {total} exceeds the model's "
-                f"max_position_embeddings ({max_positions}); lower max_new_tokens"
+            raise InvalidRequestError(
+                "max_new_tokens",
+                f"request {rid!r}: prompt ({n_prompt}) + max_new_tokens ({self.max_new_tokens}) "
+                f"= {total} exceeds the model's max_position_embeddings ({max_positions}); "
+                "lower max_new_tokens",
             )
+
+
+class InvalidRequestError(ValueError):
+    """A :class:`GenerationRequest` value the model cannot run; ``field`` names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass

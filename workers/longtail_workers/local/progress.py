@@ -35,7 +35,8 @@ def live_line(status: TrainerStatus, books: HarvestBooks) -> str:
     parts = [
         f"reward {_num(status.reward_mean, '.3f')}",
         f"acc {_num(status.accuracy, '.3f')}",
-        f"eval {_num(status.eval_accuracy, '.3f')}",
+        f"eval {_num(status.eval_accuracy, '.3f')}"
+        + ("" if status.eval_sampled_accuracy is None else f"/{status.eval_sampled_accuracy:.3f}"),
         f"sd {_num(None if status.sd_fraction is None else 100 * status.sd_fraction, '.0f')}%",
         f"acc.len {_num(status.accepted_length, '.2f')}",
         f"drafter v{status.drafter_version}",

@@ -19,9 +19,9 @@ from longtail_workers.local.coordinator import HarvestBooks
 
 CSV_COLUMNS = (
     "step", "policy_version", "drafter_version", "reward_mean", "accuracy", "eval_accuracy",
-    "answers", "mean_length", "max_length", "rollout_s", "tail_s", "train_s", "sync_s", "step_s",
-    "sd_fraction", "mean_accepted_length", "idle_s", "harvested_s", "trainer_harvested_s",
-    "redispatched",
+    "eval_sampled_accuracy", "answers", "mean_length", "max_length", "rollout_s", "tail_s",
+    "train_s", "sync_s", "step_s", "sd_fraction", "mean_accepted_length", "idle_s",
+    "harvested_s", "trainer_harvested_s", "redispatched",
 )  # fmt: skip
 
 
@@ -43,18 +43,17 @@ def merge_books(rows: list[dict[str, Any]], books: HarvestBooks | None) -> None:
 
 
 def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
-    evals = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
-    start_eval = info.get("start_eval_accuracy")
-    final_eval = evals[-1][1] if evals else None
+    final_eval = _last(rows, "eval_accuracy")
+    final_sampled = _last(rows, "eval_sampled_accuracy")
     step_times = [r["step_s"] for r in rows]
     trainer = [r["trainer_harvested_s"] for r in rows if "trainer_harvested_s" in r]
     return {
         **info,
         "steps_completed": rows[-1]["step"] if rows else 0,
         "final_eval_accuracy": final_eval,
-        "eval_gain_points": None
-        if start_eval is None or final_eval is None
-        else 100 * (final_eval - start_eval),
+        "eval_gain_points": _gain(info.get("start_eval_accuracy"), final_eval),
+        "final_eval_sampled_accuracy": final_sampled,
+        "eval_sampled_gain_points": _gain(info.get("start_eval_sampled_accuracy"), final_sampled),
         "mean_step_s": sum(step_times) / len(step_times) if step_times else None,
         "mean_reward_first": rows[0]["reward_mean"] if rows else None,
         "mean_reward_last": rows[-1]["reward_mean"] if rows else None,
@@ -64,7 +63,17 @@ def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any
         "harvested_s_total": sum(r.get("harvested_s", 0.0) for r in rows),
         **({"trainer_harvested_s_total": sum(trainer)} if trainer else {}),
         "final_drafter_version": rows[-1]["drafter_version"] if rows else None,
+        "drafter_candidates_rejected": sum(r.get("drafter_candidates_rejected", 0) for r in rows),
     }
+
+
+def _last(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return float(values[-1]) if values else None
+
+
+def _gain(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else 100 * (end - start)
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -80,7 +89,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
             w.writerow({k: row.get(k, "") for k in CSV_COLUMNS})
 
 
-def plot(rows: list[dict[str, Any]], out: Path, start_eval: float | None) -> list[str]:
+def plot(rows: list[dict[str, Any]], out: Path, info: dict[str, Any]) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,10 +100,12 @@ def plot(rows: list[dict[str, Any]], out: Path, start_eval: float | None) -> lis
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, [r["reward_mean"] for r in rows], label="reward (rollout)")
     ax.plot(steps, [r["accuracy"] for r in rows], label="accuracy (rollout)", alpha=0.7)
-    ev = [(0, start_eval)] if start_eval is not None else []
-    ev += [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
-    if ev:
-        ax.plot([s for s, _ in ev], [a for _, a in ev], "o-", label="greedy eval accuracy")
+    for key, label in (("eval_accuracy", "greedy"), ("eval_sampled_accuracy", "sampled")):
+        start = info.get(f"start_{key}")
+        ev = [(0, start)] if start is not None else []
+        ev += [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        if ev:
+            ax.plot([s for s, _ in ev], [a for _, a in ev], "o-", label=f"{label} eval accuracy")
     ax.set(xlabel="step", ylabel="fraction", title="Reward and accuracy per step")
     ax.legend(fontsize=8)
     files.append(_save(fig, out / "reward_accuracy.png"))
@@ -144,7 +155,7 @@ def write_report(run_dir: Path, books: HarvestBooks | None, info: dict[str, Any]
     write_csv(rows, run_dir / "metrics.csv")
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    images = plot(rows, out, info.get("start_eval_accuracy")) if rows else []
+    images = plot(rows, out, info) if rows else []
     md = markdown(summary, images)
     (out / "summary.md").write_text(md)
     body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>"

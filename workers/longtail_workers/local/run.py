@@ -1,7 +1,8 @@
 """``longtail run FILE``: the whole RLJob on this machine, as processes on loopback ports.
 
 Called by the CLI (``longtail run``, ``longtail run --resume RUN_DIR``). Steps: validate the
-spec; create the run directory (``job.yaml``, ``run.json`` with the switches, ``logs/``,
+user's file (a refused job leaves no run directory; exit 2, one error naming the file); create
+the run directory (``job.yaml``, ``run.json`` with the switches, ``logs/``,
 ``drafters/``, checkpoints, ``metrics.jsonl``); build ``builtin:`` models once up front; start
 the verifier, the trainer and ``rollout.replicas`` rollout workers (``longtail worker ...``,
 one torch thread each; the trainer keeps ``drafters/`` and the workers exchange drafters with
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from longtail_api.context import spec_context_error
 from longtail_api.protocol import ProtocolError
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
@@ -137,12 +139,38 @@ def start_children(
     return trainer, workers
 
 
+def read_job(args: argparse.Namespace) -> tuple[RLJobSpec, Path, dict[str, Any]]:
+    """The validated spec, the run directory and its options.
+
+    A new run's file is checked before its run directory is made: a missing or unreadable
+    file, an invalid job, a missing ``initialDrafter`` or a ``maxNewTokens`` beyond the model's
+    context (``longtail_api.context``) leaves nothing behind, and errors name the user's file.
+    """
+    if args.resume:
+        run_dir, opts = prepare_run_dir(args)  # creates nothing
+        spec = load_job_spec(run_dir / "job.yaml")
+        check_job(spec, opts.get("source", str(run_dir / "job.yaml")))
+        return spec, run_dir, opts
+    if not args.file:
+        raise JobSpecError("give the RLJob file: longtail run FILE (or --resume RUN_DIR)")
+    spec = load_job_spec(args.file)
+    check_job(spec, args.file)
+    run_dir, opts = prepare_run_dir(args)
+    return spec, run_dir, opts
+
+
+def check_job(spec: RLJobSpec, job_file: str) -> None:
+    """What ``longtail validate`` cannot see in the spec alone, checked before any process."""
+    check_initial_drafter(spec, job_file)
+    context = spec_context_error(spec)
+    if context is not None:
+        raise JobSpecError(f"{job_file}: 1 error(s):\n  - {context}")
+
+
 def run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        run_dir, opts = prepare_run_dir(args)
-        spec = load_job_spec(run_dir / "job.yaml")
-        check_initial_drafter(spec, opts.get("source", str(run_dir / "job.yaml")))
+        spec, run_dir, opts = read_job(args)
     except JobSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -180,7 +208,7 @@ def run(argv: list[str]) -> int:
         **opts,
         "outcome": {0: "complete", STOPPED: "stopped"}.get(code, "failed"),
         "wall_s": time.monotonic() - started,
-        "start_eval_accuracy": start_eval(run_dir),
+        **start_eval(run_dir),
     }
     summary = write_report(run_dir, coordinator.books if coordinator else None, info)
     print_summary(progress, summary, run_dir, code)
@@ -229,12 +257,17 @@ def _poll_trainer(url: str) -> TrainerStatus | None:
         return None
 
 
-def start_eval(run_dir: Path) -> float | None:
+def start_eval(run_dir: Path) -> dict[str, float | None]:
+    """Greedy and sampled accuracy of the step-0 evaluation (``eval/step-000000.jsonl``)."""
     path = run_dir / "eval" / "step-000000.jsonl"
-    if not path.is_file():
-        return None
-    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    return sum(r["correct"] for r in rows) / len(rows) if rows else None
+    text = path.read_text() if path.is_file() else ""
+    rows = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    greedy = [r["correct"] for r in rows if "sample" not in r]
+    sampled = [r["correct"] for r in rows if "sample" in r]
+    return {
+        "start_eval_accuracy": sum(greedy) / len(greedy) if greedy else None,
+        "start_eval_sampled_accuracy": sum(sampled) / len(sampled) if sampled else None,
+    }
 
 
 def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: int) -> None:
@@ -244,7 +277,14 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
     progress.message(
         f"\n{s['outcome']}: {s['steps_completed']} steps in {s['wall_s']:.0f}s; "
         f"eval accuracy {f(s['start_eval_accuracy'])} -> {f(s['final_eval_accuracy'])} "
-        f"({f(s['eval_gain_points'], '+.1f')} points); mean step {f(s['mean_step_s'], '.1f')}s; "
+        f"({f(s['eval_gain_points'], '+.1f')} points)"
+        + (
+            f", sampled {f(s['start_eval_sampled_accuracy'])} -> "
+            f"{f(s['final_eval_sampled_accuracy'])} ({f(s['eval_sampled_gain_points'], '+.1f')})"
+            if s.get("start_eval_sampled_accuracy") is not None
+            else ""
+        )
+        + f"; mean step {f(s['mean_step_s'], '.1f')}s; "
         f"SD tokens {f(s['sd_fraction_mean'])}; "
         f"accepted length {f(s['accepted_length_mean'], '.2f')}; "
         f"idle {s['idle_s_total']:.1f}s, harvested {s['harvested_s_total']:.1f}s worker-seconds"
@@ -254,6 +294,11 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
             else ""
         )
     )
+    if s.get("drafter_candidates_rejected"):
+        progress.message(
+            f"warning: {s['drafter_candidates_rejected']} drafter candidate(s) were refused "
+            f"(not the job's drafter, or NaN/inf weights); see {run_dir / 'logs' / 'trainer.log'}"
+        )
     progress.message(f"report: {run_dir / 'report' / 'summary.md'}")
     if code == STOPPED or (code != 0 and s["steps_completed"]):
         progress.message(f"resume with: longtail run --resume {run_dir}")

@@ -46,6 +46,7 @@ BUILD_INFO_FILE = "longtail_build.json"
 # Bump when the build code changes in a way that changes the weights for the same recipe.
 BUILD_CODE_VERSION = 1
 _PROSE_STREAM = 7  # seed stream of the prose-ending draw, apart from init and data order
+_SHORTCUT_STREAM = 8  # seed stream of the short-cut draw
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,11 @@ class TinyRecipe:
     # format. A variant knob for RL experiments (format headroom that GRPO learns within ~10
     # steps, docs/performance.md, RL loop); the shipped recipe keeps every Answer: line.
     prose_answer_fraction: float = 0.0
+    # Share of SFT solutions in the short-cut style: the answer line alone, no worked steps
+    # (``Answer: 21``). The policy then chooses a style with its first token; the short cut is
+    # right on small sums and mostly wrong on long ones, so which style to use is a decision
+    # GRPO can learn (issue #19).
+    shortcut_fraction: float = 0.0
     # Measurement: greedy accuracy on the eval split of this task (the builtin:arith default).
     task: ArithConfig = field(default_factory=ArithConfig)
     eval_items: int = 200
@@ -77,8 +83,9 @@ class TinyRecipe:
     def fingerprint(self) -> str:
         """Short stable hash of the recipe and the build code version."""
         recipe = dataclasses.asdict(self)
-        if recipe["prose_answer_fraction"] == 0.0:  # added later: caches built before stay valid
-            del recipe["prose_answer_fraction"]
+        for knob in ("prose_answer_fraction", "shortcut_fraction"):  # added later: caches
+            if recipe[knob] == 0.0:  # built before stay valid
+                del recipe[knob]
         blob = json.dumps({"recipe": recipe, "code": BUILD_CODE_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -128,6 +135,21 @@ def with_prose_endings(items: Sequence[TaskItem], fraction: float, seed: int) ->
     return out
 
 
+def with_shortcuts(items: Sequence[TaskItem], fraction: float, seed: int) -> list[TaskItem]:
+    """A seeded ``fraction`` of ``items`` answered in the short-cut style: ``Answer: N`` alone."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(
+            f"TinyRecipe.shortcut_fraction must be in [0, 1), got {fraction} "
+            f"(0 keeps every solution worked step by step)"
+        )
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _SHORTCUT_STREAM]))
+    short = rng.random(len(items)) < fraction
+    return [
+        dataclasses.replace(item, solution=f"{ANSWER_PREFIX}{item.answer}") if s else item
+        for item, s in zip(items, short, strict=True)
+    ]
+
+
 def cache_root() -> Path:
     """Root of Longtail's cache: ``$LONGTAIL_CACHE_DIR`` or ``~/.cache/longtail``."""
     env = os.environ.get(CACHE_ENV)
@@ -174,6 +196,7 @@ def build_tiny(dest: Path, recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int =
             model = Qwen2ForCausalLM(model_config(recipe, tokenizer))
             train = generate(recipe.train_items, recipe.seed, "train", recipe.train_task)
             train = with_prose_endings(train, recipe.prose_answer_fraction, recipe.seed)
+            train = with_shortcuts(train, recipe.shortcut_fraction, recipe.seed)
             fit_start = time.perf_counter()
             loss = fit(model, tokenizer, train, recipe.sft, seed=recipe.seed, log_every=log_every)
             train_seconds = time.perf_counter() - fit_start

@@ -8,14 +8,16 @@ builds the job's engine (``rollout.engine``: the adaptive-SD
 when vLLM cannot be imported, never falling back to torch) and a
 :class:`~longtail_workers.rollout.control.RolloutWorker` (capture buffer, spot trainer, role
 state machine, drafter registry), and serves the control surface of ``rollout/http.py`` plus
-``POST /v1/generate`` (``rollout/wire.py``). Before each generate call it loads the policy
-version the call names from the weight source (HTTP pull from the trainer, or
-torch.distributed), so one call never mixes versions; the newest drafter is loaded by
-``RolloutWorker.generate`` at the same point. When a drafter-train window ends (``PUT /v1/role
-rollout``) the trained drafter is submitted as a candidate before the answer is sent, so the
-step driver can merge it right away. Drafters are exchanged through the trainer's HTTP port
-(``--drafters-url``, ``spot/remote.py``; what pods and ``longtail run`` use) or a directory
-shared with the trainer (``--drafters``). Prints ``longtail rollout listening on URL`` once bound.
+``POST /v1/generate`` (``rollout/wire.py``; a request the model cannot run, e.g. a NaN
+temperature or more tokens than its positions, is answered 400 naming the field). Before each
+generate call it loads the policy version the call names from the weight source (HTTP pull from
+the trainer, or torch.distributed), so one call never mixes versions; the newest drafter is
+loaded by ``RolloutWorker.generate`` at the same point. When a drafter-train window ends (``PUT
+/v1/role rollout``) the trained drafter is submitted as a candidate before the answer is sent,
+so the step driver can merge it right away. Drafters are exchanged through the trainer's HTTP
+port (``--drafters-url``, ``spot/remote.py``; what pods and ``longtail run`` use) or a directory
+shared with the trainer (``--drafters``). Prints ``longtail rollout listening on URL`` once
+bound.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from longtail_workers.rollout.wire import (
     GenerateReply,
     Sample,
     WireError,
+    check_call,
 )
 from longtail_workers.runtime import (
     ServiceRuntime,
@@ -151,9 +154,11 @@ class RolloutHandler(ControlHandler):
         worker = self.app.worker
         assert isinstance(worker, GeneratingWorker)
         body = self.read_body(MAX_GENERATE_BODY, _GENERATE_BODY_ERRORS)
+        target = worker.engine.target  # vocabulary and context of the served model
         try:
             call = GenerateCall.from_dict(json.loads(body))
-        except (ValueError, WireError) as exc:
+            check_call(call, target.vocab_size, target.max_positions)
+        except (ValueError, WireError) as exc:  # WireError names the field: a config error
             fail(HTTPStatus.BAD_REQUEST, f"bad generate call: {exc}")
         try:
             reply = worker.generate_call(call)

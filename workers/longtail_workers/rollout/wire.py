@@ -13,9 +13,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from longtail_workers.engine.interface import GenerationRequest, GenerationResult
+from longtail_workers.engine.interface import (
+    GenerationRequest,
+    GenerationResult,
+    InvalidRequestError,
+)
 
 GENERATE_PATH = "/v1/generate"
+WIRE_FIELDS = {
+    "prompt_token_ids": "promptTokenIds",
+    "max_new_tokens": "maxNewTokens",
+    "temperature": "temperature",
+    "top_p": "topP",
+}
+""":class:`GenerationRequest` field -> its key in a generate call."""
 
 
 class WireError(ValueError):
@@ -43,19 +54,48 @@ def request_to_dict(r: GenerationRequest) -> dict[str, Any]:
     }
 
 
+def _token_ids(value: object, where: str) -> list[int]:
+    if not isinstance(value, list):
+        raise WireError(f"{where}: must be a list of token ids, got {type(value).__name__}")
+    for i, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise WireError(f"{where}[{i}]: must be an integer token id, got {t!r}")
+    return list(value)
+
+
 def request_from_dict(d: Mapping[str, Any], where: str) -> GenerationRequest:
     seed = d.get("seed")
     if seed is not None and not isinstance(seed, int):
         raise WireError(f"{where}.seed: must be an integer or null")
+    prompt = _get(d, "promptTokenIds", list, where)
+    top_p = d.get("topP", 1.0)
+    if isinstance(top_p, bool) or not isinstance(top_p, int | float):
+        raise WireError(f"{where}.topP: must be a number, got {type(top_p).__name__}")
     return GenerationRequest(
-        prompt_token_ids=[int(t) for t in _get(d, "promptTokenIds", list, where)],
+        prompt_token_ids=_token_ids(prompt, f"{where}.promptTokenIds"),
         max_new_tokens=int(_get(d, "maxNewTokens", int, where)),
         temperature=float(_get(d, "temperature", (int, float), where)),
-        top_p=float(d.get("topP", 1.0)),
+        top_p=float(top_p),
         seed=seed,
-        stop_token_ids=[int(t) for t in d.get("stopTokenIds", [])],
+        stop_token_ids=_token_ids(d.get("stopTokenIds", []), f"{where}.stopTokenIds"),
         request_id=None if d.get("id") is None else str(d["id"]),
     )
+
+
+def check_call(call: GenerateCall, vocab_size: int, max_positions: int | None) -> None:
+    """Refuse a call with a request this model cannot run (``GenerationRequest.validate``).
+
+    The rollout service answers 400 with the :class:`WireError`, which names the request and
+    the field as the call spells it (``body.requests[3].maxNewTokens: ...``); NaN and
+    infinities are refused. The trainer then fails the job with that message
+    (``trainer/dispatch.py``) instead of re-dispatching to another worker.
+    """
+    for i, request in enumerate(call.requests):
+        try:
+            request.validate(vocab_size, max_positions)
+        except InvalidRequestError as exc:
+            name = WIRE_FIELDS.get(exc.field, exc.field)
+            raise WireError(f"body.requests[{i}].{name}: {exc}") from exc
 
 
 @dataclass(frozen=True)

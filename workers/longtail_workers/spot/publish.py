@@ -26,6 +26,10 @@ workers), the trainer keeps it and serves it over HTTP (``spot/remote.py``): rol
 :class:`~longtail_workers.spot.remote.RemoteDrafterRegistry`, which has the same
 :class:`DrafterStore` interface, and the trainer stores their uploads with
 :meth:`DrafterRegistry.submit_candidate_files`.
+
+Candidates are checked (``vetting.py``) when stored from files, again at the merge (a refused
+one is skipped and reported; the others are merged), and every drafter is checked for NaN and
+infinities before it is published, so a published version is always finite.
 """
 
 from __future__ import annotations
@@ -39,13 +43,13 @@ import os
 import shutil
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
+from safetensors import SafetensorError
 from torch import nn
 
 from longtail_workers.drafter.checkpoint import (
@@ -53,11 +57,16 @@ from longtail_workers.drafter.checkpoint import (
     WEIGHTS_FILE,
     DrafterMismatchError,
     load_drafter,
-    read_drafter_config,
     save_drafter,
 )
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.spot.merge import merge_state_dicts
+from longtail_workers.spot.vetting import (
+    CandidateRejected,
+    DrafterReference,
+    check_candidate_dir,
+    check_finite,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,10 @@ DRAFTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 
 class VersionConflictError(RuntimeError):
     """The version being published already exists."""
+
+
+RejectionHook = Callable[[str, str, str], None]
+"""``(stage, worker, reason)`` of a refused candidate; ``stage`` is ``upload`` or ``merge``."""
 
 
 @dataclass(frozen=True)
@@ -167,13 +180,29 @@ def _base_dir_name(base_version: int | None) -> str:
 
 
 class DrafterRegistry:
-    """Published drafter versions and pending candidates under one directory."""
+    """Published drafter versions and pending candidates under one directory.
 
-    def __init__(self, root: str | Path, *, keep_versions: int = 5) -> None:
+    ``reference`` (the job's drafter, ``spot/vetting.py``): what stored and merged candidates
+    must match; without it a candidate is checked against the first usable one. Refused
+    candidates are counted in :attr:`rejected` (by stage) and reported to ``on_rejected``.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        keep_versions: int = 5,
+        reference: DrafterReference | None = None,
+        on_rejected: RejectionHook | None = None,
+    ) -> None:
         if keep_versions < 2:
             raise ValueError(f"keep_versions={keep_versions}; keep at least 2 (readers race GC)")
         self.root = Path(root)
         self.keep_versions = keep_versions
+        self.reference = reference
+        self.on_rejected = on_rejected
+        self.rejected: Counter[str] = Counter()
+        """Candidates refused so far, by stage (``upload``, ``merge``)."""
         for sub in ("versions", "candidates", ".staging"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
@@ -262,8 +291,10 @@ class DrafterRegistry:
         """Publish ``drafter`` as version latest+1 (0 for the first) and move ``LATEST`` to it.
 
         ``expected_parent`` (a version or None): refuse with :class:`VersionConflictError` when
-        the latest version is another one (someone published in between).
+        the latest version is another one (someone published in between). A drafter with a
+        NaN or infinite weight is refused (:class:`~.vetting.NonFiniteDrafterError`).
         """
+        check_finite(drafter.trainable_state_dict(), "drafter to publish")
         with self._locked():
             parent = self.latest_version()
             if expected_parent != "any" and parent != expected_parent:
@@ -348,7 +379,8 @@ class DrafterRegistry:
         ``files`` maps ``config.json`` and ``model.safetensors`` to their bytes (the trainer's
         HTTP exchange receives them from a rollout worker). Raises
         :class:`~longtail_workers.drafter.checkpoint.DrafterMismatchError` (a ``ValueError``)
-        when they are not a drafter directory; nothing is stored then.
+        when they are not a drafter directory, not the job's drafter (:attr:`reference`: names,
+        shapes, dtypes, target), hold no tensors or a NaN/inf; nothing is stored then.
         """
         if sorted(files) != sorted(DRAFTER_FILES):
             raise DrafterMismatchError(
@@ -358,7 +390,18 @@ class DrafterRegistry:
         info = _candidate_info(
             worker, base_version, policy_version, tokens, steps, train_loss, heldout_top1
         )
-        return self._add_candidate(lambda d: _write_drafter_files(d, files), info)
+        source = f"candidate of {worker} (base {base_version})"
+
+        def write(directory: Path) -> None:
+            for name in DRAFTER_FILES:
+                (directory / name).write_bytes(files[name])
+            check_candidate_dir(directory, self.reference, source)
+
+        try:
+            return self._add_candidate(write, info)
+        except DrafterMismatchError as exc:
+            self._reject("upload", worker, str(exc))
+            raise
 
     def _add_candidate(self, write: Callable[[Path], object], info: dict[str, Any]) -> Candidate:
         staging = self._stage(write, info, CANDIDATE_FILE)
@@ -387,15 +430,23 @@ class DrafterRegistry:
     ) -> PublishedVersion | None:
         """Merge the candidates trained from ``base_version`` (default: latest) and publish.
 
-        Returns None when no worker submitted one (nothing trained in this window).
+        Returns None when no worker submitted one (nothing trained in this window), when
+        every candidate was refused, or when the merge is not finite (nothing is published;
+        the workers keep drafting with the base version). A refused candidate is skipped and
+        reported (log, :attr:`rejected`, ``on_rejected``); the others are merged.
         """
         base = self.latest_version() if base_version is None else base_version
-        cands = [c for c in self.candidates(base) if c.tokens > 0]
-        if not cands:
+        usable = self._usable(self.candidates(base), target, target_id)
+        if not usable:
             return None
+        cands = [c for c, _ in usable]
         merged = load_drafter(cands[0].path, target, target_id=target_id)
-        parts = [(load_file(str(c.path / WEIGHTS_FILE)), c.tokens) for c in cands]
-        merged.load_state_dict(merge_state_dicts(parts))
+        merged.load_state_dict(merge_state_dicts([(w, c.tokens) for c, w in usable]))
+        try:
+            check_finite(merged.trainable_state_dict(), f"merge of base {base}")
+        except CandidateRejected as exc:
+            self._reject("merge", "+".join(c.worker for c in cands), str(exc))
+            return None
         total = sum(c.tokens for c in cands)
         return self.publish(
             merged.eval(),
@@ -408,6 +459,28 @@ class DrafterRegistry:
             heldout_top1_is_estimate=len(cands) > 1,
             expected_parent=base,
         )
+
+    def _usable(
+        self, cands: list[Candidate], target: nn.Module, target_id: str
+    ) -> list[tuple[Candidate, dict[str, Any]]]:
+        """``(candidate, weights)`` of every candidate that trained and passes the checks."""
+        reference, usable = self.reference, []
+        for cand in (c for c in cands if c.tokens > 0):
+            source = f"candidate {cand.path.name} (base {cand.base_version})"
+            try:
+                if reference is None:  # the first loadable candidate stands for the job's drafter
+                    found = load_drafter(cand.path, target, target_id=target_id)
+                    reference = DrafterReference.of(found)
+                usable.append((cand, check_candidate_dir(cand.path, reference, source)))
+            except (DrafterMismatchError, SafetensorError, OSError) as exc:
+                self._reject("merge", cand.worker, str(exc))
+        return usable
+
+    def _reject(self, stage: str, worker: str, reason: str) -> None:
+        self.rejected[stage] += 1
+        log.warning("drafter candidate of %s refused at %s: %s", worker, stage, reason)
+        if self.on_rejected is not None:
+            self.on_rejected(stage, worker, reason)
 
 
 def _candidate_info(
@@ -427,18 +500,6 @@ def _candidate_info(
         "tokens": tokens, "steps": steps, "train_loss": train_loss,
         "heldout_top1": heldout_top1, "created_unix": time.time(),
     }  # fmt: skip
-
-
-def _write_drafter_files(directory: Path, files: Mapping[str, bytes]) -> None:
-    """Write uploaded drafter files and check they are one (config format, safetensors header)."""
-    for name in DRAFTER_FILES:
-        (directory / name).write_bytes(files[name])
-    read_drafter_config(directory)
-    try:
-        with safe_open(str(directory / WEIGHTS_FILE), framework="pt") as weights:
-            weights.keys()
-    except (SafetensorError, OSError) as exc:
-        raise DrafterMismatchError(f"{WEIGHTS_FILE} is not a safetensors file: {exc}") from exc
 
 
 def _weighted(values: list[tuple[float | None, int]]) -> float | None:

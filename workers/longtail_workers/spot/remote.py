@@ -18,6 +18,8 @@ which one it holds::
 A payload is an uncompressed tar of the files ``save_drafter`` writes (byte for byte), and its
 sha256 travels in ``X-Longtail-Drafter-Sha256``: the client checks it on every download and the
 trainer on every upload (400 on a mismatch), so a corrupted transfer is never loaded or merged.
+An upload that is not the job's drafter (tensor names, shapes, dtypes, target), holds no tensors
+or a NaN/infinity is refused with 400 naming the problem and not stored (``spot/vetting.py``).
 Every request has a bounded timeout; unreachable trainers, timeouts and 5xx answers (503 while
 the trainer is still loading) are retried with exponential backoff and jitter, then raised as
 :class:`DrafterExchangeError` naming the URL. Re-sending a candidate after a lost answer is

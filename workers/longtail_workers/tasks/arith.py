@@ -26,8 +26,9 @@ newline) and must generate ``solution`` followed by EOS. No chat template is inv
 
 Train and eval splits are disjoint *for every seed*: each prompt text is assigned to one split by
 a hash of the text, and each split's generator rejects prompts that belong to the other split.
-The two splits also draw from different seed streams. Small sizes have few distinct prompts
-(81 with two operands, 14 of them eval prompts), so the eval split repeats those.
+The two splits also draw from different seed streams. The eval split never repeats a prompt
+(small sizes have few distinct prompts: 81 with two operands, about 8 of them eval prompts), so
+every eval item is a different question and 200 items weigh 0.5 points each.
 """
 
 from __future__ import annotations
@@ -144,14 +145,18 @@ def generate(
     sizes, probs = size_distribution(config)
     rng = np.random.default_rng(np.random.SeedSequence([seed, _SPLIT_STREAM[split]]))
     items: list[TaskItem] = []
+    seen: set[str] = set()
     while len(items) < n:
         size = int(rng.choice(sizes, p=probs))
         operands = rng.integers(1, config.max_operand + 1, size=size).tolist()
         item = make_item(operands, config)
         # Rejection keeps the splits disjoint; it removes the same share of every size on
-        # average, so the size distribution of each split stays the configured one.
-        if split_of(item.prompt, config) == split:
-            items.append(item)
+        # average. Eval prompts are also distinct (a repeat would count one question twice),
+        # so once the few small eval prompts are used, the eval mix leans to larger sizes.
+        if split_of(item.prompt, config) != split or (split == "eval" and item.prompt in seen):
+            continue
+        seen.add(item.prompt)
+        items.append(item)
     return items
 
 

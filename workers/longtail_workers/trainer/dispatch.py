@@ -7,9 +7,13 @@ as one ``POST /v1/generate``. A shard whose worker fails (connection refused or 
 process died; a timeout: it hung; HTTP 5xx) is queued again and handed to the next free live
 worker; the failed worker is marked down and skipped until a health check at a later step start
 finds it back. A 409 (the worker is training the drafter) puts the worker back to ``rollout``
-and retries it. The step fails with :class:`RolloutFailed`, naming every worker's last error,
-when no live worker is left or a shard failed ``max_attempts`` times; it never waits longer than
-``timeout_s`` per call. ``stop`` (Ctrl-C) aborts with :class:`RolloutAborted`.
+and retries it. Any other 4xx means the call itself is wrong (a job configuration error, e.g.
+``algorithm.maxNewTokens`` beyond the model's context; the worker's message names the field): it
+would fail on every worker, so the step fails at once with :class:`RolloutRejected` carrying that
+message, and no worker is marked down. The step fails with :class:`RolloutFailed`, naming every
+worker's last error, when no live worker is left or a shard failed ``max_attempts`` times; it
+never waits longer than ``timeout_s`` per call. ``stop`` (Ctrl-C) aborts with
+:class:`RolloutAborted`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.httpserver import error_text
 from longtail_workers.rollout.wire import GENERATE_PATH, GenerateCall, GenerateReply, Sample
 
 log = logging.getLogger(__name__)
@@ -40,8 +45,21 @@ class RolloutAborted(RuntimeError):
     """The rollout was abandoned because a stop was requested."""
 
 
+class RolloutRejected(RolloutFailed):
+    """A worker refused a generate call as invalid (HTTP 4xx other than 409): a job
+    configuration error, not a lost worker; the message is the worker's, naming the field."""
+
+
 class WorkerBusy(RuntimeError):
     """HTTP 409 from a worker: it is not in the rollout role right now."""
+
+
+class WorkerHTTPError(OSError):
+    """A worker answered an HTTP error status ``code`` (its error text is in the message)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def shard_round_robin(n: int, workers: int, group: int = 1) -> list[list[int]]:
@@ -84,10 +102,10 @@ def http_json(url: str, body: dict[str, Any] | None, timeout_s: float, method: s
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        text = exc.read().decode("utf-8", "replace")[:500]
+        text = error_text(exc.read())[:500]
         if exc.code == 409:
             raise WorkerBusy(text) from exc
-        raise OSError(f"HTTP {exc.code} from {url}: {text}") from exc
+        raise WorkerHTTPError(exc.code, f"HTTP {exc.code} from {url}: {text}") from exc
 
 
 class RolloutPool:
@@ -205,7 +223,18 @@ class RolloutPool:
 
     def _post(self, name: str, call: GenerateCall) -> GenerateReply:
         url = self.workers[name] + GENERATE_PATH
-        reply = GenerateReply.from_dict(http_json(url, call.to_dict(), self.timeout_s, "POST"))
+        try:
+            answer = http_json(url, call.to_dict(), self.timeout_s, "POST")
+        except WorkerHTTPError as exc:
+            if 400 <= exc.code < 500:  # 409 is WorkerBusy: never here
+                raise RolloutRejected(
+                    f"rollout worker {name} refused the generate call: {exc}. This is a job "
+                    "configuration error, not a lost worker: fix the field it names (the "
+                    "requests come from spec.algorithm: maxNewTokens, temperature, topP, and "
+                    "from the dataset's prompts) and run again"
+                ) from exc
+            raise
+        reply = GenerateReply.from_dict(answer)
         if len(reply.samples) != len(call.requests):
             raise ValueError(
                 f"{name} answered {len(reply.samples)} samples for {len(call.requests)} requests"

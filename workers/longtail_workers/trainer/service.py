@@ -85,6 +85,7 @@ class TrainerMetrics:
         self.accuracy = gauge_from_spec(names.TRAINER_ACCURACY, r)
         self.policy = gauge_from_spec(names.TRAINER_POLICY_VERSION, r)
         self.harvested = counter_from_spec(names.TRAINER_HARVESTED_SECONDS_TOTAL, r)
+        self.rejected = counter_from_spec(names.TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL, r)
         self.last_step.set(time.time())
 
     def observe(self, row: dict[str, Any]) -> None:
@@ -99,6 +100,10 @@ class TrainerMetrics:
         self.accuracy.set(row["accuracy"])
         self.policy.set(row["policy_version"])
         self.harvested.inc(row.get("trainer_harvested_s", 0.0))  # present when harvest is on
+
+    def candidate_rejected(self, stage: str, worker: str, reason: str) -> None:
+        """``DrafterRegistry.on_rejected``: count a refused drafter candidate (it logs it)."""
+        self.rejected.labels(stage=stage).inc()
 
 
 class TrainerApp(BackgroundHTTPServer):
@@ -158,6 +163,7 @@ class TrainerApp(BackgroundHTTPServer):
             step_seconds=seconds,
             message=self.failed or st.message,
             eval_accuracy=st.eval_accuracy,
+            eval_sampled_accuracy=st.eval_sampled_accuracy,
             sd_fraction=row.get("sd_fraction"),
             rollout_active=st.rollout_active,
             pending_workers=tuple(sorted(st.pending_workers)),
@@ -312,6 +318,7 @@ def _run(args: argparse.Namespace, app: TrainerApp, stop: threading.Event) -> in
     driver, publisher_stop = build_driver(spec, args, run_dir, ckpt_dir)
     driver.stop = stop
     if driver.registry is not None:
+        driver.registry.on_rejected = app.metrics.candidate_rejected
         app.drafters = DrafterEndpoints(driver.registry)
     metrics_path = run_dir / METRICS_FILE
     start_step = 0
@@ -323,6 +330,7 @@ def _run(args: argparse.Namespace, app: TrainerApp, stop: threading.Event) -> in
         driver.state.drafter_version = state.drafter_version
         driver.state.last_checkpoint_step = state.step
         driver.state.eval_accuracy = state.extra.get("eval_accuracy")
+        driver.state.eval_sampled_accuracy = state.extra.get("eval_sampled_accuracy")
         _truncate_rows(metrics_path, state.step)
         log.info("resumed from %s (step %d)", found, state.step)
     elif args.resume:

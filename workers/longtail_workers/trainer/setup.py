@@ -1,10 +1,12 @@
 """Building the trainer's :class:`~longtail_workers.trainer.driver.StepDriver` from a job spec.
 
 Called once by ``trainer/service.py``: policy and tokenizer (``load_policy``), train and eval
-datasets (``resolve_dataset``), the rollout pool and verifier client from the command line, the
-weight publisher (HTTP server, or torch.distributed rank 0 with ``--weight-sync dist``) and the
-drafter registry (``--drafters``; the trainer's HTTP port serves it to the rollout workers,
-``spot/remote.py``) and, when the job makes the trainer a harvest target
+datasets (``resolve_dataset``; :func:`check_context` fails at once when the longest prompt
+plus ``algorithm.maxNewTokens`` does not fit the model), the rollout pool and verifier client
+from the command line, the weight publisher (HTTP server, or torch.distributed rank 0 with
+``--weight-sync dist``) and the drafter registry (``--drafters``; the trainer's HTTP port
+serves it to the rollout workers, ``spot/remote.py``; candidates are checked against the job's
+drafter, ``spot/vetting.py``) and, when the job makes the trainer a harvest target
 (``trainer/harvest.py``), the trainer's own drafter training. Returns the driver and a function
 that stops the publisher.
 """
@@ -13,16 +15,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from longtail_api.context import context_error
 from longtail_api.spec import RLJobSpec
-from longtail_workers.data import resolve_dataset
+from longtail_workers.data import Example, format_example, resolve_dataset
 from longtail_workers.data.loader import DEFAULT_BUILTIN_TRAIN_SIZE
+from longtail_workers.drafter.checkpoint import DrafterMismatchError
 from longtail_workers.models.loading import load_policy
-from longtail_workers.runtime import init_dist
+from longtail_workers.runtime import init_dist, initial_drafter
 from longtail_workers.spot.publish import DrafterRegistry
+from longtail_workers.spot.vetting import DrafterReference
 from longtail_workers.trainer.dispatch import RolloutPool
 from longtail_workers.trainer.driver import DriverConfig, StepDriver
 from longtail_workers.trainer.harvest import (
@@ -71,10 +76,13 @@ def build_driver(
     size = max(DEFAULT_BUILTIN_TRAIN_SIZE, algo.prompts_per_step * algo.total_steps)
     train = resolve_dataset(spec.dataset, "train", seed=algo.seed, builtin_train_size=size)
     evals = resolve_dataset(spec.dataset, "eval", seed=algo.seed)
+    check_context(spec, model, tokenizer, [*train, *evals])
     pool = RolloutPool(parse_rollouts(args.rollout), timeout_s=args.rollout_timeout)
     verifier = VerifierClient(args.verifier_url)
     publisher, stop_publisher = make_publisher(args, keep_last=3)
-    registry = DrafterRegistry(args.drafters) if args.drafters else None
+    registry = None
+    if args.drafters:
+        registry = DrafterRegistry(args.drafters, reference=drafter_reference(spec, model))
     run_dir.mkdir(parents=True, exist_ok=True)
     driver = StepDriver(
         spec, model, tokenizer, train, evals, pool, verifier, publisher,
@@ -87,6 +95,41 @@ def build_driver(
         else driver.state.pending_workers.discard(name)
     )
     return driver, stop_publisher
+
+
+def drafter_reference(spec: RLJobSpec, model: Any) -> DrafterReference | None:
+    """The job's drafter, which every candidate must match (``spot/vetting.py``).
+
+    None, with a warning, when this trainer cannot read ``drafterTraining.initialDrafter`` (a
+    path mounted on the rollout pods only): candidates are then checked against each other at
+    the merge, and at upload for a readable, non-empty, finite weights file.
+    """
+    try:
+        return DrafterReference.of(initial_drafter(spec, model, spec.model.path))
+    except (DrafterMismatchError, OSError) as exc:
+        log.warning(
+            "drafter candidates are not checked against the job's drafter: %s (mount "
+            "drafterTraining.initialDrafter on the trainer too)",
+            exc,
+        )
+        return None
+
+
+def check_context(spec: RLJobSpec, model: Any, tokenizer: Any, examples: Sequence[Example]) -> None:
+    """Fail at start, naming ``spec.algorithm.maxNewTokens`` and the fix, when the job's longest
+    prompt plus ``maxNewTokens`` does not fit the model's context (``longtail_api.context``);
+    otherwise every rollout worker would refuse the first step's generate calls."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is None or not examples:
+        return
+    template = spec.dataset.apply_chat_template
+    longest = max(
+        len(tokenizer.encode(format_example(tokenizer, ex, template), add_special_tokens=False))
+        for ex in examples
+    )
+    error = context_error(spec.algorithm.max_new_tokens, int(positions), spec.model.path, longest)
+    if error is not None:
+        raise ValueError(str(error))
 
 
 def _trainer_harvest(
