@@ -325,6 +325,13 @@ OPERATOR_STATUS_POLLS_TOTAL = MetricSpec(
     "Polls of trainer and worker status endpoints, by target and result (ok, error).",
     labels=(LABEL_TARGET, LABEL_RESULT),
 )
+OPERATOR_UNREACHABLE_WORKERS = MetricSpec(
+    "longtail_operator_unreachable_workers",
+    "gauge",
+    "Worker pods of one running RLJob whose status endpoint failed several polls in a row "
+    "(the RLJob's WorkersUnreachable condition names them).",
+    labels=(LABEL_NAMESPACE, LABEL_RLJOB),
+)
 
 OPERATOR_METRICS: tuple[MetricSpec, ...] = (
     OPERATOR_RECONCILE_TOTAL,
@@ -336,6 +343,7 @@ OPERATOR_METRICS: tuple[MetricSpec, ...] = (
     OPERATOR_ROLE_SWITCHES_TOTAL,
     OPERATOR_ROLE_SWITCH_SECONDS,
     OPERATOR_STATUS_POLLS_TOTAL,
+    OPERATOR_UNREACHABLE_WORKERS,
 )
 """Everything the operator exports on its metrics port."""
 

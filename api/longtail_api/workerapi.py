@@ -357,6 +357,9 @@ class TrainerStatus:
     """Fraction of correct answers in the last completed step, in [0, 1]."""
     accepted_length: float | None = None
     """Mean accepted length of speculative decoding in the last rollout."""
+    acceptance_collapsed: bool = False
+    """Speculation accepts almost nothing after it once worked (``longtail_api.acceptance``):
+    the drafter no longer matches the policy."""
     last_checkpoint_step: int | None = None
     """Step of the newest complete checkpoint."""
     step_seconds: StepSeconds | None = None
@@ -399,6 +402,7 @@ class TrainerStatus:
             "rewardMean": self.reward_mean,
             "accuracy": self.accuracy,
             "acceptedLength": self.accepted_length,
+            "acceptanceCollapsed": self.acceptance_collapsed,
             "lastCheckpointStep": self.last_checkpoint_step,
             "stepSeconds": None if self.step_seconds is None else self.step_seconds.to_dict(),
             "message": self.message,
@@ -436,6 +440,7 @@ class TrainerStatus:
             reward_mean=r.opt_num("rewardMean"),
             accuracy=accuracy,
             accepted_length=r.opt_num("acceptedLength", minimum=0.0),
+            acceptance_collapsed=bool(r.obj.get("acceptanceCollapsed", False)),
             last_checkpoint_step=r.opt_int("lastCheckpointStep"),
             step_seconds=None if seconds is None else StepSeconds.from_dict(seconds),
             message=message,

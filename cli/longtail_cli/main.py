@@ -69,6 +69,13 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run one worker role in this process (what a worker pod's command is)."""
+    # Under `longtail run`: stop when the parent dies (before torch is imported; parentwatch.py).
+    parentwatch = importlib.import_module("longtail_workers.parentwatch")
+    try:
+        parentwatch.watch_parent()
+    except parentwatch.ParentWatchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     target = WORKER_ROLES[args.role]
     module_name, func_name = target.split(":")
     entry: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), func_name)

@@ -6,7 +6,9 @@ returns plain dicts, so the unit tests read them directly and ``reconcile.py`` h
 API. Naming: pod ``<job>-<role>-<index>``, headless Service ``<job>-<role>``, ConfigMap
 ``<job>-config``. Every object carries the ``longtail.dev/*`` and ``app.kubernetes.io/*``
 labels and a controller owner reference to the RLJob, so deleting the RLJob garbage-collects
-it. The worker contract (args, ``LONGTAIL_*`` env) is documented in docs/operator.md.
+it. The worker contract (args, ``LONGTAIL_*`` env) is documented in docs/operator.md. Every
+pod gets the job's token as ``LONGTAIL_AUTH_TOKEN`` from the Secret ``<job>-auth``
+(:func:`token_env`); the Secret and the NetworkPolicy themselves are built in ``access.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import yaml
 
 from longtail_api import API_VERSION, KIND
+from longtail_api.auth import TOKEN_ENV, TOKEN_KEY
 from longtail_api.spec import RLJobSpec, RoleSpec
 from longtail_operator.merge import deep_merge
 from longtail_operator.settings import Settings
@@ -73,6 +76,20 @@ def service_name(job: str, role: str) -> str:
 
 def configmap_name(job: str) -> str:
     return f"{job}-config"
+
+
+def secret_name(job: str) -> str:
+    """The Secret holding the job's token (``access.job_secret``)."""
+    return f"{job}-auth"
+
+
+def token_env(job: str) -> dict[str, Any]:
+    """``LONGTAIL_AUTH_TOKEN`` from the job's Secret: an environment variable rather than a
+    mounted file, so ``longtail run`` and pods hand it over the same way, the value never
+    appears in the pod spec, and no volume or file mode meets the user's template (a token
+    that never changes while the job exists gains nothing from a file's live updates)."""
+    ref = {"name": secret_name(job), "key": TOKEN_KEY}
+    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}
 
 
 def labels(job: str, role: str | None = None, index: int | None = None) -> dict[str, str]:
@@ -200,6 +217,7 @@ def worker_pod(
     role_spec = role_specs(spec)[role]
     port = role_port(settings, role)
     env = discovery_env(job, spec, settings, role, index) + drafter_env(job, spec, settings, role)
+    env.append(token_env(job.name))
     env.append({"name": "LONGTAIL_MIN_POLICY_VERSION", "value": str(min_policy_version)})
     env.append({"name": "LONGTAIL_MIN_DRAFTER_VERSION", "value": str(min_drafter_version)})
     mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
@@ -227,6 +245,9 @@ def worker_pod(
         "env": env,
         "resources": _resources(role_spec),
         "volumeMounts": mounts,
+        # A crash's last log lines (a traceback) become the termination message, which the
+        # operator puts in the WorkerFailed event before it deletes the failed pod.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "readinessProbe": probe,
         # The port opens once the model is loaded (and vLLM's engine started): minutes for a
         # large model, so liveness only counts from then on.
@@ -261,7 +282,17 @@ def worker_pod(
         pod["metadata"]["name"], pod["metadata"]["namespace"] = name, job.namespace
         pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **identity}
         pod["metadata"]["ownerReferences"] = [owner_reference(job)]
+        _keep_token_env(pod["spec"], job.name)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def _keep_token_env(pod_spec: dict[str, Any], job: str) -> None:
+    """The worker container's token variable always comes from the job's Secret (a template
+    cannot replace or delete it: a worker without it refuses to start)."""
+    for container in pod_spec.get("containers") or []:
+        if container.get("name") == CONTAINER:
+            env = [e for e in container.get("env") or [] if e.get("name") != TOKEN_ENV]
+            container["env"] = [*env, token_env(job)]
 
 
 def role_service(job: JobRef, role: str, settings: Settings) -> dict[str, Any]:

@@ -5,7 +5,8 @@ JSON bodies parsed with the shared wire types in :mod:`longtail_api.workerapi`. 
 raises on a worker being down or answering badly: every call returns a result carrying either
 the parsed body or a message that says what went wrong (connection refused, HTTP 409 and the
 worker's reason, malformed body), because the callers (harvest loop, reconcile) record that
-message in the RLJob status and retry with backoff.
+message in the RLJob status and retry with backoff. Writes (PUT, POST) carry the job's token
+(``Authorization: Bearer``, ``longtail_api.auth``) that ``reconcile.py`` read from its Secret.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from longtail_api.auth import bearer_headers, is_write
 from longtail_api.harvest import Activity
 from longtail_api.protocol import ProtocolError
 from longtail_api.workerapi import (
@@ -52,9 +54,17 @@ def _error_text(body: Any, code: int) -> str:
 
 
 def call(
-    host: str, port: int, method: str, path: str, body: Any = None, *, timeout: float
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    timeout: float,
+    token: str | None = None,
 ) -> HttpResult:
-    """One JSON call; never raises for network or HTTP errors (see the module text)."""
+    """One JSON call; never raises for network or HTTP errors (see the module text). A write
+    carries ``token``."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     where = f"{method} http://{host}:{port}{path}"
     try:
@@ -62,6 +72,8 @@ def call(
         headers = {"Content-Type": "application/json"} if data is not None else {}
         if method in ("PUT", "POST") and data is None:
             headers["Content-Length"] = "0"
+        if is_write(method):
+            headers.update(bearer_headers(token))
         conn.request(method, path, body=data, headers=headers)
         resp = conn.getresponse()
         raw = resp.read()
@@ -93,12 +105,13 @@ class WorkerClient:
         except ProtocolError as exc:
             return f"GET http://{host}:{port}{STATUS_PATH}: malformed status: {exc}"
 
-    def put_role(self, host: str | None, port: int, activity: Activity) -> RoleResult:
+    def put_role(
+        self, host: str | None, port: int, activity: Activity, token: str | None = None
+    ) -> RoleResult:
         if not host:
             return RoleResult(None, None, "the pod has no IP yet")
-        res = call(
-            host, port, "PUT", ROLE_PATH, RoleRequest(activity).to_dict(), timeout=self.timeout
-        )
+        body = RoleRequest(activity).to_dict()
+        res = call(host, port, "PUT", ROLE_PATH, body, timeout=self.timeout, token=token)
         if res.error is not None:
             return RoleResult(res.code, None, res.error)
         try:
@@ -123,10 +136,11 @@ class TrainerClient:
             return f"GET http://{host}:{port}{STATUS_PATH}: malformed trainer status: {exc}"
 
     def checkpoint(
-        self, host: str, port: int, *, reason: str, timeout: float
+        self, host: str, port: int, *, reason: str, timeout: float, token: str | None = None
     ) -> CheckpointAnswer | str:
         """Ask for a checkpoint now; blocks until it is written (or ``timeout``)."""
-        res = call(host, port, "POST", CHECKPOINT_PATH, {"reason": reason}, timeout=timeout)
+        body = {"reason": reason}
+        res = call(host, port, "POST", CHECKPOINT_PATH, body, timeout=timeout, token=token)
         if res.error is not None:
             return res.error
         try:

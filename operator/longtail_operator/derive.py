@@ -10,7 +10,10 @@ Phase, in order of precedence: a finished job stays finished; an invalid spec ch
 (ValidationFailed); ``activeDeadlineSeconds`` passed -> Failed/DeadlineExceeded; the trainer
 reports complete -> Succeeded, failed -> Failed/TrainerFailed; a role's failed pods exceed
 ``backoffLimit`` -> Failed/BackoffLimitExceeded; ``suspend`` -> Suspended; else Running when
-every role's replicas are ready, Initializing while any pod exists, Pending before.
+every role's replicas are ready, Initializing while any pod exists, Pending before. A failed
+pod's termination message (its last log lines: the pods use ``FallbackToLogsOnError``) goes into
+a WorkerFailed event, which ``reconcile.py`` posts before it deletes the pod. With the harvest
+loop polling, ``WorkersUnreachable`` is True while some worker keeps failing its status polls.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 from longtail_api.spec import RLJobSpec
 from longtail_api.status import Condition, RLJobStatus, RoleStatus
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator import builders
+from longtail_operator import access, builders
 from longtail_operator.builders import JobRef
 from longtail_operator.harvest import HarvestSnapshot
 from longtail_operator.observe import PodView, parse_time, rfc3339
@@ -33,6 +36,7 @@ TERMINAL = ("Succeeded", "Failed")
 WARNING_REASONS = frozenset(
     {
         "InvalidSpec",
+        "DrafterStale",
         "DeadlineExceeded",
         "TrainerFailed",
         "BackoffLimitExceeded",
@@ -40,6 +44,7 @@ WARNING_REASONS = frozenset(
         "CheckpointFailed",
         "RoleSwitchUnacknowledged",
         "JobFailed",
+        "WorkersUnreachable",
     }
 )
 """Event reasons posted as ``Warning``; every other reason is ``Normal``."""
@@ -68,6 +73,8 @@ class Observed:
     harvest: HarvestSnapshot | None = None
     counted: frozenset[str] = frozenset()
     """UIDs of failed pods already counted against backoffLimit."""
+    network_policy: bool | None = None
+    """Whether the job's NetworkPolicy exists; None when the operator manages none."""
 
 
 @dataclass
@@ -78,7 +85,7 @@ class Plan:
     update: list[dict[str, Any]] = field(default_factory=list)
     delete_pods: list[str] = field(default_factory=list)
     delete_objects: list[tuple[str, str]] = field(default_factory=list)
-    """(kind, name) of Services/ConfigMaps to delete (TTL clean-up, removed roles)."""
+    """(kind, name) of Services/ConfigMaps/NetworkPolicies to delete (TTL, removed roles)."""
     checkpoint: bool = False
     """Ask the trainer to checkpoint before deleting the pods (suspend)."""
     counted: list[str] = field(default_factory=list)
@@ -163,6 +170,8 @@ def _support_objects(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan
         name = builders.service_name(obs.job.name, role)
         if role not in roles and name in obs.services:
             p.delete_objects.append(("Service", name))
+    if settings.network_policy and obs.network_policy is False:
+        p.create.append(access.network_policy(obs.job, settings))
     cm = builders.job_configmap(obs.job, obs.raw_spec)
     if obs.configmap is None:
         p.create.append(cm)
@@ -199,6 +208,12 @@ def _conditions(
                 f"{rs.ready}/{rs.total} ready",
             )
     want["DrafterTraining"] = _drafter_condition(obs, spec, phase, roles)
+    reach = _reachability(obs, phase)
+    if reach is not None:
+        want["WorkersUnreachable"] = reach
+    collapsed = _acceptance(obs, phase)
+    if collapsed is not None:
+        want["AcceptanceCollapsed"] = collapsed
     if spec.suspend or any(c.type == "Suspended" for c in obs.previous.conditions):
         if spec.suspend and not finished:
             want["Suspended"] = ("True", "JobSuspended", "spec.suspend is true")
@@ -229,6 +244,39 @@ def _drafter_condition(
     if not spec.harvest.enabled or not spec.drafter_training.enabled:
         return ("False", "HarvestDisabled", "harvest or drafterTraining is disabled")
     return ("False", "NoIdleWorkers", "no worker is idle long enough to be harvested")
+
+
+def _acceptance(obs: Observed, phase: str) -> tuple[str, str, str] | None:
+    """``AcceptanceCollapsed``: once the trainer reports a collapse (or it was shown before)."""
+    t = obs.trainer
+    old = next((c for c in obs.previous.conditions if c.type == "AcceptanceCollapsed"), None)
+    if old is None and (t is None or not t.acceptance_collapsed):
+        return None
+    if t is not None and t.acceptance_collapsed and phase in ("Running", "Initializing"):
+        text = (
+            f"speculative decoding accepts almost nothing (mean accepted length "
+            f"{t.accepted_length or 0:.2f}) after it once worked: the drafter no longer matches "
+            "the policy; check the trainer log for refused drafter candidates"
+        )
+        return ("True", "DrafterStale", text)
+    if t is None and old is not None:  # the trainer did not answer: keep what was shown
+        return (old.status, old.reason, old.message)
+    return ("False", "DrafterAccepted", "speculation accepts drafts")
+
+
+def _reachability(obs: Observed, phase: str) -> tuple[str, str, str] | None:
+    """``WorkersUnreachable``: only once the harvest loop polls (or it was shown before)."""
+    h = obs.harvest
+    if h is None and not any(c.type == "WorkersUnreachable" for c in obs.previous.conditions):
+        return None
+    if phase not in ("Running", "Initializing"):
+        return ("False", "JobNotRunning", f"job is {phase}")
+    if h is not None and h.unreachable:
+        shown = "; ".join(u[:200] for u in h.unreachable[:5])
+        more = f" and {len(h.unreachable) - 5} more" if len(h.unreachable) > 5 else ""
+        text = f"{len(h.unreachable)} worker(s) fail their status polls: {shown}{more}"
+        return ("True", "WorkersUnreachable", text)
+    return ("False", "WorkersAnswer", "every polled worker answers GET /v1/status")
 
 
 def merge_conditions(
@@ -334,6 +382,8 @@ def _ttl(obs: Observed, spec: RLJobSpec, p: Plan) -> None:
     objects = [("Service", s) for s in sorted(obs.services)]
     if obs.configmap is not None:
         objects.append(("ConfigMap", builders.configmap_name(obs.job.name)))
+    if obs.network_policy:
+        objects.append(("NetworkPolicy", access.network_policy_name(obs.job.name)))
     if objects or p.delete_pods:
         p.delete_objects.extend(objects)
         msg = f"ttlSecondsAfterFinished={ttl} passed: deleted pods, Services and ConfigMap"

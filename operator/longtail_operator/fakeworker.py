@@ -5,7 +5,9 @@ hand on a control plane without a kubelet: serve one :class:`FakeWorker` per pod
 (``127.0.0.N``) and patch the pods' ``status.podIP`` to it. Bodies are built with
 :mod:`longtail_api.workerapi` ``to_dict`` (the same types the operator parses), so they cannot
 drift from what the operator reads; the real rollout worker's answers are checked against the
-same types in ``tests/unit/operator/test_workerapi.py``. Standard library only.
+same types in ``tests/unit/operator/test_workerapi.py``. With :attr:`token` set, writes without
+``Authorization: Bearer <token>`` get 401 like the real workers' (``unauthorized`` counts them).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from longtail_api.auth import token_matches
 from longtail_api.harvest import Activity
 from longtail_api.protocol import ProtocolError
 from longtail_api.workerapi import (
@@ -67,8 +70,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _write(self, method: str) -> None:
         app: _Served = self.server.app  # type: ignore[attr-defined]
-        code, body = app.handle(method, self.path, self._body())
-        self._reply(code, body)
+        body = self._body()
+        sent = self.headers.get("Authorization")
+        if app.token is not None and not token_matches(sent, app.token):
+            with app.lock:
+                app.unauthorized += 1
+            self._reply(401, {"error": f"{method} {self.path}: unauthorized (no or wrong token)"})
+            return
+        code, answer = app.handle(method, self.path, body)
+        self._reply(code, answer)
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -79,6 +89,10 @@ class _Served:
 
     def __init__(self, host: str, port: int) -> None:
         self.lock = threading.Lock()
+        self.token: str | None = None
+        """The job's token its writes require (None: open)."""
+        self.unauthorized = 0
+        """Writes refused with 401."""
         self._server = ThreadingHTTPServer((host, port), _Handler)
         self._server.daemon_threads = True
         self._server.app = self  # type: ignore[attr-defined]

@@ -17,10 +17,14 @@ A decision is sent once; an unacknowledged one (refused with 409, still pending,
 unreachable) is re-sent with exponential backoff and its message is surfaced in the RLJob status
 until the worker reports the assigned activity or a new decision replaces it. Harvested
 GPU-seconds accumulate for workers that *report* drafter training (not merely assigned).
+Workers whose ``GET /v1/status`` failed several polls in a row (``WorkerStatusSource``) are
+logged when they stop and start answering, and listed in the snapshot (``unreachable``), from
+which the reconcile derives the ``WorkersUnreachable`` condition and its gauge.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +36,14 @@ from longtail_api.policies import HarvestSpec
 from longtail_api.status import WorkerStatus
 from longtail_operator.clients import RoleResult, WorkerClient
 from longtail_operator.metrics import OperatorMetrics
-from longtail_operator.sources import IdlenessSource, Observation, WorkerTarget
+from longtail_operator.sources import (
+    IdlenessSource,
+    Observation,
+    WorkerStatusSource,
+    WorkerTarget,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,6 +73,8 @@ class HarvestSnapshot:
     unacknowledged: tuple[str, ...] = ()
     accepted_length: float | None = None
     """Mean accepted length reported by the workers (their current drafter version)."""
+    unreachable: tuple[str, ...] = ()
+    """``NAME: last error`` of each worker whose status polls keep failing, sorted."""
 
 
 @dataclass
@@ -76,10 +89,13 @@ class Harvester:
     retry_max_s: float = 10.0
     gpu_seconds: float = 0.0
     clock: Callable[[], float] = time.monotonic
+    token: str | None = field(default=None, repr=False)
+    """The job's token, sent with every ``PUT /v1/role`` (set by the operator's runtime)."""
     assignments: dict[str, Assignment] = field(default_factory=dict)
     _last_step: float | None = None
     _last_obs: dict[str, Observation] = field(default_factory=dict)
     _targets: dict[str, WorkerTarget] = field(default_factory=dict)
+    _unreachable: dict[str, str] = field(default_factory=dict)
 
     def step(
         self, spec: HarvestSpec, targets: Sequence[WorkerTarget], source: IdlenessSource
@@ -93,6 +109,8 @@ class Harvester:
                 del self.assignments[name]  # pod gone, or recreated: starts in its own role
         obs = source.observe(targets)
         self._last_obs = obs
+        if isinstance(source, WorkerStatusSource):  # Prometheus cannot tell who is unreachable
+            self._track_unreachable(source.unreachable())
         changed = self._account(now, obs)
         eligible = [t for t in targets if t.role in spec.eligible_roles and t.role != "trainer"]
         rollout_active = any(obs[t.name].busy for t in eligible if t.name in obs)
@@ -127,6 +145,18 @@ class Harvester:
                 reported = o.rollout_active if o is not None else None
                 changes.update(decide(spec, active if reported is None else reported, [v]))
         return changes
+
+    def _track_unreachable(self, now: dict[str, str]) -> None:
+        """Log workers that stop or start answering, and keep the current set."""
+        now = {n: e for n, e in now.items() if n in self._targets}
+        where = f"{self.namespace}/{self.job}"
+        for name in sorted(now.keys() - self._unreachable.keys()):
+            log.warning(
+                "%s: worker %s does not answer its status polls: %s", where, name, now[name]
+            )
+        for name in sorted(self._unreachable.keys() - now.keys()):
+            log.info("%s: worker %s answers its status polls again (or is gone)", where, name)
+        self._unreachable = now
 
     def _assignment(self, t: WorkerTarget, now: float) -> Assignment:
         if t.name not in self.assignments:
@@ -178,7 +208,7 @@ class Harvester:
         return True
 
     def _send(self, target: WorkerTarget, activity: Activity) -> RoleResult:
-        return self.client.put_role(target.ip, target.port, activity)
+        return self.client.put_role(target.ip, target.port, activity, self.token)
 
     def _record(self, a: Assignment, result: RoleResult, now: float) -> None:
         a.attempts += 1
@@ -228,4 +258,5 @@ class Harvester:
             training_workers=training,
             unacknowledged=tuple(unacked),
             accepted_length=sum(lengths) / len(lengths) if lengths else None,
+            unreachable=tuple(f"{n}: {e}" for n, e in sorted(self._unreachable.items())),
         )

@@ -47,6 +47,7 @@ class Kube:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
 
     def _call(self, what: str, fn: Any, *args: Any, ok: tuple[int, ...] = (), **kw: Any) -> Any:
         try:
@@ -87,12 +88,26 @@ class Kube:
             out.append(body.get("items", []) if body else [])
         return out[0], out[1], out[2]
 
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret (None when absent); callers never log its data."""
+        what = f"get Secret {namespace}/{name}"
+        return self._call(  # type: ignore[no-any-return]
+            what, self.core.read_namespaced_secret, name, namespace, ok=(404,)
+        )
+
+    def get_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        what = f"get NetworkPolicy {namespace}/{name}"
+        fn = self.networking.read_namespaced_network_policy
+        return self._call(what, fn, name, namespace, ok=(404,))  # type: ignore[no-any-return]
+
     def create(self, obj: dict[str, Any]) -> None:
         kind, meta = obj["kind"], obj["metadata"]
         fns = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
             "ConfigMap": self.core.create_namespaced_config_map,
+            "Secret": self.core.create_namespaced_secret,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }
         what = f"create {kind} {meta['namespace']}/{meta['name']}"
         self._call(what, fns[kind], meta["namespace"], obj, ok=(409,))
@@ -108,6 +123,7 @@ class Kube:
             "Pod": self.core.delete_namespaced_pod,
             "Service": self.core.delete_namespaced_service,
             "ConfigMap": self.core.delete_namespaced_config_map,
+            "NetworkPolicy": self.networking.delete_namespaced_network_policy,
         }
         body = {"propagationPolicy": "Background"}
         what = f"delete {kind} {namespace}/{name}"

@@ -62,6 +62,7 @@ class OperatorMetrics:
         self._switches = _counter(names.OPERATOR_ROLE_SWITCHES_TOTAL, r)
         self._switch_seconds = _histogram(names.OPERATOR_ROLE_SWITCH_SECONDS, r)
         self._polls = _counter(names.OPERATOR_STATUS_POLLS_TOTAL, r)
+        self._unreachable = _gauge(names.OPERATOR_UNREACHABLE_WORKERS, r)
         for phase in PHASES:
             self._jobs.labels(phase=phase).set(0)
 
@@ -83,6 +84,11 @@ class OperatorMetrics:
         for state in ("total", "idle", "harvested"):
             with contextlib.suppress(KeyError):  # never reported: nothing to remove
                 self._gpus.remove(namespace, job, state)
+        with contextlib.suppress(KeyError):
+            self._unreachable.remove(namespace, job)
+
+    def unreachable_workers(self, namespace: str, job: str, count: int) -> None:
+        self._unreachable.labels(namespace=namespace, rljob=job).set(count)
 
     def harvested(self, namespace: str, job: str, gpu_seconds: float) -> None:
         self._harvested.labels(namespace=namespace, rljob=job).inc(gpu_seconds)

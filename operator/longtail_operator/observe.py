@@ -19,6 +19,8 @@ from longtail_api.validation import parse
 from longtail_operator.builders import LABEL_INDEX, LABEL_ROLE, ROLES
 
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+MESSAGE_TAIL = 1500
+"""Characters kept of a container's termination message (the end of a traceback matters)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,9 @@ class PodView:
     ip: str | None
     deleting: bool
     message: str = ""
-    """The pod's (or its container's) termination reason and message, when it has one."""
+    """The pod's (or its container's) termination reason and message, when it has one; a
+    container's message is its last log lines after a crash (``FallbackToLogsOnError``), kept
+    to its last ``MESSAGE_TAIL`` characters."""
 
     @property
     def active(self) -> bool:
@@ -74,7 +78,10 @@ def _termination_message(status: dict[str, Any]) -> str:
         term = (cs.get("state") or {}).get("terminated") or {}
         if term:
             code = term.get("exitCode")
-            detail = " ".join(str(p) for p in (term.get("reason"), term.get("message")) if p)
+            text = str(term.get("message") or "").strip()
+            if len(text) > MESSAGE_TAIL:
+                text = "..." + text[-MESSAGE_TAIL:]
+            detail = " ".join(str(p) for p in (term.get("reason"), text) if p)
             parts.append(f"container {cs.get('name')} exited {code} {detail}".strip())
     return "; ".join(parts)
 

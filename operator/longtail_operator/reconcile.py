@@ -4,7 +4,10 @@ The per-job daemon in ``runtime.py`` calls :meth:`Reconciler.reconcile` whenever
 one of its pods changes, and at least every ``reconcile_period_s``. Every call starts from a
 fresh GET of the RLJob and a LIST of its children, so nothing depends on which event woke it.
 API failures raise ``kopf.TemporaryError`` (the daemon waits with backoff and tries again); the
-status is written only when it changed, as a merge patch of the status subresource.
+status is written only when it changed, as a merge patch of the status subresource. Before
+anything else of a job that is not finished, the job's token Secret is read (made once when
+missing, ``access.py``); the token is kept in memory for the operator's own write calls
+(checkpoint, role switches) and never logged.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from typing import Any
 
 import kopf
 
+from longtail_api.auth import new_token
 from longtail_api.manifest import validate_manifest
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator import builders, derive
+from longtail_operator import access, builders, derive
 from longtail_operator.builders import JobRef
 from longtail_operator.clients import TrainerClient
 from longtail_operator.derive import Event, Observed, Plan
@@ -47,6 +51,8 @@ class JobRuntime:
     checkpoint_started: float | None = None
     checkpoint_done: bool = False
     last_error: str | None = None
+    token: str | None = field(default=None, repr=False)
+    """The job's token, read from (or first written to) its Secret; never logged."""
 
 
 def _owned(items: Iterable[dict[str, Any]], uid: str) -> list[dict[str, Any]]:
@@ -115,6 +121,7 @@ class Reconciler:
         job = JobRef(rt.name, rt.namespace, meta["uid"], int(meta.get("generation", 1)))
         checked = validate_manifest({k: v for k, v in body.items() if k != "status"})
         rt.spec = checked.spec if checked.ok else None
+        self._ensure_token(rt, job, (body.get("status") or {}).get("phase"))
         pods_raw, services, configmaps = self.kube.list_children(job.namespace, job.name)
         pods = [v for v in (PodView.from_pod(p) for p in _owned(pods_raw, job.uid)) if v]
         cm = next(iter(_owned(configmaps, job.uid)), None)
@@ -131,9 +138,13 @@ class Reconciler:
             trainer=self._trainer_status(pods) if rt.spec is not None else None,
             harvest=rt.harvester.snapshot() if rt.harvester is not None else None,
             counted=frozenset(rt.counted),
+            network_policy=self._network_policy(job),
         )
         plan = derive.plan(obs, self.settings)
         self._checkpoint(rt, plan, pods)
+        failures = [e for e in plan.events if e.reason == "WorkerFailed"]
+        for event in failures:  # a crash's last log lines are recorded before its pod goes
+            self.kube.post_event(job, event)
         self._execute(job, plan)
         rt.counted.update(plan.counted)
         new_status = prune_none(to_json(plan.status))
@@ -142,13 +153,44 @@ class Reconciler:
                 job.namespace, job.name, patch_for(body.get("status"), new_status)
             )
         for event in plan.events:
-            self.kube.post_event(job, event)
+            if event not in failures:
+                self.kube.post_event(job, event)
         rt.phase = plan.status.phase
         rt.targets = self._targets(rt.spec, pods, plan)
         if self.metrics is not None:
             gpus = plan.status.gpus
             self.metrics.job_gpus(job.namespace, job.name, gpus.total, gpus.idle, gpus.harvested)
+            h, running = obs.harvest, plan.status.phase in ("Running", "Initializing")
+            lost = len(h.unreachable) if h is not None and running else 0
+            self.metrics.unreachable_workers(job.namespace, job.name, lost)
         return rt.phase
+
+    def _ensure_token(self, rt: JobRuntime, job: JobRef, phase: str | None) -> None:
+        """Have the job's token in ``rt`` while the job runs (not for invalid or finished ones)."""
+        if rt.token is None and rt.spec is not None and phase not in derive.TERMINAL:
+            rt.token = self._job_token(job)
+
+    def _job_token(self, job: JobRef) -> str:
+        """The token in the job's Secret, made first when there is none. Read back after the
+        create, so of two racing creators the one the API server kept wins."""
+        name = builders.secret_name(job.name)
+        found = self.kube.get_secret(job.namespace, name)
+        if found is None:
+            self.kube.create(access.job_secret(job, new_token()))  # 409 (a race) is fine
+            found = self.kube.get_secret(job.namespace, name)
+        what = f"job token Secret {job.namespace}/{name}"
+        if found is None:
+            raise KubeError(what, 404, "created but not readable yet; retrying")
+        try:
+            return access.secret_token(found, job)
+        except access.SecretError as exc:
+            raise KubeError(what, 409, str(exc)) from exc
+
+    def _network_policy(self, job: JobRef) -> bool | None:
+        if not self.settings.network_policy:
+            return None
+        name = access.network_policy_name(job.name)
+        return self.kube.get_network_policy(job.namespace, name) is not None
 
     def _trainer_status(self, pods: list[PodView]) -> TrainerStatus | None:
         trainer = next((p for p in pods if p.role == "trainer" and p.active and p.ip), None)
@@ -173,7 +215,11 @@ class Reconciler:
         rt.checkpoint_started = rt.checkpoint_started or now
         left = self.settings.checkpoint_timeout_s - (now - rt.checkpoint_started)
         answer = self.trainer.checkpoint(
-            trainer.ip or "", self.settings.trainer_port, reason="suspend", timeout=max(left, 1.0)
+            trainer.ip or "",
+            self.settings.trainer_port,
+            reason="suspend",
+            timeout=max(left, 1.0),
+            token=rt.token,
         )
         if not isinstance(answer, str):
             rt.checkpoint_done = True

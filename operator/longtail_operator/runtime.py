@@ -150,6 +150,7 @@ class Operator:
                 period = spec.harvest.poll_period_seconds
                 try:
                     harvester = self._harvester(rt)
+                    harvester.token = rt.token  # read from the job's Secret by the reconcile
                     if harvester.step(spec.harvest, rt.targets, self._source(rt, spec, cache)):
                         self.wake(*key)
                 except (OSError, RuntimeError) as exc:  # API read of the initial status

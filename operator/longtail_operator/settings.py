@@ -47,6 +47,17 @@ class Settings:
     """How long suspend waits for the trainer's checkpoint before deleting pods anyway."""
     harvest_workers: int = 16
     """Threads polling worker status endpoints concurrently (per RLJob)."""
+    network_policy: bool = True
+    """Create a NetworkPolicy per RLJob limiting ingress to its pods (``access.py``)."""
+    network_policy_operator_labels: tuple[str, ...] = (
+        "app.kubernetes.io/name=longtail",
+        "app.kubernetes.io/component=operator",
+    )
+    """``key=value`` labels of the operator's pods, allowed in by the NetworkPolicy."""
+    network_policy_operator_namespace_labels: tuple[str, ...] = ()
+    """``key=value`` labels of the operator's namespace; empty: any namespace."""
+    network_policy_metrics_namespace_labels: tuple[str, ...] = ()
+    """``key=value`` labels of namespaces allowed to scrape the workers; empty: none."""
 
 
 ENV_DOCS: dict[str, str] = {
@@ -65,6 +76,14 @@ ENV_DOCS: dict[str, str] = {
     "role_retry_max_s": "longest retry delay of an unacknowledged role change",
     "checkpoint_timeout_s": "how long suspend waits for the trainer's checkpoint",
     "harvest_workers": "threads polling worker status endpoints per RLJob",
+    "network_policy": "create a NetworkPolicy per RLJob limiting ingress to its pods (true/false)",
+    "network_policy_operator_labels": "comma-separated key=value labels of the operator's pods",
+    "network_policy_operator_namespace_labels": (
+        "comma-separated key=value labels of the operator's namespace (empty: any namespace)"
+    ),
+    "network_policy_metrics_namespace_labels": (
+        "comma-separated key=value labels of namespaces that may scrape workers (empty: none)"
+    ),
 }
 """Help text per setting; the variable is ``LONGTAIL_OPERATOR_`` + the upper-cased name."""
 
@@ -77,9 +96,13 @@ def env_name(field_name: str) -> str:
 
 def _convert(name: str, raw: str, default: object) -> object:
     var = env_name(name)
+    if isinstance(default, bool):
+        if raw.strip().lower() not in ("true", "false"):
+            raise SettingsError(f"{var}: must be true or false, got {raw!r}")
+        return raw.strip().lower() == "true"
     if isinstance(default, tuple):
         return tuple(part.strip() for part in raw.split(",") if part.strip())
-    if isinstance(default, bool) or not isinstance(default, int | float):
+    if not isinstance(default, int | float):
         if not raw.strip():
             raise SettingsError(f"{var}: must not be empty (unset it to use {default!r})")
         return raw.strip()
@@ -113,4 +136,20 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError(f"{env_name(name)}: must be > 0, got {getattr(settings, name)}")
     if settings.harvest_workers < 1:
         raise SettingsError(f"{env_name('harvest_workers')}: must be >= 1")
+    _check_labels(settings)
     return settings
+
+
+def _check_labels(settings: Settings) -> None:
+    for name in (
+        "network_policy_operator_labels",
+        "network_policy_operator_namespace_labels",
+        "network_policy_metrics_namespace_labels",
+    ):
+        for item in getattr(settings, name):
+            key, sep, _ = item.partition("=")
+            if not sep or not key.strip():
+                raise SettingsError(
+                    f"{env_name(name)}: {item!r} is not key=value; give comma-separated "
+                    "labels like app.kubernetes.io/name=longtail"
+                )

@@ -6,12 +6,15 @@ reports). ``spec.harvest.source`` picks one (``handlers.py`` builds it):
 
 - :class:`WorkerStatusSource` polls every worker's ``GET /v1/status`` concurrently (the trainer
   pod, a target when ``trainer`` is in ``harvest.eligibleRoles``, answers with its
-  ``TrainerStatus``: idle while it waits for a rollout, and whether a rollout is in progress);
+  ``TrainerStatus``: idle while it waits for a rollout, and whether a rollout is in progress)
+  and counts each worker's failed polls in a row: one that failed ``UNREACHABLE_AFTER`` polls
+  is reported by :meth:`~WorkerStatusSource.unreachable` (the RLJob's ``WorkersUnreachable``
+  condition and the ``longtail_operator_unreachable_workers`` gauge);
 - :class:`PrometheusSource` runs ``spec.harvest.prometheus.query`` (per-pod GPU busy
   percentage, ``$namespace`` and ``$window`` substituted) against the Prometheus HTTP API and
   counts a pod idle while its value stays at or below ``idleUtilizationThreshold``; it tracks
   since when itself, and cannot see the workers' activity (acknowledgement then comes from the
-  ``PUT /v1/role`` answers only).
+  ``PUT /v1/role`` answers only), nor tell an unreachable worker from a missing sample.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ from longtail_api.policies import HarvestSpec
 from longtail_api.workerapi import RolloutWorkerStatus, TrainerStatus
 from longtail_operator.clients import TrainerClient, WorkerClient
 from longtail_operator.metrics import OperatorMetrics
+
+UNREACHABLE_AFTER = 3
+"""Failed status polls in a row after which a worker counts as unreachable (one failure is a
+blip; a pod still loading its model is not a target until it runs)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ class WorkerStatusSource:
     max_threads: int = 16
     errors: dict[str, str] = field(default_factory=dict)
     """Last poll error per worker (cleared when it answers again)."""
+    failures: dict[str, int] = field(default_factory=dict)
+    """Failed polls in a row per worker (cleared when it answers again)."""
 
     def _poll(self, t: WorkerTarget) -> Observation | str:
         if not t.ip:
@@ -111,16 +120,26 @@ class WorkerStatusSource:
         with ThreadPoolExecutor(max_workers=min(len(targets), self.max_threads)) as pool:
             answers = list(pool.map(self._poll, targets))
         out: dict[str, Observation] = {}
+        names = {t.name for t in targets}
+        for gone in [n for n in self.failures if n not in names]:  # pod deleted or replaced
+            self.failures.pop(gone, None)
+            self.errors.pop(gone, None)
         for t, answer in zip(targets, answers, strict=True):
             ok = not isinstance(answer, str)
             if self.metrics is not None:
                 self.metrics.status_poll("trainer" if t.role == "trainer" else "worker", ok)
             if isinstance(answer, str):
                 self.errors[t.name] = answer
+                self.failures[t.name] = self.failures.get(t.name, 0) + 1
                 continue
             self.errors.pop(t.name, None)
+            self.failures.pop(t.name, None)
             out[t.name] = answer
         return out
+
+    def unreachable(self) -> dict[str, str]:
+        """Workers whose last ``UNREACHABLE_AFTER`` (or more) polls failed: name -> error."""
+        return {n: self.errors[n] for n, k in self.failures.items() if k >= UNREACHABLE_AFTER}
 
 
 def render_query(spec: HarvestSpec, namespace: str, window_s: float) -> str:

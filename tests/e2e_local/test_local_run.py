@@ -4,13 +4,15 @@ Each test starts ``longtail run`` on a CI-sized job (``ci-tiny.yaml``: builtin:t
 workers, a few short steps) as a subprocess and checks the run directory it leaves: a 2-step run
 completes with checkpoints, metrics, eval outputs, drafter versions (exchanged with the trainer
 over HTTP) and a report; a rollout
-worker killed with SIGKILL during a step is detected and its requests are re-dispatched, and the
-run still completes; SIGINT (Ctrl-C) checkpoints the last completed step and stops every child,
-and ``--resume`` continues at the next step; with ``trainer`` in ``harvest.eligibleRoles``
-(``ci-tiny-trainer-harvest.yaml``) the trainer trains the drafter while it waits for a rollout and
-its candidate is merged with the workers'; ``longtail drafter fit`` warm-starts a drafter that a
-run then starts from (``drafterTraining.initialDrafter``). Needs ``builtin:tiny`` (built on first
-use).
+worker killed with SIGKILL during a step is detected, its requests are re-dispatched, it is
+restarted (``spec.backoffLimit``) and listed in the summary, and the run still completes; SIGINT
+(Ctrl-C) checkpoints the last completed step and stops every child, and ``--resume`` continues at
+the next step; SIGHUP (a closed terminal) and SIGTERM of the parent do the same, and a parent
+killed with SIGKILL leaves no child running (each child's parent watchdog); with ``trainer`` in
+``harvest.eligibleRoles`` (``ci-tiny-trainer-harvest.yaml``) the trainer trains the drafter while
+it waits for a rollout and its candidate is merged with the workers'; ``longtail drafter fit``
+warm-starts a drafter that a run then starts from (``drafterTraining.initialDrafter``). Needs
+``builtin:tiny`` (built on first use).
 """
 
 from __future__ import annotations
@@ -71,14 +73,29 @@ def wait_for(cond: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def assert_children_gone(run_dir: Path) -> None:
+def running_children(run_dir: Path) -> list[str]:
+    """``NAME (pid N)`` of every child in ``processes.json`` that still runs (not a zombie)."""
+    out = []
     for proc in json.loads((run_dir / "processes.json").read_text()):
         try:
             os.kill(proc["pid"], 0)
-        except ProcessLookupError:
+            status = Path(f"/proc/{proc['pid']}/status").read_text()
+        except (ProcessLookupError, FileNotFoundError):
             continue
-        status = Path(f"/proc/{proc['pid']}/status").read_text()
-        assert "zombie" in status, f"{proc['name']} (pid {proc['pid']}) still running"
+        if "zombie" not in status:
+            out.append(f"{proc['name']} (pid {proc['pid']})")
+    return out
+
+
+def assert_children_gone(run_dir: Path) -> None:
+    assert not running_children(run_dir), f"still running: {running_children(run_dir)}"
+
+
+def processes_written(run_dir: Path) -> bool:
+    try:
+        return len(json.loads((run_dir / "processes.json").read_text())) > 0
+    except (OSError, ValueError):  # not there yet, or caught half-written
+        return False
 
 
 def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
@@ -120,24 +137,40 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
 
 def test_killed_rollout_worker_is_detected_and_its_requests_redispatched(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    job = job_file(tmp_path, totalSteps=3, maxNewTokens=160, promptsPerStep=6)
+    # Steps enough to outlast the restart (a worker takes seconds to load); the run is stopped
+    # once the restarted worker is back in the trainer's pool.
+    job = job_file(tmp_path, totalSteps=200, maxNewTokens=160, promptsPerStep=6)
     proc = longtail_run(str(job), "--output", str(run_dir))
     wait_for(lambda: len(rows(run_dir)) >= 1, 200, "step 1 to complete")
     victim = next(
         p for p in json.loads((run_dir / "processes.json").read_text()) if p["name"] == "rollout-1"
     )
     os.kill(victim["pid"], signal.SIGKILL)
+    trainer_log = run_dir / "logs" / "trainer.log"
+    back = "rollout worker rollout-1 answers again; back in the pool"
+    wait_for(lambda: back in trainer_log.read_text(), 180, "the restarted worker to rejoin")
+    wait_for(lambda: len(rows(run_dir)) >= 2, 60, "a step after the kill")  # may be the same
+    proc.send_signal(signal.SIGINT)
     code, out = finish(proc)
-    assert code == 0, out
+    assert code == 130, out
     got = rows(run_dir)
-    assert [r["step"] for r in got] == [1, 2, 3]
     failed = [r for r in got if "rollout-1" in r["failed_workers"]]
     assert failed, f"no step recorded rollout-1 as failed: {got}"
     assert all(r["answers"] == 12 for r in got)  # every request was answered anyway
-    assert "rollout-1" in (run_dir / "logs" / "trainer.log").read_text()
+    # Restarted (spec.backoffLimit 3 by default), listed in the summary, stopped at the end.
+    assert "rollout-1 exited with -9; restarted it" in out, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["lost_workers"] == ["rollout-1 (exit -9)"], summary
+    assert summary["restarted_workers"] == ["rollout-1"], summary
+    assert "warning: lost worker(s): rollout-1 (exit -9); restarted: rollout-1" in out
+    now = {p["name"]: p["pid"] for p in json.loads((run_dir / "processes.json").read_text())}
+    assert now["rollout-1"] != victim["pid"], "processes.json names the restarted worker"
+    assert_children_gone(run_dir)
 
 
-def test_ctrl_c_checkpoints_and_resume_continues_at_the_next_step(tmp_path: Path) -> None:
+def stop_after_step_one(tmp_path: Path, sig: signal.Signals) -> tuple[Path, list[int]]:
+    """Run a 4-step job, send ``sig`` to ``longtail run`` once step 1 is done; check it stopped
+    with 130, every child gone and one checkpoint of the last completed step."""
     run_dir = tmp_path / "run"
     job = job_file(tmp_path, totalSteps=4)
     doc = yaml.safe_load(job.read_text())
@@ -145,8 +178,8 @@ def test_ctrl_c_checkpoints_and_resume_continues_at_the_next_step(tmp_path: Path
     job.write_text(yaml.safe_dump(doc))
     proc = longtail_run(str(job), "--output", str(run_dir))
     wait_for(lambda: len(rows(run_dir)) >= 1, 200, "step 1 to complete")
-    proc.send_signal(signal.SIGINT)
-    code, out = finish(proc)
+    proc.send_signal(sig)
+    code, out = finish(proc, timeout_s=120)
     assert code == 130, out
     assert "resume with: longtail run --resume" in out
     assert_children_gone(run_dir)
@@ -154,13 +187,34 @@ def test_ctrl_c_checkpoints_and_resume_continues_at_the_next_step(tmp_path: Path
     ckpts = sorted((run_dir / "checkpoints").iterdir())
     assert [p.name for p in ckpts] == [f"step-{done[-1]:06d}"], (done, ckpts)
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))
+    return run_dir, done
 
+
+def test_ctrl_c_checkpoints_and_resume_continues_at_the_next_step(tmp_path: Path) -> None:
+    run_dir, done = stop_after_step_one(tmp_path, signal.SIGINT)
     code, out = finish(longtail_run("--resume", str(run_dir)))
     assert code == 0, out
     steps = [r["step"] for r in rows(run_dir)]
     assert steps == [1, 2, 3, 4], steps
     log = (run_dir / "logs" / "trainer.log").read_text()
     assert f"(step {done[-1]})" in log and "resumed from" in log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_hangup_or_sigterm_of_the_parent_checkpoints_and_stops_every_child(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    stop_after_step_one(tmp_path, sig)  # SIGHUP: what closing the terminal sends to the parent
+
+
+def test_sigkill_of_the_parent_leaves_no_child_running(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = longtail_run(str(JOB), "--output", str(run_dir))
+    wait_for(lambda: processes_written(run_dir), 200, "every child to start")
+    assert len(running_children(run_dir)) == 4  # verifier, 2 rollout workers, trainer
+    proc.kill()  # no handler runs: only the children's own watchdogs can stop them
+    proc.communicate(timeout=30)
+    wait_for(lambda: not running_children(run_dir), 60, "every child to stop by itself")
 
 
 def test_two_step_run_with_torch_distributed_weight_sync(tmp_path: Path) -> None:

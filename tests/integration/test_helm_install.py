@@ -4,7 +4,8 @@ Installs the chart twice (cluster scope, then namespaced scope as a second relea
 that the Deployment, ServiceAccount, RBAC and dashboard objects exist, then asks the API server
 with ``kubectl auth can-i --as=system:serviceaccount:NS:SA`` whether the operator identity may
 do each verb of ``helm/longtail/files/operator-rbac.yaml`` (it must) and a list of things it
-must not (read secrets, exec into pods, create Deployments, delete RLJobs, change CRDs, ...).
+must not (list, watch, change or delete secrets: it may only get and create them, for each job's
+token; exec into pods, create Deployments, delete RLJobs, change CRDs, ...).
 The aggregated ClusterRoles are checked through a user bound to the built-in ``edit`` role.
 No kubelet runs, so the operator pod itself never starts.
 """
@@ -28,8 +29,11 @@ CHART = REPO / "helm" / "longtail"
 RULES = yaml.safe_load((CHART / "files" / "operator-rbac.yaml").read_text())
 
 MUST_NOT: list[tuple[str, str]] = [
-    ("get", "secrets"),
     ("list", "secrets"),
+    ("watch", "secrets"),
+    ("update", "secrets"),
+    ("delete", "secrets"),
+    ("update", "networkpolicies.networking.k8s.io"),
     ("create", "pods/exec"),
     ("create", "pods/portforward"),
     ("patch", "pods/status"),

@@ -24,6 +24,7 @@ that reads only live metrics must return data.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -64,10 +65,12 @@ def wait_for(check: Any, *, timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}")
 
 
-def http_json(url: str, body: Any = None, method: str = "GET") -> Any:
+def http_json(url: str, body: Any = None, method: str = "GET", token: str = "") -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
 
@@ -124,11 +127,13 @@ def rollout_worker() -> Iterator[str]:
 def verifier() -> Iterator[str]:
     """``longtail worker verifier`` as a process, after scoring one batch; its URL."""
     exe = Path(sys.executable).parent / "longtail"
+    token = "monitoring-test-token"  # a worker without a job token refuses to start
     proc = subprocess.Popen(
         [str(exe), "worker", "verifier", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "LONGTAIL_AUTH_TOKEN": token},
     )
     try:
         assert proc.stdout is not None
@@ -136,7 +141,8 @@ def verifier() -> Iterator[str]:
         assert "listening on http://" in line, (line, proc.poll())
         url = line.rsplit(" ", 1)[-1]
         items = [{"answer": r"\boxed{4}", "gold": "4"}, {"answer": "no idea", "gold": "7"}]
-        assert len(http_json(url + "/v1/verify", {"items": items}, "POST")["results"]) == 2
+        answer = http_json(url + "/v1/verify", {"items": items}, "POST", token)
+        assert len(answer["results"]) == 2
         yield url
     finally:
         proc.terminate()

@@ -11,6 +11,7 @@ rollout worker (``longtail_workers.rollout.http.ControlServer`` with a tiny torc
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import socket
@@ -295,7 +296,11 @@ def test_failed_pod_recreated_until_backoff_limit(
     cp = control_plane
     apply(cp, job_manifest(ns, backoffLimit=1))
     wait_phase(cp, ns, "Running")
-    first_uid = pods(cp, ns)["tiny-rollout-0"]["metadata"]["uid"]
+    first = pods(cp, ns)["tiny-rollout-0"]
+    first_uid = first["metadata"]["uid"]
+    # the API server keeps the policy that turns a crash's last log lines into the message
+    policy = first["spec"]["containers"][0]["terminationMessagePolicy"]
+    assert policy == "FallbackToLogsOnError"
     kubelet.fail(ns, "tiny-rollout-0")
 
     def recreated() -> bool:
@@ -310,12 +315,42 @@ def test_failed_pod_recreated_until_backoff_limit(
     j = wait_phase(cp, ns, "Running")
     assert j["status"]["roles"]["rollout"]["failed"] == 1
     assert "WorkerFailed" in events(cp, ns)
+    failed = get(cp, ns, "events", "--field-selector", "reason=WorkerFailed")["items"]
+    assert any("CUDA error: out of memory" in e["message"] for e in failed), failed
     kubelet.fail(ns, "tiny-rollout-1", "segfault")
     j = wait_phase(cp, ns, "Failed")
     assert cond(j, "Failed") == ("True", "BackoffLimitExceeded")
     assert j["status"]["completionTime"]
     cp.wait_for(lambda: pods(cp, ns) == {}, timeout=60, what="all pods deleted after Failed")
     assert "BackoffLimitExceeded" in events(cp, ns)
+
+
+def test_workers_that_do_not_answer_status_polls_show_in_status_and_metrics(
+    control_plane: ControlPlane, ns: str, kubelet: Any, settings: Settings
+) -> None:
+    cp = control_plane
+    trainer = trainer_at(kubelet, settings, ns)
+    live = FakeWorker("tiny-rollout-0", host=next(_IPS), port=settings.worker_port)
+    kubelet.ips[(ns, "tiny-rollout-0")] = live.host
+    try:  # tiny-rollout-1 gets an IP where nothing listens: every poll of it fails
+        apply(cp, job_manifest(ns))
+        wait_phase(cp, ns, "Running")
+
+        def unreachable() -> dict[str, Any] | None:
+            j = job(cp, ns)
+            return j if cond(j, "WorkersUnreachable") == ("True", "WorkersUnreachable") else None
+
+        j = cp.wait_for(unreachable, timeout=60, what="condition WorkersUnreachable=True")
+        [c] = [c for c in j["status"]["conditions"] if c["type"] == "WorkersUnreachable"]
+        assert "tiny-rollout-1: " in c["message"] and "tiny-rollout-0" not in c["message"]
+        assert "WorkersUnreachable" in events(cp, ns)
+        url = f"http://127.0.0.1:{settings.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        line = f'longtail_operator_unreachable_workers{{namespace="{ns}",rljob="tiny"}} 1.0'
+        assert line in text
+    finally:
+        live.close()
+        trainer.close()
 
 
 def test_suspend_checkpoints_and_resume(
@@ -359,10 +394,52 @@ def test_delete_garbage_collects_children(control_plane: ControlPlane, ns: str) 
     cp.kubectl("-n", ns, "delete", "rljob", "tiny", "--wait=true", "--timeout=60s", timeout=90)
 
     def empty() -> bool:
-        left = get(cp, ns, "pods,services,configmaps", "-l", "longtail.dev/rljob=tiny")["items"]
-        return not left
+        kinds = "pods,services,configmaps,secrets,networkpolicies"
+        return not get(cp, ns, kinds, "-l", "longtail.dev/rljob=tiny")["items"]
 
-    cp.wait_for(empty, timeout=90, what="pods, Services and ConfigMap garbage-collected")
+    cp.wait_for(empty, timeout=90, what="pods, Services, ConfigMap, Secret, NetworkPolicy GC'd")
+
+
+def test_job_token_secret_network_policy_and_the_operators_checkpoint_carries_it(
+    control_plane: ControlPlane, ns: str, kubelet: Any, settings: Settings
+) -> None:
+    cp = control_plane
+    trainer = trainer_at(kubelet, settings, ns)
+    try:
+        apply(cp, job_manifest(ns))
+        uid = wait_phase(cp, ns, "Running")["metadata"]["uid"]
+        secret = get(cp, ns, "secret", "tiny-auth")
+        assert [o["uid"] for o in secret["metadata"]["ownerReferences"]] == [uid]
+        assert secret["immutable"] is True and secret["type"] == "Opaque"
+        token = base64.b64decode(secret["data"]["token"]).decode()
+        assert len(token) >= 40
+        ref = {"secretKeyRef": {"name": "tiny-auth", "key": "token"}}
+        for p in pods(cp, ns).values():
+            env = {e["name"]: e for e in p["spec"]["containers"][0]["env"]}
+            assert env["LONGTAIL_AUTH_TOKEN"] == {"name": "LONGTAIL_AUTH_TOKEN", "valueFrom": ref}
+        policy = get(cp, ns, "networkpolicy", "tiny-workers")
+        assert [o["uid"] for o in policy["metadata"]["ownerReferences"]] == [uid]
+        spec = policy["spec"]
+        assert spec["podSelector"] == {"matchLabels": {"longtail.dev/rljob": "tiny"}}
+        ports = sorted(p["port"] for p in spec["ingress"][0]["ports"])
+        want = {settings.trainer_port, settings.weights_port, settings.verifier_port}
+        assert ports == sorted(want | {settings.worker_port})
+        assert spec["ingress"][0]["from"] == [
+            {"podSelector": {"matchLabels": {"longtail.dev/rljob": "tiny"}}}
+        ]
+        assert "podSelector" in spec["ingress"][1]["from"][0]  # the operator, by its labels
+        # The trainer now requires the token: the operator's suspend checkpoint carries it.
+        trainer.token = token
+        apply(cp, job_manifest(ns, suspend=True))
+        wait_phase(cp, ns, "Suspended")
+        saved = lambda: "CheckpointSaved" in events(cp, ns)  # noqa: E731
+        cp.wait_for(saved, timeout=30, what="the checkpoint, with the token")
+        assert trainer.unauthorized == 0 and len(trainer.checkpoints) == 1
+        again = get(cp, ns, "secret", "tiny-auth")  # never regenerated while the job exists
+        assert again["data"] == secret["data"]
+        assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+    finally:
+        trainer.close()
 
 
 def test_complete_then_ttl_cleanup_and_deadline(
@@ -494,13 +571,21 @@ def test_rbac_operator_identity_has_exactly_what_it_needs(
         ("patch", "rljobs.longtail.dev", "--subresource=status"),
         ("update", "rljobs.longtail.dev", "--subresource=finalizers"),
         ("create", "events"),
+        ("get", "secrets"),
+        ("create", "secrets"),
+        ("create", "networkpolicies.networking.k8s.io"),
+        ("delete", "networkpolicies.networking.k8s.io"),
         ("list", "customresourcedefinitions.apiextensions.k8s.io"),
         ("watch", "namespaces"),
     ]
     denied: list[tuple[str, ...]] = [
         ("create", "rljobs.longtail.dev"),
         ("delete", "rljobs.longtail.dev"),
-        ("get", "secrets"),
+        ("list", "secrets"),
+        ("watch", "secrets"),
+        ("update", "secrets"),
+        ("delete", "secrets"),
+        ("update", "networkpolicies.networking.k8s.io"),
         ("update", "pods"),
         ("patch", "pods", "--subresource=status"),
         ("create", "deployments.apps"),

@@ -8,6 +8,12 @@ logging through :mod:`logging`, ``Content-Length``-capped body reading that answ
 through :class:`RequestError`, JSON and plain answers), and check paths with
 :func:`check_route`. Endpoints, error texts, metrics and readiness stay with each server; this
 module only holds the mechanism they share.
+
+Authentication lives here, once for every server: with :attr:`BackgroundHTTPServer.auth_token`
+set (the job's token, ``longtail_api.auth``), every request other than GET and HEAD must carry
+``Authorization: Bearer <token>`` (compared in constant time) or is answered 401 with a JSON
+``{"error": ...}`` before the server's own handler sees it. Reads stay open (probes,
+Prometheus, status). The worker entry points set the token (:mod:`longtail_workers.auth`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar, NoReturn, Self
+
+from longtail_api.auth import TOKEN_ENV, is_write, token_matches
 
 
 class RequestError(Exception):
@@ -104,6 +112,8 @@ class BackgroundHTTPServer:
         self._address = (host, port)
         self.request_timeout_s = request_timeout_s
         """Socket timeout per connection, so a stalled client cannot hold a thread forever."""
+        self.auth_token: str | None = None
+        """The job's token: required on every write (non-GET/HEAD) request; None: open."""
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
         self._ready = False
@@ -243,6 +253,31 @@ class JSONRequestHandler(BaseHTTPRequestHandler):
         """Route one request; every server's handler subclass overrides this."""
         raise NotImplementedError(f"{type(self).__name__} must override _dispatch")
 
+    def authorized(self, method: str) -> bool:
+        """Check the job's token on a write request; answer 401 and return False without it."""
+        token = self.app.auth_token
+        if token is None or not is_write(method):
+            return True
+        sent = self.headers.get("Authorization")
+        if token_matches(sent, token):
+            return True
+        path = self.path.split("?", 1)[0]
+        problem = "carries no token" if not sent else "carries a token that is not this job's"
+        logging.getLogger(type(self).__module__).warning(
+            "401 %s %s from %s: the request %s", method, path, self.address_string(), problem
+        )
+        message = (
+            f"{method} {path}: unauthorized, the request {problem}; send 'Authorization: Bearer "
+            f"<token>' with the job's token ({TOKEN_ENV}; on a cluster the RLJob's Secret "
+            "<job>-auth, key token)"
+        )
+        headers = {"WWW-Authenticate": 'Bearer realm="longtail"'}
+        if not self.must_close():  # close after every refusal (else send_body says so itself)
+            headers["Connection"] = "close"
+            self.close_connection = True
+        self.send_json(HTTPStatus.UNAUTHORIZED, {"error": message}, headers)
+        return False
+
     def read_body(self, max_bytes: int, errors: BodyErrors) -> bytes:
         """Read the request body after checking ``Content-Length`` against ``max_bytes``."""
         if "Transfer-Encoding" in self.headers:
@@ -304,7 +339,8 @@ class JSONRequestHandler(BaseHTTPRequestHandler):
 def _dispatcher(method: str) -> Any:
     def do(self: JSONRequestHandler) -> None:
         self._body_read, self._responded = False, False
-        self._dispatch(method)
+        if self.authorized(method):
+            self._dispatch(method)
 
     do.__name__ = f"do_{method}"
     return do

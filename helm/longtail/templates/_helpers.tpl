@@ -56,3 +56,12 @@ app.kubernetes.io/component: operator
 {{- toJson $ns -}}
 {{- end -}}
 
+
+{{- /* A label map as comma-separated key=value pairs (sorted), for LONGTAIL_OPERATOR_* lists. */ -}}
+{{- define "longtail.labelList" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

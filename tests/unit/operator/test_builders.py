@@ -171,3 +171,12 @@ def test_desired_pods_per_role() -> None:
     assert sorted(want) == sorted(
         ["trainer-0", "verifier-0", "rollout-0", "rollout-1", "drafter-0", "drafter-1"]
     )
+
+
+def test_a_crash_leaves_its_last_log_lines_as_the_termination_message() -> None:
+    spec = spec_of(example())
+    for role in ("trainer", "rollout", "verifier"):
+        pod = builders.worker_pod(JOB, spec, SETTINGS, role, 0)
+        c = pod["spec"]["containers"][0]
+        # the kubelet copies the log tail into the message the WorkerFailed event carries
+        assert c["terminationMessagePolicy"] == "FallbackToLogsOnError", role

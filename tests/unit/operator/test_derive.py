@@ -11,7 +11,7 @@ from longtail_api.status import Condition, RLJobStatus, RoleStatus
 from longtail_api.workerapi import TrainerStatus
 from longtail_operator.derive import Plan, plan
 from longtail_operator.harvest import HarvestSnapshot
-from longtail_operator.observe import rfc3339
+from longtail_operator.observe import PodView, rfc3339
 from longtail_operator.settings import Settings
 
 SETTINGS = Settings()
@@ -205,3 +205,115 @@ def test_harvest_snapshot_lands_in_status() -> None:
     pending = dataclasses.replace(snap, unacknowledged=("tiny-rollout-1",))
     p2 = plan(observed(manifest, all_pods(spec), harvest=pending), SETTINGS)
     assert conds(p2)["DrafterTraining"] == ("False", "RoleSwitchUnacknowledged")
+
+
+def test_a_failed_pods_last_log_lines_go_into_the_worker_failed_event() -> None:
+    manifest = example()
+    spec = spec_of(manifest)
+    traceback = "\n".join(f"  line {i}" for i in range(200)) + "\nRuntimeError: CUDA out of memory"
+    raw = {
+        "metadata": {
+            "name": "tiny-rollout-1",
+            "uid": "f1",
+            "labels": {"longtail.dev/role": "rollout", "longtail.dev/replica-index": "1"},
+        },
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "state": {
+                        "terminated": {"exitCode": 1, "reason": "Error", "message": traceback}
+                    },
+                }
+            ],
+        },
+    }
+    failed = PodView.from_pod(raw)
+    assert failed is not None
+    pods = [p for p in all_pods(spec) if p.name != "tiny-rollout-1"]
+    p = plan(observed(manifest, [*pods, failed]), SETTINGS)
+    [event] = [e for e in p.events if e.reason == "WorkerFailed"]
+    assert event.type == "Warning" and p.delete_pods == ["tiny-rollout-1"]
+    assert event.message.startswith("pod tiny-rollout-1 failed: container worker exited 1 Error")
+    assert event.message.endswith("RuntimeError: CUDA out of memory")  # the tail is kept
+    assert len(event.message) < 1700 and "line 0\n" not in event.message
+
+
+def test_unreachable_workers_condition_follows_the_harvest_snapshot() -> None:
+    manifest = example()
+    spec = spec_of(manifest)
+    lost = HarvestSnapshot(unreachable=("tiny-rollout-1: ConnectionRefusedError: refused",))
+    p = plan(observed(manifest, all_pods(spec), harvest=lost), SETTINGS)
+    [c] = [c for c in p.status.conditions if c.type == "WorkersUnreachable"]
+    assert (c.status, c.reason) == ("True", "WorkersUnreachable")
+    assert c.message == (
+        "1 worker(s) fail their status polls: tiny-rollout-1: ConnectionRefusedError: refused"
+    )
+    [event] = [e for e in p.events if e.reason == "WorkersUnreachable"]
+    assert event.type == "Warning" and "tiny-rollout-1" in event.message
+    back = plan(
+        observed(manifest, all_pods(spec), harvest=HarvestSnapshot(), previous=p.status),
+        SETTINGS,
+    )
+    assert conds(back)["WorkersUnreachable"] == ("False", "WorkersAnswer")
+    done = dataclasses.replace(back.status, phase="Succeeded")
+    finished = plan(observed(manifest, [], previous=done), SETTINGS)
+    assert conds(finished)["WorkersUnreachable"] == ("False", "JobNotRunning")
+    # No harvest loop (harvest disabled) and never shown: no condition at all.
+    quiet = plan(observed(manifest, all_pods(spec)), SETTINGS)
+    assert "WorkersUnreachable" not in conds(quiet)
+
+
+def test_a_restarted_operator_changes_nothing_and_loses_nothing() -> None:
+    """Operator killed and restarted: its memory (counted failures, the harvester) is gone; the
+    plan from the stored status and the live pods creates and deletes nothing, keeps the failure
+    count and the harvested GPU-seconds (runtime.py seeds a new harvester from the status)."""
+    manifest = example(rollout={"replicas": 2, "resources": {"gpus": 1}})
+    spec = spec_of(manifest)
+    data = next(
+        m for m in plan(observed(manifest, []), SETTINGS).create if m["kind"] == "ConfigMap"
+    )
+    pods = [p for p in all_pods(spec) if p.name != "tiny-rollout-1"]
+    kw = {"configmap": data["data"]}
+    failed = plan(
+        observed(manifest, [*pods, pod("rollout", 1, phase="Failed", uid="a")], **kw), SETTINGS
+    )
+    snap = HarvestSnapshot(harvested_gpu_seconds=12.5)
+    ran = plan(
+        observed(manifest, all_pods(spec), previous=failed.status, harvest=snap, **kw), SETTINGS
+    )
+    assert ran.status.phase == "Running" and ran.status.roles["rollout"].failed == 1
+    fresh = HarvestSnapshot(harvested_gpu_seconds=ran.status.gpus.harvested_gpu_seconds)
+    after = plan(
+        observed(manifest, all_pods(spec), previous=ran.status, harvest=fresh, **kw), SETTINGS
+    )
+    assert not after.create and not after.delete_pods and not after.delete_objects
+    assert after.status.phase == "Running" and after.status.roles["rollout"].failed == 1
+    assert after.status.gpus.harvested_gpu_seconds == 12.5
+    assert [e for e in after.events if e.type == "Warning"] == []
+
+
+def test_a_collapsed_acceptance_is_a_condition_until_speculation_works_again() -> None:
+    manifest = example()
+    pods = all_pods(spec_of(manifest))
+    t = TrainerStatus(
+        step=7,
+        total_steps=20,
+        phase="running",
+        policy_version=7,
+        drafter_version=3,
+        accepted_length=1.0,
+        acceptance_collapsed=True,
+    )
+    p = plan(observed(manifest, pods, trainer=t), SETTINGS)
+    assert conds(p)["AcceptanceCollapsed"] == ("True", "DrafterStale")
+    [event] = [e for e in p.events if e.reason == "DrafterStale"]
+    assert event.type == "Warning" and "no longer matches the policy" in event.message
+    silent = plan(observed(manifest, pods, trainer=None, previous=p.status), SETTINGS)
+    assert conds(silent)["AcceptanceCollapsed"] == ("True", "DrafterStale")  # kept, not dropped
+    healthy = dataclasses.replace(t, accepted_length=2.5, acceptance_collapsed=False)
+    back = plan(observed(manifest, pods, trainer=healthy, previous=p.status), SETTINGS)
+    assert conds(back)["AcceptanceCollapsed"] == ("False", "DrafterAccepted")
+    never = plan(observed(manifest, pods, trainer=healthy), SETTINGS)
+    assert "AcceptanceCollapsed" not in conds(never)

@@ -130,6 +130,25 @@ def test_worker_status_source_over_http(workers: list[FakeWorker]) -> None:
     assert "gone" not in obs and "ConnectionRefused" in src.errors["gone"]
 
 
+def test_a_worker_failing_its_status_polls_is_logged_and_shown_unreachable(
+    workers: list[FakeWorker], caplog: pytest.LogCaptureFixture
+) -> None:
+    src = WorkerStatusSource(WorkerClient(timeout=1.0))
+    down = WorkerTarget("w9", "rollout", "127.0.0.1", 1, 1, uid="w9")  # nothing listens
+    ts = [*targets(workers[:1]), down]
+    h = Harvester(job="tiny", namespace="ns", client=WorkerClient(timeout=1.0))
+    for _ in range(2):  # a blip or two is not "unreachable"
+        h.step(SPEC, ts, src)
+        assert h.snapshot().unreachable == ()
+    with caplog.at_level("WARNING", logger="longtail_operator.harvest"):
+        h.step(SPEC, ts, src)
+    [line] = h.snapshot().unreachable
+    assert line.startswith("w9: ") and "ConnectionRefused" in line
+    assert "ns/tiny: worker w9 does not answer its status polls" in caplog.text
+    h.step(SPEC, ts[:1], src)  # the pod is gone (deleted or replaced): no longer listed
+    assert h.snapshot().unreachable == () and "w9" not in src.failures
+
+
 class _Prom(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.server.queries.append(self.path)  # type: ignore[attr-defined]

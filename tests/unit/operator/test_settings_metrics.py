@@ -50,6 +50,7 @@ def test_health_server_serves_every_operator_metric() -> None:
     metrics.harvested("ns", "job", 3.0)
     metrics.role_switch("drafter-train", "acknowledged", 0.02)
     metrics.status_poll("worker", True)
+    metrics.unreachable_workers("ns", "job", 1)
     server = HealthServer(metrics, health, "127.0.0.1", 0).start()
     try:
         base = f"http://127.0.0.1:{server.port}"
@@ -66,5 +67,8 @@ def test_health_server_serves_every_operator_metric() -> None:
         assert (
             'longtail_operator_harvested_gpu_seconds_total{namespace="ns",rljob="job"} 3.0' in text
         )
+        assert 'longtail_operator_unreachable_workers{namespace="ns",rljob="job"} 1.0' in text
+        metrics.forget_job("ns", "job")
+        assert "longtail_operator_unreachable_workers{" not in metrics.exposition().decode()
     finally:
         server.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -36,6 +37,9 @@ def test_bar_and_live_line() -> None:
     for part in ("reward 0.250", "acc 0.500", "eval 0.400/0.350", "sd 30%", "acc.len 2.50",
                  "drafter v1", "idle 3.0s", "harvested 2.0s"):  # fmt: skip
         assert part in line
+    assert "WARNING" not in line
+    collapsed = dataclasses.replace(status, accepted_length=1.0, acceptance_collapsed=True)
+    assert "WARNING: SD accepts almost nothing (stale drafter)" in live_line(collapsed, books)
 
 
 def test_progress_prints_one_line_per_completed_step_off_a_terminal() -> None:
@@ -51,6 +55,7 @@ def test_progress_prints_one_line_per_completed_step_off_a_terminal() -> None:
 
 def test_write_report(tmp_path: Path) -> None:
     rows = [_row(1), _row(2, eval_accuracy=0.5, eval_sampled_accuracy=0.45)]
+    rows[1]["acceptance_collapsed"] = True
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     books = HarvestBooks()
     books.idle[2], books.harvested[2] = 4.0, 3.0
@@ -59,6 +64,7 @@ def test_write_report(tmp_path: Path) -> None:
     assert summary["steps_completed"] == 2
     assert abs(summary["eval_gain_points"] - 25.0) < 1e-9
     assert abs(summary["eval_sampled_gain_points"] - 25.0) < 1e-9
+    assert summary["acceptance_collapsed_steps"] == [2]
     assert summary["harvested_s_total"] == 3.0 and summary["idle_s_total"] == 4.0
     csv = (tmp_path / "metrics.csv").read_text().splitlines()
     assert len(csv) == 3 and csv[0].startswith("step,policy_version")

@@ -25,6 +25,7 @@ from longtail_workers.models.builtin import (
     read_build_info,
     tiny_dir,
     with_prose_endings,
+    with_shortcuts,
 )
 from longtail_workers.models.evaluation import generate_greedy, greedy_accuracy, math_correct
 from longtail_workers.models.loading import load_policy, resolve_model_path
@@ -41,6 +42,7 @@ MICRO = TinyRecipe(
     num_kv_heads=2,
     intermediate_size=64,
     sft=SftConfig(steps=3, warmup_steps=1, tokens_per_batch=256),
+    style_sft=SftConfig(steps=2, warmup_steps=1, tokens_per_batch=256),
     train_items=64,
     train_task=ArithConfig(max_operands=6),
     task=ArithConfig(max_operands=3),
@@ -156,9 +158,12 @@ def test_fingerprint_tracks_the_recipe() -> None:
     assert MICRO.fingerprint() != TinyRecipe().fingerprint()
     variant = TinyRecipe(prose_answer_fraction=0.5)
     assert variant.fingerprint() != TinyRecipe().fingerprint()
-    # The shipped recipe's cache name predates prose_answer_fraction and must not change with it
-    # (every user would rebuild builtin:tiny for nothing).
-    assert TinyRecipe().fingerprint() == "21205c9477de"
+    assert TinyRecipe(shortcut_fraction=0.5).fingerprint() != TinyRecipe().fingerprint()
+    # Knobs added later leave the names of recipes that do not use them as they were: the
+    # one-phase 700-step recipe shipped before #19 keeps its cache directory.
+    before_19 = TinyRecipe(sft=SftConfig(), shortcut_fraction=0.0, style_sft=None)
+    assert before_19.fingerprint() == "21205c9477de"
+    assert TinyRecipe().fingerprint() == "516bf86367ce"  # the shipped two-phase recipe
 
 
 def test_micro_build_is_cached_atomic_and_loadable(
@@ -282,6 +287,18 @@ def test_prose_endings_rephrase_only_the_answer_line_of_a_seeded_share() -> None
     assert 0.62 < prose / len(items) < 0.68
 
 
+def test_shortcuts_answer_a_seeded_share_with_the_answer_line_alone() -> None:
+    items = generate(2000, seed=3, split="train")
+    mixed = with_shortcuts(items, 0.65, seed=0)
+    assert mixed == with_shortcuts(items, 0.65, seed=0) and with_shortcuts(items, 0.0, 0) == items
+    short = [after for before, after in zip(items, mixed, strict=True) if after != before]
+    assert all(it.solution == f"Answer: {it.answer}" for it in short)
+    assert all(get_reward("math")(it.solution, it.answer).correct for it in short)
+    assert 0.62 < len(short) / len(items) < 0.68
+    with pytest.raises(ValueError, match="shortcut_fraction"):
+        with_shortcuts(items, 1.0, seed=0)
+
+
 @pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
 def test_prose_fraction_out_of_range_is_refused(fraction: float) -> None:
     with pytest.raises(ValueError, match="prose_answer_fraction"):
@@ -294,13 +311,18 @@ def test_reduced_builtin_tiny_builds_learns_the_format_and_loads(
 ) -> None:
     # The real recipe, fewer steps and items (~1 min on 2 cores): the full build takes minutes.
     reduced = TinyRecipe(
-        sft=SftConfig(steps=250, decay_fraction=0.3), train_items=4000, eval_items=32
+        sft=SftConfig(steps=250, decay_fraction=0.3),
+        style_sft=SftConfig(steps=30, lr=3e-4, warmup_steps=5),
+        train_items=4000,
+        eval_items=32,
     )
     monkeypatch.setenv(builtin.CACHE_ENV, str(tmp_path))
     monkeypatch.setitem(loading.BUILTIN_MODELS, "tiny", lambda: ensure_tiny(reduced))
     model, tok = load_policy("builtin:tiny")
     info = read_build_info(tiny_dir(reduced))
-    assert info["final_train_loss"] < 1.0  # from ~5.6 (= ln 259) at random init
+    # from ~5.6 (= ln 259) at random init; the worked phase learns the format, the style phase
+    # adds short cuts whose sums are guesses (a higher loss by design)
+    assert info["phase_losses"][0] < 1.0 and info["final_train_loss"] == info["phase_losses"][-1]
     items = generate(32, seed=5, split="eval")
     formatted = greedy_accuracy(
         model, tok, items, check=lambda c, a: get_reward("math")(c, a).formatted

@@ -267,7 +267,7 @@ def test_main_rejects_missing_plugin_module(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_main_port_in_use(server: VerifierServer, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--port", str(server.port)]) == 1
+    assert main(["--port", str(server.port), "--insecure-no-auth"]) == 1
     assert f"cannot listen on 127.0.0.1:{server.port}" in capsys.readouterr().err
 
 
@@ -277,7 +277,7 @@ def test_main_serves_until_sigterm() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "LONGTAIL_AUTH_TOKEN": "t0ken"},
     )
     try:
         assert proc.stdout is not None
@@ -311,6 +311,6 @@ def test_stop_signals_are_handled_before_the_url_is_announced(
     stop = threading.Event()
     stop.set()  # main() returns as soon as it has started and announced
     before = signal.getsignal(signal.SIGTERM)
-    assert main(["--port", "0"], stop=stop) == 0
+    assert main(["--port", "0", "--insecure-no-auth"], stop=stop) == 0
     assert seen and seen[0] not in (signal.SIG_DFL, before)
     assert signal.getsignal(signal.SIGTERM) == before  # restored on the way out

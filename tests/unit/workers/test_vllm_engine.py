@@ -273,7 +273,7 @@ def test_a_worker_asked_for_vllm_without_it_fails_naming_the_field(tmp_path, rep
     (shadow / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'vllm'\", name='vllm')\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(shadow.parent)}
+    env = {**os.environ, "PYTHONPATH": str(shadow.parent), "LONGTAIL_AUTH_TOKEN": "t0ken"}
     argv = [sys.executable, "-m", "longtail_cli.main", "worker", "rollout"]
     proc = subprocess.run(
         [*argv, "--job", str(tmp_path / "job.yaml"), "--port", "0"],

@@ -8,7 +8,8 @@ status (is a rollout in progress, which workers still hold requests) and each ro
 with ``PUT /v1/role``. A 409 (the worker cannot train yet, e.g. nothing captured) leaves it
 assigned to its own activity so the next poll may try again. With ``trainer`` in
 ``harvest.eligibleRoles`` the trainer is one more view (role ``trainer``, idle while it waits
-for the rollout, from its own status) and gets its changes on its ``PUT /v1/role``.
+for the rollout, from its own status) and gets its changes on its ``PUT /v1/role``. Role
+changes carry the run's token (``longtail_workers.auth``).
 
 It also keeps the run's books: idle worker-seconds during rollouts (a worker without requests
 while others still generate) and harvested worker-seconds (observed ``drafter-train``), per
@@ -72,8 +73,11 @@ class Coordinator:
         workers: dict[str, str],
         *,
         clock: Callable[[], float] = time.monotonic,
+        token: str | None = None,
     ) -> None:
         self.spec, self.trainer_url, self.workers = spec, trainer_url, dict(workers)
+        self.token = token
+        """The run's token for ``PUT /v1/role`` (None: this process's ``LONGTAIL_AUTH_TOKEN``)."""
         self.assigned: dict[str, Activity] = {name: "rollout" for name in workers}
         self.harvest_trainer = spec.enabled and "trainer" in spec.eligible_roles
         if self.harvest_trainer:
@@ -144,7 +148,7 @@ class Coordinator:
     def _assign(self, name: str, role: Activity) -> None:
         url = self.trainer_url if name == TRAINER else self.workers[name]
         try:
-            answer: Any = http_json(url + "/v1/role", {"role": role}, 30.0, "PUT")
+            answer: Any = http_json(url + "/v1/role", {"role": role}, 30.0, "PUT", self.token)
         except WorkerBusy as exc:
             self.books.refusals += 1
             log.debug("%s refused %s: %s", name, role, exc)

@@ -2,7 +2,10 @@
 
 :class:`Child` starts one ``longtail worker ROLE ...`` command (``python -m longtail_cli.main``
 with the same interpreter) in its own session, so a Ctrl-C in the terminal reaches only the
-parent, which then stops the children in order. Stdout and stderr go to
+parent, which then stops the children in order; each child also stops by itself when the
+parent dies (``LONGTAIL_PARENT_PID``, see ``parentwatch.py``), so a SIGKILL of ``longtail run``
+orphans nothing. :meth:`Child.restart` starts the same command again (``local/restarts.py``,
+for a lost rollout worker). Stdout and stderr go to
 ``RUN_DIR/logs/<name>.log``; a reader thread also looks for the ``... listening on URL`` line.
 :func:`free_port` picks loopback ports up front so every process can be given every URL at
 start.
@@ -18,6 +21,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from longtail_workers.parentwatch import ENV as PARENT_PID_ENV
 
 
 def free_port() -> int:
@@ -35,10 +40,11 @@ class Child:
     """One worker process."""
 
     def __init__(self, name: str, role: str, args: list[str], log_dir: Path, prefix: str) -> None:
-        self.name, self.prefix = name, prefix
+        self.name, self.prefix, self.role, self.args = name, prefix, role, list(args)
         self.log_path = log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env[PARENT_PID_ENV] = str(os.getpid())  # the child's watchdog: parentwatch.py
         cmd = [sys.executable, "-m", "longtail_cli.main", "worker", role, *args]
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
@@ -73,6 +79,12 @@ class Child:
         except OSError:
             return "(no log)"
         return "\n".join(f"  {self.name}| {ln}" for ln in text)
+
+    def restart(self) -> Child:
+        """The same command as a new process (same name, port and log, appended to)."""
+        self._pump_thread.join(timeout=2.0)
+        self._log.close()
+        return Child(self.name, self.role, self.args, self.log_path.parent, self.prefix)
 
     @property
     def alive(self) -> bool:

@@ -6,7 +6,9 @@
 from speculative steps, mean accepted length, drafter version, idle and harvested
 worker-seconds, and the trainer's harvested seconds when it is a harvest target); when a step
 completes, a permanent line with that step's figures is printed.
-Off a terminal (CI logs, tests) only the permanent lines are printed.
+Off a terminal (CI logs, tests) only the permanent lines are printed. Once a write fails (the
+terminal was closed: SIGHUP, then EIO), nothing more is written, so the run still stops
+cleanly and writes its report.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def live_line(status: TrainerStatus, books: HarvestBooks) -> str:
     ]
     if books.trainer_tracked:
         parts.append(f"trainer {books.trainer_harvested_total:.1f}s")
+    if status.acceptance_collapsed:
+        parts.append("WARNING: SD accepts almost nothing (stale drafter)")
     return "  ".join(parts)
 
 
@@ -56,12 +60,14 @@ class Progress:
         self.tty = bool(getattr(self.out, "isatty", lambda: False)())
         self._printed_step = -1
         self._width = 0
+        self.lost = False
+        """A write failed (the terminal is gone); later output is dropped."""
 
     def update(self, status: TrainerStatus, books: HarvestBooks) -> None:
         if status.step != self._printed_step and status.step > 0:
             self._clear()
-            self.out.write(f"step {status.step:>4}/{status.total_steps}  {live_line(status, books)}"
-                           f"{self._times(status)}\n")  # fmt: skip
+            self._write(f"step {status.step:>4}/{status.total_steps}  {live_line(status, books)}"
+                        f"{self._times(status)}\n")  # fmt: skip
             self._printed_step = status.step
         if self.tty:
             current = min(status.step + 1, status.total_steps)
@@ -71,19 +77,27 @@ class Progress:
                 f"{live_line(status, books)}"
             )
             self._clear()
-            self.out.write(text)
+            self._write(text)
             self._width = len(text)
-        self.out.flush()
+        self._write("")
 
     def message(self, text: str) -> None:
         self._clear()
-        self.out.write(text + "\n")
-        self.out.flush()
+        self._write(text + "\n")
 
     def _clear(self) -> None:
         if self.tty and self._width:
-            self.out.write("\r" + " " * self._width + "\r")
+            self._write("\r" + " " * self._width + "\r")
             self._width = 0
+
+    def _write(self, text: str) -> None:
+        if self.lost:
+            return
+        try:
+            self.out.write(text)
+            self.out.flush()
+        except (OSError, ValueError):  # EIO/EPIPE after a hang-up; ValueError: stream closed
+            self.lost = True
 
     @staticmethod
     def _times(status: TrainerStatus) -> str:

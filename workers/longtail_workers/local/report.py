@@ -64,6 +64,7 @@ def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any
         **({"trainer_harvested_s_total": sum(trainer)} if trainer else {}),
         "final_drafter_version": rows[-1]["drafter_version"] if rows else None,
         "drafter_candidates_rejected": sum(r.get("drafter_candidates_rejected", 0) for r in rows),
+        "acceptance_collapsed_steps": [r["step"] for r in rows if r.get("acceptance_collapsed")],
     }
 
 
@@ -139,10 +140,12 @@ def _save(fig: Any, path: Path) -> str:
 
 def markdown(summary: dict[str, Any], images: list[str]) -> str:
     def fmt(v: Any) -> str:
+        if isinstance(v, list):  # lost_workers, restarted_workers
+            return ", ".join(map(str, v)) or "none"
         return f"{v:.3f}" if isinstance(v, float) else str(v)
 
     lines = [f"# Run summary: {summary.get('job', '')}", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {fmt(v)} |" for k, v in summary.items() if not isinstance(v, dict | list)]
+    lines += [f"| {k} | {fmt(v)} |" for k, v in summary.items() if not isinstance(v, dict)]
     lines += [""] + [f"![{name}]({name})" for name in images]
     return "\n".join(lines) + "\n"
 

@@ -7,10 +7,12 @@ the run directory (``job.yaml``, ``run.json`` with the switches, ``logs/``,
 the verifier, the trainer and ``rollout.replicas`` rollout workers (``longtail worker ...``,
 one torch thread each; the trainer keeps ``drafters/`` and the workers exchange drafters with
 it over its HTTP port, as pods do on a cluster); run the harvest coordinator and the progress
-display until the trainer exits; stop every child; write the report. Ctrl-C (SIGINT) or
-SIGTERM: the trainer is asked to stop, checkpoints the last completed step and exits, then the
-workers are stopped; the run can be continued with ``--resume``. Exit codes: 0 complete,
-1 failed, 130 stopped.
+display until the trainer exits (restarting a lost rollout worker up to ``spec.backoffLimit``
+times, ``local/restarts.py``); stop every child; write the report. Ctrl-C (SIGINT), SIGTERM or
+SIGHUP (the terminal closed; left ignored under ``nohup``): the trainer is asked to stop,
+checkpoints the last completed step and exits, then the workers are stopped; the run can be
+continued with ``--resume``. If the parent is killed outright, each child stops by itself
+(``parentwatch.py``). Exit codes: 0 complete, 1 failed, 130 stopped.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from longtail_api.context import spec_context_error
 from longtail_api.protocol import ProtocolError
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
+from longtail_workers.auth import export_run_token
 from longtail_workers.local.coordinator import Coordinator
 from longtail_workers.local.launcher import Child, ChildFailed, free_port, stop_all
 from longtail_workers.local.progress import Progress
 from longtail_workers.local.report import write_report
+from longtail_workers.local.restarts import Restarts
 from longtail_workers.runtime import JobSpecError, load_job_spec
 from longtail_workers.trainer.dispatch import http_json
 
@@ -182,20 +186,23 @@ def run(argv: list[str]) -> int:
         print(f"preparing {spec.model.path} (built once, then cached) ...", flush=True)
         resolve_model_path(spec.model.path)
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in stop_signals()}
     progress = Progress()
     progress.message(f"run directory: {run_dir}")
     children: list[Child] = []
     coordinator: Coordinator | None = None
     code, started = 1, time.monotonic()
+    restarts = Restarts(spec.backoff_limit, why_not=_no_restart(opts))
     try:
+        token = export_run_token()  # the run's job token: children inherit it, not via argv
         trainer, workers = start_children(
             spec, run_dir, opts, bool(args.resume), args.startup_timeout, children
         )
         trainer_url = trainer.wait_ready(args.startup_timeout)
         write_processes(run_dir, children, workers, trainer_url)
-        coordinator = Coordinator(spec.harvest, trainer_url, workers).start()
-        code = supervise(trainer, list(children), coordinator, progress, stop)
+        restarts.on_restart = lambda: write_processes(run_dir, children, workers, trainer_url)
+        coordinator = Coordinator(spec.harvest, trainer_url, workers, token=token).start()
+        code = supervise(trainer, children, coordinator, progress, stop, restarts)
     except ChildFailed as exc:
         progress.message(f"error: {exc}")
     finally:
@@ -209,15 +216,31 @@ def run(argv: list[str]) -> int:
         "outcome": {0: "complete", STOPPED: "stopped"}.get(code, "failed"),
         "wall_s": time.monotonic() - started,
         **start_eval(run_dir),
+        **restarts.summary(),
     }
     summary = write_report(run_dir, coordinator.books if coordinator else None, info)
     print_summary(progress, summary, run_dir, code)
     return code
 
 
+def stop_signals() -> list[signal.Signals]:
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal), unless SIGHUP is ignored (``nohup``)."""
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    return sigs
+
+
+def _no_restart(opts: dict[str, Any]) -> str | None:
+    if opts["weight_sync"] == "dist":
+        return "not restarted: --weight-sync dist cannot add a member to its process group"
+    return None
+
+
 def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
-              progress: Progress, stop: threading.Event) -> int:  # fmt: skip
-    """Poll and display until the trainer exits; forward a stop request to it."""
+              progress: Progress, stop: threading.Event, restarts: Restarts) -> int:  # fmt: skip
+    """Poll and display until the trainer exits; forward a stop request to it; restart lost
+    rollout workers (``restarts``), replacing them in ``children``."""
     asked_stop = False
     while trainer.alive:
         if stop.is_set() and not asked_stop:
@@ -229,10 +252,9 @@ def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
             status = _poll_trainer(coordinator.trainer_url)
         if status is not None:
             progress.update(status, coordinator.books)
-        dead = [c.name for c in children if c is not trainer and not c.alive]
-        if dead and not asked_stop:
-            progress.message(f"warning: worker(s) exited: {', '.join(dead)}")
-            children[:] = [c for c in children if c.alive or c is trainer]
+        if not asked_stop and not stop.is_set():
+            for line in restarts.check(children, trainer):
+                progress.message(line)
         time.sleep(0.5)
     rc = trainer.proc.wait()
     if rc != 0:
@@ -294,10 +316,22 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
             else ""
         )
     )
+    if s.get("acceptance_collapsed_steps"):
+        steps = s["acceptance_collapsed_steps"]
+        progress.message(
+            f"warning: speculative decoding accepted almost nothing at step(s) "
+            f"{', '.join(map(str, steps[:10]))}{' ...' if len(steps) > 10 else ''} after it had "
+            "worked: the drafter stopped matching the policy (see the trainer log)"
+        )
     if s.get("drafter_candidates_rejected"):
         progress.message(
             f"warning: {s['drafter_candidates_rejected']} drafter candidate(s) were refused "
             f"(not the job's drafter, or NaN/inf weights); see {run_dir / 'logs' / 'trainer.log'}"
+        )
+    if s.get("lost_workers"):
+        progress.message(
+            f"warning: lost worker(s): {', '.join(s['lost_workers'])}; restarted: "
+            f"{', '.join(s['restarted_workers']) or 'none'}; see {run_dir / 'logs'}"
         )
     progress.message(f"report: {run_dir / 'report' / 'summary.md'}")
     if code == STOPPED or (code != 0 and s["steps_completed"]):

@@ -3,8 +3,16 @@
 No weights can be downloaded, yet a newcomer's first ``longtail run`` needs a real policy that
 already solves part of the built-in task (so GRPO gets mixed rewards within a group) and emits
 long-tailed responses. This module builds one: a real ``transformers`` ``Qwen2ForCausalLM``
-(random init, seeded) fitted for a few hundred steps by :mod:`longtail_workers.models.sft`, then
-measured greedily on the task's eval split with the ``math`` reward.
+(random init, seeded) fitted by :mod:`longtail_workers.models.sft` in two phases, then measured
+greedily on the task's eval split with the ``math`` reward:
+
+1. 2,100 steps on worked, step-by-step solutions (the careful style);
+2. 200 steps on a mixture in which 65% of the solutions are the short cut ``Answer: N`` alone.
+
+The policy then chooses a style with its first token and mostly (greedily: always) takes the
+short cut, which is right on few sums; the worked style is right far more often. Which style to
+use is one decision shared by every answer, the kind GRPO learns within a few steps, and answers
+grow longer as it does (issue #19; figures in docs/performance.md).
 
 The result is cached under ``$LONGTAIL_CACHE_DIR/models/tiny-<recipe hash>/`` (default root
 ``~/.cache/longtail``) as an ordinary Hugging Face directory (``save_pretrained`` of model and
@@ -33,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from longtail_workers.models.evaluation import greedy_accuracy
@@ -61,7 +70,9 @@ class TinyRecipe:
     intermediate_size: int = 512
     max_position_embeddings: int = 2048
     seed: int = 0  # model init and data order
-    sft: SftConfig = field(default_factory=SftConfig)
+    # 2,100 steps: worked solutions reliable on small sums (docs/performance.md, #19); 700
+    # steps leave even two-operand sums near-ties that RL updates flip.
+    sft: SftConfig = field(default_factory=lambda: SftConfig(steps=2100))
     # SFT data: the task's own train split (long items included, so that the model also
     # writes long, well-formed solutions for them: the rollout long tail).
     train_items: int = 20000
@@ -75,7 +86,13 @@ class TinyRecipe:
     # (``Answer: 21``). The policy then chooses a style with its first token; the short cut is
     # right on small sums and mostly wrong on long ones, so which style to use is a decision
     # GRPO can learn (issue #19).
-    shortcut_fraction: float = 0.0
+    shortcut_fraction: float = 0.65
+    # The short-cut style is taught in a second, short SFT phase on the mixture (None: mixed into
+    # the main fit). The main fit then spends every step on worked solutions, which is what
+    # makes that style reliable; the second phase only adds the new style and its share.
+    style_sft: SftConfig | None = field(
+        default_factory=lambda: SftConfig(steps=200, lr=3e-4, warmup_steps=10)
+    )
     # Measurement: greedy accuracy on the eval split of this task (the builtin:arith default).
     task: ArithConfig = field(default_factory=ArithConfig)
     eval_items: int = 200
@@ -83,8 +100,8 @@ class TinyRecipe:
     def fingerprint(self) -> str:
         """Short stable hash of the recipe and the build code version."""
         recipe = dataclasses.asdict(self)
-        for knob in ("prose_answer_fraction", "shortcut_fraction"):  # added later: caches
-            if recipe[knob] == 0.0:  # built before stay valid
+        for knob in ("prose_answer_fraction", "shortcut_fraction", "style_sft"):  # added later:
+            if not recipe[knob]:  # caches built before stay valid
                 del recipe[knob]
         blob = json.dumps({"recipe": recipe, "code": BUILD_CODE_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
@@ -104,10 +121,19 @@ class BuildReport:
     eval_items: int
     eval_by_size: dict[str, list[int]]  # size -> [correct, n]
     final_train_loss: float
+    phase_losses: list[float]  # final loss of each SFT phase (worked, then the style mixture)
     build_seconds: float
     train_seconds: float
     torch_threads: int
     parameters: int
+
+
+def _seeded_share(n: int, fraction: float, seed: int, stream: int, knob: str, zero: str) -> Any:
+    """A seeded boolean mask ``[n]`` that is True for a ``fraction`` share of the items."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"TinyRecipe.{knob} must be in [0, 1), got {fraction} ({zero})")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, stream]))
+    return rng.random(n) < fraction
 
 
 def with_prose_endings(items: Sequence[TaskItem], fraction: float, seed: int) -> list[TaskItem]:
@@ -116,13 +142,8 @@ def with_prose_endings(items: Sequence[TaskItem], fraction: float, seed: int) ->
     The worked steps stay as they are; only the last line becomes ``The sum is N.``, which the
     ``math`` reward does not read (no ``Answer:`` line, no ``\\boxed{}``).
     """
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(
-            f"TinyRecipe.prose_answer_fraction must be in [0, 1), got {fraction} "
-            f"(0 keeps every solution's Answer: line)"
-        )
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _PROSE_STREAM]))
-    prose = rng.random(len(items)) < fraction
+    why = "0 keeps every solution's Answer: line"
+    prose = _seeded_share(len(items), fraction, seed, _PROSE_STREAM, "prose_answer_fraction", why)
     out = []
     for item, as_prose in zip(items, prose, strict=True):
         if as_prose:
@@ -137,13 +158,8 @@ def with_prose_endings(items: Sequence[TaskItem], fraction: float, seed: int) ->
 
 def with_shortcuts(items: Sequence[TaskItem], fraction: float, seed: int) -> list[TaskItem]:
     """A seeded ``fraction`` of ``items`` answered in the short-cut style: ``Answer: N`` alone."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(
-            f"TinyRecipe.shortcut_fraction must be in [0, 1), got {fraction} "
-            f"(0 keeps every solution worked step by step)"
-        )
-    rng = np.random.default_rng(np.random.SeedSequence([seed, _SHORTCUT_STREAM]))
-    short = rng.random(len(items)) < fraction
+    why = "0 keeps every solution worked step by step"
+    short = _seeded_share(len(items), fraction, seed, _SHORTCUT_STREAM, "shortcut_fraction", why)
     return [
         dataclasses.replace(item, solution=f"{ANSWER_PREFIX}{item.answer}") if s else item
         for item, s in zip(items, short, strict=True)
@@ -178,6 +194,16 @@ def model_config(recipe: TinyRecipe, tokenizer: PreTrainedTokenizerBase) -> Qwen
     )
 
 
+def _build_bar(total: int) -> Any:
+    """A terminal progress bar over every SFT step (off when stderr is not a terminal)."""
+    return tqdm(total=total, desc="building builtin:tiny", unit="step", disable=None, leave=False)
+
+
+def _tick(bar: Any, loss: float) -> None:
+    bar.update(1)
+    bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+
 def _build_threads() -> int:
     """All cores this process may use: the build is CPU-bound and runs once."""
     return max(1, len(os.sched_getaffinity(0)))
@@ -196,9 +222,19 @@ def build_tiny(dest: Path, recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int =
             model = Qwen2ForCausalLM(model_config(recipe, tokenizer))
             train = generate(recipe.train_items, recipe.seed, "train", recipe.train_task)
             train = with_prose_endings(train, recipe.prose_answer_fraction, recipe.seed)
-            train = with_shortcuts(train, recipe.shortcut_fraction, recipe.seed)
+            mixed = with_shortcuts(train, recipe.shortcut_fraction, recipe.seed)
             fit_start = time.perf_counter()
-            loss = fit(model, tokenizer, train, recipe.sft, seed=recipe.seed, log_every=log_every)
+            first = train if recipe.style_sft else mixed
+            phases = [(first, recipe.sft)] + (
+                [(mixed, recipe.style_sft)] if recipe.style_sft else []
+            )
+            with _build_bar(sum(cfg.steps for _, cfg in phases)) as bar:
+                losses = []
+                for i, (items, cfg) in enumerate(phases):
+                    tick = lambda _, ema: _tick(bar, ema)  # noqa: E731
+                    losses.append(
+                        fit(model, tokenizer, items, cfg, recipe.seed + i, log_every, tick)
+                    )
             train_seconds = time.perf_counter() - fit_start
             held_out = generate(recipe.eval_items, recipe.seed, "eval", recipe.task)
             result = greedy_accuracy(model, tokenizer, held_out)
@@ -216,7 +252,8 @@ def build_tiny(dest: Path, recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int =
         eval_accuracy=result.accuracy,
         eval_items=result.n,
         eval_by_size={str(k): [c, n] for k, (c, n) in result.by_size.items()},
-        final_train_loss=loss,
+        final_train_loss=losses[-1],
+        phase_losses=losses,
         build_seconds=time.perf_counter() - start,
         train_seconds=train_seconds,
         torch_threads=threads,
@@ -240,7 +277,7 @@ def ensure_tiny(recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int = 100) -> Pa
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (final / BUILD_INFO_FILE).is_file():  # another process built it while we waited
             return final
-        log.info("building builtin:tiny into %s (one-off, about 2-3 min on 2 CPU cores)", final)
+        log.info("building builtin:tiny into %s (one-off, about 7 min on 2 CPU cores)", final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
             report = build_tiny(tmp, recipe, log_every=log_every)

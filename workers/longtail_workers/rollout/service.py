@@ -17,7 +17,9 @@ loaded by ``RolloutWorker.generate`` at the same point. When a drafter-train win
 so the step driver can merge it right away. Drafters are exchanged through the trainer's HTTP
 port (``--drafters-url``, ``spot/remote.py``; what pods and ``longtail run`` use) or a directory
 shared with the trainer (``--drafters``). Prints ``longtail rollout listening on URL`` once
-bound.
+bound. Its write endpoints (``POST /v1/generate``, ``PUT /v1/role``) require the job's token
+and it refuses to start without one unless ``--insecure-no-auth`` (``longtail_workers.auth``);
+its own drafter uploads carry the token.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 from longtail_api.harvest import DRAFTER_TRAIN
 from longtail_api.workerapi import RoleAck
+from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
 from longtail_workers.engine.interface import RolloutEngine
 from longtail_workers.engine.stats import RolloutMetrics
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
@@ -256,21 +259,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_weight_sync_args(ap)
     ap.add_argument("--log-level", default="INFO")
+    add_auth_args(ap)
     return ap
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format=f"%(asctime)s {args.name} %(message)s")
+    try:
+        token = server_token("rollout", args.insecure_no_auth)
+    except AuthConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     spec = load_job_spec(args.job)
     try:
-        return _serve(args, spec)
+        return _serve(args, spec, token)
     except EngineUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
 
-def _serve(args: argparse.Namespace, spec: Any) -> int:
+def _serve(args: argparse.Namespace, spec: Any, token: str | None) -> int:
     threads = torch_threads(args.threads, spec.rollout.resources)
     log.info("torch threads: %d", threads)
     if spec.rollout.engine == "vllm":
@@ -300,4 +309,5 @@ def _serve(args: argparse.Namespace, spec: Any) -> int:
     # exports longtail_rollout_* next to the worker's own metrics (dashboards and alerts use both).
     engine.metrics = RolloutMetrics(worker.metrics_registry)
     server = RolloutServer(worker, ControlConfig(host=args.host, port=args.port))
+    server.auth_token = token
     return ServiceRuntime(server, LISTENING_PREFIX).serve_forever(on_stop=engine.close)

@@ -23,7 +23,9 @@ or a NaN/infinity is refused with 400 naming the problem and not stored (``spot/
 Every request has a bounded timeout; unreachable trainers, timeouts and 5xx answers (503 while
 the trainer is still loading) are retried with exponential backoff and jitter, then raised as
 :class:`DrafterExchangeError` naming the URL. Re-sending a candidate after a lost answer is
-harmless: the merge takes each worker's newest candidate.
+harmless: the merge takes each worker's newest candidate. Uploads carry the job's token
+(``Authorization: Bearer``; the trainer's server answers 401 without it, ``httpserver.py``);
+downloads are reads and need none.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ from urllib.parse import parse_qs, urlencode
 
 from torch import nn
 
+from longtail_api.auth import is_write
+from longtail_workers.auth import auth_headers
 from longtail_workers.drafter.checkpoint import DrafterMismatchError, load_drafter, save_drafter
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.httpserver import BodyErrors, JSONRequestHandler, error_text, fail
@@ -315,6 +319,7 @@ class RemoteDrafterRegistry:
         max_backoff_s: float = 5.0,
         cache_dir: str | Path | None = None,
         keep_versions: int = 2,
+        token: str | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"drafters URL {base_url!r}: expected http://HOST:PORT")
@@ -327,6 +332,8 @@ class RemoteDrafterRegistry:
         self.timeout_s, self.retries = timeout_s, retries
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self.keep_versions = keep_versions
+        self.token = token
+        """The job's token for uploads (None: the process's ``LONGTAIL_AUTH_TOKEN``)."""
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if cache_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="longtail-drafters-")
@@ -471,6 +478,8 @@ class RemoteDrafterRegistry:
     ) -> tuple[int, Message, bytes]:
         """One request with retries; returns 2xx and 404 answers, raises on anything else."""
         url = self.base_url + path
+        if is_write(method):
+            headers = {**(headers or {}), **auth_headers(self.token)}
         last = "no attempt made"
         for attempt in range(self.retries + 1):
             if attempt:

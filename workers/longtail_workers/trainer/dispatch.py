@@ -13,7 +13,8 @@ would fail on every worker, so the step fails at once with :class:`RolloutReject
 message, and no worker is marked down. The step fails with :class:`RolloutFailed`, naming every
 worker's last error, when no live worker is left or a shard failed ``max_attempts`` times; it
 never waits longer than ``timeout_s`` per call. ``stop`` (Ctrl-C) aborts with
-:class:`RolloutAborted`.
+:class:`RolloutAborted`. Generate calls and role changes carry the job's token
+(``longtail_workers.auth``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from longtail_api.auth import is_write
+from longtail_workers.auth import auth_headers
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.httpserver import error_text
 from longtail_workers.rollout.wire import GENERATE_PATH, GenerateCall, GenerateReply, Sample
@@ -92,10 +95,15 @@ class RolloutOutcome:
     failed_workers: dict[str, str] = field(default_factory=dict)
 
 
-def http_json(url: str, body: dict[str, Any] | None, timeout_s: float, method: str) -> Any:
-    """One JSON request; raises :class:`WorkerBusy` on 409 and ``OSError`` family otherwise."""
+def http_json(
+    url: str, body: dict[str, Any] | None, timeout_s: float, method: str, token: str | None = None
+) -> Any:
+    """One JSON request; raises :class:`WorkerBusy` on 409 and ``OSError`` family otherwise.
+
+    A write (not GET/HEAD) carries ``token``, by default this process's job token."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
+    headers = auth_headers(token) if is_write(method) else {}
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
@@ -118,6 +126,7 @@ class RolloutPool:
         timeout_s: float = 900.0,
         max_attempts: int = 3,
         on_assign: Callable[[str, bool], None] | None = None,
+        token: str | None = None,
     ) -> None:
         if not workers:
             raise ValueError("RolloutPool needs at least one rollout worker URL")
@@ -125,6 +134,8 @@ class RolloutPool:
         self.down: dict[str, str] = {}
         self.timeout_s, self.max_attempts = timeout_s, max_attempts
         self.on_assign = on_assign or (lambda name, busy: None)
+        self.token = token
+        """The job's token for generate calls and role changes (None: the process's)."""
         self._lock = threading.Lock()
 
     @property
@@ -142,7 +153,7 @@ class RolloutPool:
             self.down.pop(name, None)
 
     def set_role(self, name: str, role: str) -> None:
-        http_json(self.workers[name] + "/v1/role", {"role": role}, 30.0, "PUT")
+        http_json(self.workers[name] + "/v1/role", {"role": role}, 30.0, "PUT", self.token)
 
     def end_harvest(self) -> None:
         """Every live worker back to ``rollout`` (ends drafter-train windows, submits drafters)."""
@@ -224,7 +235,7 @@ class RolloutPool:
     def _post(self, name: str, call: GenerateCall) -> GenerateReply:
         url = self.workers[name] + GENERATE_PATH
         try:
-            answer = http_json(url, call.to_dict(), self.timeout_s, "POST")
+            answer = http_json(url, call.to_dict(), self.timeout_s, "POST", self.token)
         except WorkerHTTPError as exc:
             if 400 <= exc.code < 500:  # 409 is WorkerBusy: never here
                 raise RolloutRejected(

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from longtail_api.acceptance import acceptance_collapsed
 from longtail_api.spec import RLJobSpec
 from longtail_workers.data import Example, format_example, iterate_batches
 from longtail_workers.engine.interface import GenerationRequest
@@ -77,6 +78,8 @@ class DriverState:
     last_row: dict[str, Any] = field(default_factory=dict)
     eval_accuracy: float | None = None
     eval_sampled_accuracy: float | None = None
+    accepted_lengths: list[float] = field(default_factory=list)
+    """Mean accepted length of every step so far (0: no speculation), for the collapse rule."""
     last_checkpoint_step: int | None = None
     message: str = ""
 
@@ -232,6 +235,12 @@ class StepDriver:
         sync_s = self.publish_policy()
         sync_s += self._merge_drafters()
         row = self._row(step, out, rewards, correct, stats.as_dict())
+        self.state.accepted_lengths.append(row["mean_accepted_length"])
+        row["acceptance_collapsed"] = acceptance_collapsed(self.state.accepted_lengths)
+        if row["acceptance_collapsed"]:
+            log.warning("step %d: speculative decoding accepts almost nothing (mean accepted "
+                        "length %.2f) after it once worked: the drafter no longer matches the "
+                        "policy", step, row["mean_accepted_length"])  # fmt: skip
         row.update(train_s=train_s, sync_s=sync_s, step_s=time.monotonic() - t_step)
         self.state.last_row = row
         return row

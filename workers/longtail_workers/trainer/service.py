@@ -13,7 +13,10 @@ malformed), ``GET /metrics``, ``/healthz``, ``/readyz``, and with ``--drafters D
 exchange ``/v1/drafters/...``
 (``spot/remote.py``: rollout workers fetch published drafter versions and upload their
 candidates, which the step driver merges from DIR). Per-step rows go to
-``RUN_DIR/metrics.jsonl``. SIGTERM/SIGINT: stop at the next safe point, checkpoint the last
+``RUN_DIR/metrics.jsonl``. Every write endpoint (``POST /v1/checkpoint``, ``PUT /v1/role``,
+candidate uploads) requires the job's token, and the trainer refuses to start without one
+unless ``--insecure-no-auth`` (``longtail_workers.auth``); its own generate, role and verify
+calls carry it. SIGTERM/SIGINT: stop at the next safe point, checkpoint the last
 completed step, exit 0. Exit 1 when the run fails (the error is logged and reported in the
 status).
 """
@@ -45,6 +48,7 @@ from longtail_api.workerapi import (
     StepSeconds,
     TrainerStatus,
 )
+from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
 from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
 from longtail_workers.rollout.http import ROLE_BODY_ERRORS, role_from_body
@@ -159,6 +163,7 @@ class TrainerApp(BackgroundHTTPServer):
             reward_mean=row.get("reward_mean"),
             accuracy=row.get("accuracy"),
             accepted_length=row.get("mean_accepted_length"),
+            acceptance_collapsed=bool(row.get("acceptance_collapsed", False)),
             last_checkpoint_step=st.last_checkpoint_step,
             step_seconds=seconds,
             message=self.failed or st.message,
@@ -265,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--startup-timeout", type=float, default=600.0)
     add_weight_sync_args(ap)
     ap.add_argument("--log-level", default="INFO")
+    add_auth_args(ap)
     return ap
 
 
@@ -290,10 +296,17 @@ def wait_healthy(urls: list[str], timeout_s: float, stop: threading.Event) -> No
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s trainer %(message)s")
+    try:
+        token = server_token("trainer", args.insecure_no_auth)
+    except AuthConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     stop = threading.Event()
     restore = install_stop_signals(stop)
-    app = TrainerApp(args.host, args.port).start()
+    app = TrainerApp(args.host, args.port)
+    app.auth_token = token
+    app.start()
     print(f"{LISTENING_PREFIX}{app.url}", flush=True)
     try:
         return _run(args, app, stop)

@@ -4,6 +4,8 @@ Wraps ``POST /v1/verify`` in :meth:`VerifierClient.verify` (typed request in, ty
 out) and waits for readiness with :meth:`VerifierClient.wait_ready`. Standard library only
 (``urllib``), so it adds no dependency to whatever process uses it. Error answers from the
 server become :class:`VerifierError` carrying the HTTP status and the server's message.
+``POST /v1/verify`` carries the job's token (``token``, by default the process's
+``LONGTAIL_AUTH_TOKEN``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable
 
+from longtail_api.auth import is_write
 from longtail_api.protocol import (
     READYZ_PATH,
     VERIFY_PATH,
@@ -23,6 +26,7 @@ from longtail_api.protocol import (
     VerifyRequest,
     VerifyResponse,
 )
+from longtail_workers.auth import auth_headers
 
 
 class VerifierError(RuntimeError):
@@ -39,9 +43,12 @@ class VerifierError(RuntimeError):
 class VerifierClient:
     """Talks to one verifier at ``base_url`` (e.g. ``http://127.0.0.1:8100``)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_s: float = 120.0, token: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.token = token
 
     def verify(
         self,
@@ -81,7 +88,9 @@ class VerifierClient:
     def _call(
         self, method: str, path: str, body: bytes | None, *, timeout_s: float | None = None
     ) -> bytes:
-        req = urllib.request.Request(self.base_url + path, data=body, method=method)
+        headers = auth_headers(self.token) if is_write(method) else {}
+        url = self.base_url + path
+        req = urllib.request.Request(url, data=body, method=method, headers=headers)
         if body is not None:
             req.add_header("Content-Type", "application/json")
         try:

@@ -9,7 +9,9 @@ Once the socket is bound, one line is printed to stdout::
 (with ``--port 0`` the port in it is the free one the OS picked), so a parent process can read
 the URL. SIGTERM/SIGINT trigger a graceful stop: readiness turns 503, the listener closes, and
 in-flight requests get ``--grace-seconds`` to finish. ``python -m
-longtail_workers.verifier.service`` works too.
+longtail_workers.verifier.service`` works too. ``POST /v1/verify`` requires the job's token
+(``LONGTAIL_AUTH_TOKEN``); without one the verifier refuses to start unless
+``--insecure-no-auth`` is given (``longtail_workers.auth``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
 from longtail_workers.rewards import UnknownRewardError, get_reward, known_rewards
 from longtail_workers.signals import install_stop_signals
 from longtail_workers.verifier.server import VerifierConfig, VerifierServer
@@ -102,14 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging level (default %(default)s; DEBUG logs every request)",
     )
+    add_auth_args(ap)
     return ap
 
 
 def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) -> int:
     """Run the verifier until SIGTERM/SIGINT (or until ``stop`` is set, for in-process use).
 
-    Returns 0 on a clean stop, 1 when the port cannot be bound, 2 on bad arguments or an
-    unknown default reward (argparse itself exits 2 on unparsable flags).
+    Returns 0 on a clean stop, 1 when the port cannot be bound, 2 on bad arguments, an
+    unknown default reward or no job token (argparse itself exits 2 on unparsable flags).
     """
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -118,6 +122,11 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
     error = _load_rewards(args.reward_module, args.reward)
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        token = server_token("verifier", args.insecure_no_auth)
+    except AuthConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     config = VerifierConfig(
         host=args.host,
@@ -128,6 +137,7 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
         default_reward=args.reward,
     )
     server = VerifierServer(config)
+    server.auth_token = token
     stop = stop if stop is not None else threading.Event()
     restore = install_stop_signals(stop)  # before the URL is announced: see signals.py
     try:

@@ -1,0 +1,179 @@
+"""``longtail run``'s children and the parent's end (issue #21 items 5 and 7), without a model.
+
+The child's parent watchdog (``parentwatch.py``) with fakes and with real processes (a parent
+killed with SIGKILL), the parent's stop signals (SIGHUP unless ``nohup`` ignores it), the
+progress display surviving a closed terminal, and the restart book-keeping of lost rollout
+workers (``local/restarts.py``) with fake children. The end-to-end checks with real workers are
+in ``tests/e2e_local/test_local_run.py``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from longtail_workers.local.progress import Progress
+from longtail_workers.local.restarts import Restarts
+from longtail_workers.local.run import stop_signals
+from longtail_workers.parentwatch import ENV, ParentWatchError, parent_pid, watch
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_parent_pid_is_taken_out_of_the_environment_and_checked() -> None:
+    env = {ENV: "4242", "OTHER": "x"}
+    assert parent_pid(env) == 4242 and ENV not in env  # a grandchild does not inherit it
+    assert parent_pid({}) is None
+    with pytest.raises(ParentWatchError, match=r"LONGTAIL_PARENT_PID='abc'.*unset it"):
+        parent_pid({ENV: "abc"})
+
+
+def test_watch_sends_sigterm_to_itself_then_exits_after_the_grace() -> None:
+    ppids = iter([100, 100, 1])
+    calls: list[Any] = []
+    watch(
+        100,
+        period_s=0.5,
+        grace_s=30.0,
+        getppid=lambda: next(ppids),
+        kill=lambda pid, sig: calls.append(("kill", pid, sig)),
+        sleep=lambda s: calls.append(("sleep", s)),
+        exit_now=lambda code: calls.append(("exit", code)),
+    )
+    assert calls == [
+        ("sleep", 0.5),
+        ("sleep", 0.5),
+        ("kill", os.getpid(), signal.SIGTERM),
+        ("sleep", 30.0),
+        ("exit", 1),
+    ]
+
+
+# A parent that starts one watched child, prints the child's pid, then sleeps until killed.
+PARENT = f"""
+import os, subprocess, sys, time
+env = dict(os.environ, {ENV}=str(os.getpid()))
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=env, start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+CHILD = """
+import time
+from longtail_workers.parentwatch import watch_parent
+watch_parent()
+print("child ready", flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_a_child_stops_when_its_parent_is_killed_with_sigkill() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, CHILD], stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    time.sleep(1.0)  # the child has imported parentwatch and started watching
+    assert not _gone(child)
+    parent.kill()
+    parent.wait(10)
+    deadline = time.monotonic() + 15
+    while not _gone(child):
+        assert time.monotonic() < deadline, f"child {child} outlived its killed parent by 15 s"
+        time.sleep(0.1)
+
+
+def test_sighup_stops_the_run_unless_nohup_ignores_it() -> None:
+    previous = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert signal.SIGHUP in stop_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        assert stop_signals() == [signal.SIGINT, signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+class ClosedTerminal(io.StringIO):
+    def write(self, s: str) -> int:
+        raise OSError(5, "Input/output error")
+
+
+def test_progress_drops_output_once_the_terminal_is_gone() -> None:
+    p = Progress(ClosedTerminal())
+    p.message("stopping")  # no exception: the run goes on to stop its children
+    p.message("report: ...")
+    assert p.lost
+
+
+class FakeProc:
+    def __init__(self, code: int | None) -> None:
+        self.code = code
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+class FakeChild:
+    def __init__(self, name: str, role: str, code: int | None = None) -> None:
+        self.name, self.role, self.proc = name, role, FakeProc(code)
+        self.restarts = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.code is None
+
+    def restart(self) -> FakeChild:
+        self.restarts += 1
+        return FakeChild(self.name, self.role)
+
+
+def test_a_lost_rollout_worker_is_restarted_up_to_backoff_limit() -> None:
+    trainer, verifier = FakeChild("trainer", "trainer"), FakeChild("verifier", "verifier")
+    w0, w1 = FakeChild("rollout-0", "rollout"), FakeChild("rollout-1", "rollout", code=-9)
+    children: list[Any] = [verifier, w0, w1, trainer]
+    written: list[int] = []
+    r = Restarts(limit=1, on_restart=lambda: written.append(1))
+    lines = r.check(children, trainer)
+    assert children[2] is not w1 and children[2].alive and w1.restarts == 1
+    assert written == [1], "processes.json is rewritten with the new pid"
+    assert lines == [
+        "warning: rollout-1 exited with -9; restarted it (restart 1 of spec.backoffLimit=1); "
+        "it takes work again from the next step once it has loaded"
+    ]
+    assert r.check(children, trainer) == []  # nothing new
+    children[2].proc.code = 1  # lost again: past the limit
+    (line,) = r.check(children, trainer)
+    assert "not restarted: 1 restarts made, spec.backoffLimit=1 (raise it" in line
+    assert r.check(children, trainer) == []  # reported once
+    verifier.proc.code = 0
+    (line,) = r.check(children, trainer)
+    assert line == "warning: verifier exited with 0; it is not restarted"
+    assert r.summary() == {
+        "lost_workers": ["rollout-1 (exit -9)", "rollout-1 (exit 1)", "verifier (exit 0)"],
+        "restarted_workers": ["rollout-1"],
+    }
+
+
+def test_no_restart_with_torch_distributed_weight_sync() -> None:
+    trainer, w0 = FakeChild("trainer", "trainer"), FakeChild("rollout-0", "rollout", code=-9)
+    children: list[Any] = [w0, trainer]
+    r = Restarts(limit=3, why_not="not restarted: --weight-sync dist cannot add a member")
+    (line,) = r.check(children, trainer)
+    assert children[0] is w0 and w0.restarts == 0 and "--weight-sync dist" in line
+    assert r.summary()["restarted_workers"] == []

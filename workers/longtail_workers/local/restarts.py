@@ -1,0 +1,74 @@
+"""Lost children of ``longtail run``: restart rollout workers, bounded by ``spec.backoffLimit``.
+
+``local/run.py``'s supervise loop calls :meth:`Restarts.check` every poll. A rollout worker that
+exited while the run goes on is *lost*: it is started again with the same command
+(:meth:`Child.restart <longtail_workers.local.launcher.Child.restart>`: same name, port and log)
+while fewer than ``spec.backoffLimit`` restarts were made, as the operator recreates a failed
+pod up to ``backoffLimit``. The trainer has already re-dispatched the lost worker's requests to
+the others; at the start of each step it health-checks the workers it marked down
+(``RolloutPool.revive``), so the restarted worker takes work again once it has loaded its model.
+Past the limit, or with ``--weight-sync dist`` (a torch.distributed group cannot take a new
+member), the worker stays down and the run goes on with the others, failing only when none is
+left, as before. Any other child that exits (the verifier) is reported, not restarted. The lost
+and restarted workers end up in ``summary.json``, the report and the run's last lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from longtail_workers.local.launcher import Child
+
+
+@dataclass
+class Restarts:
+    """Restart book-keeping of one run (see the module text)."""
+
+    limit: int
+    """``spec.backoffLimit``: restarts allowed over the whole run."""
+    why_not: str | None = None
+    """Set when restarting cannot help (``--weight-sync dist``): the reason, printed once."""
+    on_restart: Callable[[], None] = lambda: None
+    """Called after a restart (``run.py`` rewrites ``processes.json`` with the new pid)."""
+    lost: list[str] = field(default_factory=list)
+    """``NAME (exit CODE)`` per loss, in order."""
+    restarted: list[str] = field(default_factory=list)
+    _reported: set[Child] = field(default_factory=set)
+    """Exits already handled (the objects, not ids: a restarted child may reuse an id)."""
+
+    def check(self, children: list[Child], trainer: Child) -> list[str]:
+        """Replace lost rollout workers in ``children`` in place; returns lines to print."""
+        lines = []
+        for i, child in enumerate(children):
+            if child is trainer or child.alive or child in self._reported:
+                continue
+            self._reported.add(child)
+            code = child.proc.poll()
+            self.lost.append(f"{child.name} (exit {code})")
+            if child.role != "rollout":
+                lines.append(f"warning: {child.name} exited with {code}; it is not restarted")
+                continue
+            if self.why_not is not None:
+                lines.append(f"warning: {child.name} exited with {code}; {self.why_not}")
+                continue
+            if len(self.restarted) >= self.limit:
+                lines.append(
+                    f"warning: {child.name} exited with {code}; not restarted: "
+                    f"{len(self.restarted)} restarts made, spec.backoffLimit={self.limit} "
+                    "(raise it to restart more); the run goes on with the other workers"
+                )
+                continue
+            children[i] = child.restart()
+            self.restarted.append(child.name)
+            self.on_restart()
+            lines.append(
+                f"warning: {child.name} exited with {code}; restarted it "
+                f"(restart {len(self.restarted)} of spec.backoffLimit={self.limit}); "
+                "it takes work again from the next step once it has loaded"
+            )
+        return lines
+
+    def summary(self) -> dict[str, list[str]]:
+        """``lost_workers`` and ``restarted_workers`` for ``summary.json`` and the report."""
+        return {"lost_workers": list(self.lost), "restarted_workers": list(self.restarted)}
