@@ -335,6 +335,19 @@ class JSONRequestHandler(BaseHTTPRequestHandler):
         """Whether to close the connection after the answer being sent; default: keep it."""
         return False
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's own errors as JSON like every other answer (it would send an
+        HTML page): an unsupported method is 405 naming the allowed ones, not 501."""
+        self.close_connection = True  # the request may not have been read: never reuse it
+        allowed = ", ".join(sorted(name[3:] for name in dir(self) if name.startswith("do_")))
+        if code == HTTPStatus.NOT_IMPLEMENTED and self.command:
+            text = f"{self.command} {self.path}: method not allowed here; use {allowed}"
+            headers = {"Allow": allowed, "Connection": "close"}
+            self.send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": text}, headers)
+            return
+        status = HTTPStatus(code)
+        self.send_json(status, {"error": message or status.phrase}, {"Connection": "close"})
+
 
 def _dispatcher(method: str) -> Any:
     def do(self: JSONRequestHandler) -> None:

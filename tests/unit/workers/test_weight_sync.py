@@ -275,3 +275,17 @@ def test_nothing_published_yet_and_waiting_for_a_version() -> None:
             HttpWeightClient(server.url + "/elsewhere", retries=0).latest()
         threading.Timer(0.1, server.publish, args=(2, {"w": torch.ones(1)})).start()
         assert c.wait_for_version(1, timeout_s=5, poll_s=0.05) == 2
+
+
+def test_an_unsupported_method_is_a_json_405_naming_the_allowed_ones() -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    with WeightServer() as server:
+        req = urllib.request.Request(server.url + "/v1/weights/latest", data=b"{}", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 405 and err.value.headers["Allow"] == "GET"
+        body = json.loads(err.value.read())
+        assert body["error"].startswith("POST /v1/weights/latest: method not allowed here")
