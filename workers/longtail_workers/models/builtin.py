@@ -277,7 +277,7 @@ def ensure_tiny(recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int = 100) -> Pa
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (final / BUILD_INFO_FILE).is_file():  # another process built it while we waited
             return final
-        log.info("building builtin:tiny into %s (one-off, about 7 min on 2 CPU cores)", final)
+        log.info("building builtin:tiny into %s (one-off, 5-6 min on 2 CPU cores)", final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
             report = build_tiny(tmp, recipe, log_every=log_every)
