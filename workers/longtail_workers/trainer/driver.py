@@ -327,7 +327,7 @@ class StepDriver:
 
     def _new_rejections(self) -> int:
         """Drafter candidates the registry refused since the last row (``spot/vetting.py``)."""
-        total = sum(getattr(self.registry, "rejected", {}).values())
+        total = 0 if self.registry is None else sum(self.registry.rejected.values())
         new, self._rejections_seen = total - self._rejections_seen, total
         return int(new)
 
