@@ -29,12 +29,12 @@ import numpy as np
 import torch
 
 from longtail_workers.models.builtin import (
-    CACHE_ENV,
     DEFAULT_RECIPE,
     TinyRecipe,
     ensure_tiny,
     read_build_info,
 )
+from longtail_workers.models.cache import CACHE_ENV
 from longtail_workers.models.evaluation import greedy_accuracy
 from longtail_workers.models.loading import load_policy
 from longtail_workers.tasks.arith import generate

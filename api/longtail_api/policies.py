@@ -112,9 +112,11 @@ class DrafterTrainingSpec:
     loss_weights: LossWeightsSpec = spec_field(default_factory=LossWeightsSpec)
     """Weights of the loss terms."""
     initial_drafter: str | None = spec_field(None)
-    """Drafter directory to start from, e.g. one written by ``longtail drafter fit``; empty
-    starts from a fresh drafter. Online windows that draft worse than the version they started
-    from (held-out top-1) are dropped, so a fitted drafter is never replaced by a worse one."""
+    """Drafter to start from: a directory written by ``longtail drafter fit``, or
+    ``builtin:tiny`` (with ``model.path: builtin:tiny``: fitted by Longtail on first use, about
+    a minute on 2 CPU cores, then cached); empty starts from a fresh drafter. Online windows
+    that draft worse than the version they started from (held-out top-1) are dropped, so a
+    fitted drafter is never replaced by a worse one."""
     layout: DrafterLayout = spec_field("longtail")
     """Drafter layout. ``longtail`` keeps the decoder layer's input norm and a bias on the
     2H->H projection (drafts better in our measurements, docs/performance.md); ``eagle1`` is the

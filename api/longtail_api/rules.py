@@ -32,6 +32,41 @@ def _drafter_source(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]
         )
 
 
+BUILTIN_DRAFTERS = ("builtin:tiny",)
+"""Built-in drafters: each is fitted on first use to the built-in model of the same name
+(``workers/longtail_workers/drafter/builtin.py``; a test keeps the two lists equal)."""
+
+
+def _builtin_drafter(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    name = s.drafter_training.initial_drafter
+    if not name or not name.startswith("builtin:"):
+        return
+    field = "spec.drafterTraining.initialDrafter"
+    if name not in BUILTIN_DRAFTERS:
+        yield (
+            FieldError(
+                field,
+                f"unknown built-in drafter; built-in drafters: {', '.join(BUILTIN_DRAFTERS)}",
+                name,
+                "use builtin:tiny with model.path: builtin:tiny, or a directory written by "
+                "`longtail drafter fit`",
+            ),
+            (field,),
+        )
+    elif name != s.model.path:
+        yield (
+            FieldError(
+                field,
+                f"the built-in drafter {name} drafts for the model {name} only, and model.path "
+                f"is {s.model.path!r}",
+                name,
+                f"fit one for your model with `longtail drafter fit JOB.yaml -o DIR` and set "
+                f"initialDrafter: DIR, or use model.path: {name}",
+            ),
+            (field, "spec.model.path"),
+        )
+
+
 def _strategies(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
     sp = s.speculative
     for i, st in enumerate(sp.strategies):
@@ -136,7 +171,7 @@ def _roles(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
         )
 
 
-RULES: tuple[Rule, ...] = (_drafter_source, _strategies, _harvest, _roles)
+RULES: tuple[Rule, ...] = (_drafter_source, _builtin_drafter, _strategies, _harvest, _roles)
 
 
 def check(spec: RLJobSpec, field_errors: list[FieldError]) -> list[FieldError]:

@@ -11,8 +11,9 @@ the next step; SIGHUP (a closed terminal) and SIGTERM of the parent do the same,
 killed with SIGKILL leaves no child running (each child's parent watchdog); with ``trainer`` in
 ``harvest.eligibleRoles`` (``ci-tiny-trainer-harvest.yaml``) the trainer trains the drafter while
 it waits for a rollout and its candidate is merged with the workers'; ``longtail drafter fit``
-warm-starts a drafter that a run then starts from (``drafterTraining.initialDrafter``). Needs
-``builtin:tiny`` (built on first use).
+warm-starts a drafter that a run then starts from (``drafterTraining.initialDrafter``), and
+example 01 at CI size starts from the built-in drafter (``initialDrafter: builtin:tiny``). Needs
+``builtin:tiny`` and its drafter (built on first use, before the first test: ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,20 @@ def job_file(tmp_path: Path, **algorithm: Any) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def ci_sized(example: Path, tmp_path: Path, **drafter_training: Any) -> Path:
+    """``example`` cut to one CI-sized step (8 answers, 8 eval prompts), written to tmp_path."""
+    doc = yaml.safe_load(example.read_text())
+    spec = doc["spec"]
+    spec["drafterTraining"].update(drafter_training)
+    spec["dataset"]["evalSize"] = 8
+    spec["algorithm"].update(
+        totalSteps=1, groupSize=2, promptsPerStep=4, maxNewTokens=48, evalEverySteps=0
+    )
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    return job
 
 
 def longtail_run(*args: str) -> subprocess.Popen[str]:
@@ -263,21 +278,33 @@ def test_drafter_fit_then_a_run_that_starts_from_it(tmp_path: Path) -> None:
     assert after > before + 0.2, line  # the fit really learnt the policy's next tokens
     assert (drafter / "model.safetensors").is_file() and (drafter / "config.json").is_file()
     # Example 03 at CI size, starting from that drafter.
-    doc = yaml.safe_load(example.read_text())
-    spec = doc["spec"]
-    spec["drafterTraining"]["initialDrafter"] = str(drafter)
-    spec["dataset"]["evalSize"] = 8
-    spec["algorithm"].update(
-        totalSteps=1, groupSize=2, promptsPerStep=4, maxNewTokens=48, evalEverySteps=0
-    )
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
+    job = ci_sized(example, tmp_path, initialDrafter=str(drafter))
     run_dir = tmp_path / "run"
     code, out = finish(longtail_run(str(job), "--output", str(run_dir)))
     assert code == 0, out
     (row,) = rows(run_dir)
     # Step 1 speculates with the fitted drafter (a fresh one gets nearly nothing accepted).
     assert row["sd_fraction"] > 0.5 and row["mean_accepted_length"] > 2.0, row
+    assert_children_gone(run_dir)
+
+
+def test_example_01_at_ci_size_starts_from_the_builtin_drafter(tmp_path: Path) -> None:
+    example = HERE.parents[1] / "examples" / "01-tiny-arith.yaml"
+    assert yaml.safe_load(example.read_text())["spec"]["drafterTraining"]["initialDrafter"] == (
+        "builtin:tiny"
+    )
+    job = ci_sized(example, tmp_path)
+    run_dir = tmp_path / "run"
+    code, out = finish(longtail_run(str(job), "--output", str(run_dir)))
+    assert code == 0, out
+    assert "preparing the builtin:tiny drafter" in out
+    (row,) = rows(run_dir)
+    # All 8 answers run under the threshold, so step 1 speculates with the built-in drafter
+    # (a fresh drafter gets nearly nothing accepted: ~1 token per verify).
+    assert row["sd_fraction"] > 0.5 and row["mean_accepted_length"] > 2.0, row
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["accepted_length_last5"] == pytest.approx(row["mean_accepted_length"])
+    assert 0.0 < summary["rollout_share"] < 1.0
     assert_children_gone(run_dir)
 
 

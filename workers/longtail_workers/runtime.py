@@ -107,13 +107,18 @@ def policy_and_drafter(
 
 def initial_drafter(spec: RLJobSpec, model: Any, target_id: str) -> Any:
     """The job's starting drafter on ``model`` (eval mode): ``drafterTraining.initialDrafter``
-    when set, else a fresh one in ``drafterTraining.layout``. Rollout workers and the trainer's
-    own harvest (``trainer/harvest.py``) start from the same one."""
+    when set (a directory, or ``builtin:tiny``), else a fresh one in ``drafterTraining.layout``.
+    Rollout workers and the trainer's own harvest (``trainer/harvest.py``) start from the same
+    one."""
+    from longtail_workers.drafter.builtin import ensure_builtin_drafter, is_builtin
     from longtail_workers.drafter.checkpoint import load_drafter
     from longtail_workers.drafter.model import EagleDrafter, layout_options
 
     initial = spec.drafter_training.initial_drafter
-    if initial:
+    if initial and is_builtin(initial):  # fitted on first use, cached (drafter/builtin.py)
+        path = ensure_builtin_drafter(initial, spec.drafter_training.layout)
+        drafter = load_drafter(path, model, target_id=target_id)
+    elif initial:
         drafter = load_drafter(initial, model, target_id=target_id)
     else:
         layout = layout_options(spec.drafter_training.layout)

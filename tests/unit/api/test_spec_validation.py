@@ -175,6 +175,23 @@ def test_cross_field_rule_is_fine_with_an_initial_drafter() -> None:
     assert messages(obj) == []
 
 
+def test_builtin_drafter_is_accepted_for_its_own_model() -> None:
+    assert messages(job(drafterTraining={"initialDrafter": "builtin:tiny"})) == []
+
+
+def test_builtin_drafter_for_another_model_names_the_field_value_and_fix() -> None:
+    obj = job(model={"path": "/models/qwen"}, drafterTraining={"initialDrafter": "builtin:tiny"})
+    (msg,) = messages(obj)
+    assert msg.startswith("spec.drafterTraining.initialDrafter: the built-in drafter builtin:tiny")
+    assert "'/models/qwen'" in msg and "longtail drafter fit" in msg
+
+
+def test_unknown_builtin_drafter_lists_the_known_ones() -> None:
+    (msg,) = messages(job(drafterTraining={"initialDrafter": "builtin:huge"}))
+    assert "unknown built-in drafter; built-in drafters: builtin:tiny" in msg
+    assert "'builtin:huge'" in msg
+
+
 def test_cross_field_rule_skipped_when_its_input_is_invalid() -> None:
     # drafterTraining.enabled is invalid: the drafter-source rule must not pile on.
     msgs = messages(job(drafterTraining={"enabled": "no"}))

@@ -7,6 +7,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from longtail_api.workerapi import StepSeconds, TrainerStatus
 from longtail_workers.local.coordinator import HarvestBooks
 from longtail_workers.local.progress import Progress, bar, live_line
@@ -74,6 +76,17 @@ def test_write_report(tmp_path: Path) -> None:
     assert "eval_gain_points | 25.000" in md and "![step_time.png](step_time.png)" in md
     assert "<img" in (tmp_path / "report" / "summary.html").read_text()
     assert json.loads((tmp_path / "summary.json").read_text())["steps_completed"] == 2
+
+
+def test_summary_reports_the_last_five_steps_and_the_rollout_share(tmp_path: Path) -> None:
+    rows = [_row(i) for i in range(1, 8)]  # accepted length 1.5 + step
+    rows[6]["mean_accepted_length"] = None  # a step without speculation does not count
+    rows[0].update(rollout_s=1.0, step_s=5.0)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = write_report(tmp_path, None, {"job": "t"})
+    assert summary["accepted_length_last5"] == pytest.approx((4.5 + 5.5 + 6.5 + 7.5) / 4)
+    assert summary["rollout_share"] == pytest.approx((1.0 + 6 * 4.0) / (5.0 + 6 * 6.1))
+    assert summary["train_share"] == pytest.approx(7 * 2.0 / (5.0 + 6 * 6.1))
 
 
 def test_trainer_harvest_in_the_live_line_and_the_report(tmp_path: Path) -> None:

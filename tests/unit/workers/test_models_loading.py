@@ -14,40 +14,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from micro_models import MICRO
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from longtail_workers.models import builtin, loading, sft
 from longtail_workers.models.builtin import (
     BUILD_INFO_FILE,
     TinyRecipe,
-    cache_root,
     ensure_tiny,
     read_build_info,
     tiny_dir,
     with_prose_endings,
     with_shortcuts,
 )
+from longtail_workers.models.cache import CACHE_ENV, cache_root
 from longtail_workers.models.evaluation import generate_greedy, greedy_accuracy, math_correct
 from longtail_workers.models.loading import load_policy, resolve_model_path
 from longtail_workers.models.sft import SftConfig, token_budget_batches
 from longtail_workers.models.tokenizer import build_char_tokenizer
 from longtail_workers.rewards import get_reward
 from longtail_workers.tasks.arith import ArithConfig, generate, make_item
-
-# Seconds to build: a one-layer, 32-wide model fitted for a handful of steps.
-MICRO = TinyRecipe(
-    num_layers=1,
-    hidden_size=32,
-    num_heads=2,
-    num_kv_heads=2,
-    intermediate_size=64,
-    sft=SftConfig(steps=3, warmup_steps=1, tokens_per_batch=256),
-    style_sft=SftConfig(steps=2, warmup_steps=1, tokens_per_batch=256),
-    train_items=64,
-    train_task=ArithConfig(max_operands=6),
-    task=ArithConfig(max_operands=3),
-    eval_items=4,
-)
 
 
 def _save_random_qwen2(directory: Path) -> PreTrainedTokenizerBase:
@@ -145,10 +131,10 @@ def test_builtin_name_goes_through_the_same_path(
 
 
 def test_cache_root_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(builtin.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     assert cache_root() == tmp_path
     assert tiny_dir(MICRO) == tmp_path / "models" / f"tiny-{MICRO.fingerprint()}"
-    monkeypatch.delenv(builtin.CACHE_ENV)
+    monkeypatch.delenv(CACHE_ENV)
     assert cache_root() == Path.home() / ".cache" / "longtail"
 
 
@@ -169,7 +155,7 @@ def test_fingerprint_tracks_the_recipe() -> None:
 def test_micro_build_is_cached_atomic_and_loadable(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(builtin.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     path = ensure_tiny(MICRO)
     assert path == tiny_dir(MICRO)
     info = read_build_info(path)
@@ -316,7 +302,7 @@ def test_reduced_builtin_tiny_builds_learns_the_format_and_loads(
         train_items=4000,
         eval_items=32,
     )
-    monkeypatch.setenv(builtin.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setitem(loading.BUILTIN_MODELS, "tiny", lambda: ensure_tiny(reduced))
     model, tok = load_policy("builtin:tiny")
     info = read_build_info(tiny_dir(reduced))

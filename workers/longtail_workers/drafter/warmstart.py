@@ -21,13 +21,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from longtail_api.policies import DrafterTrainingSpec
-from longtail_api.spec import RLJobSpec
+from longtail_api.policies import DrafterLayout, DrafterTrainingSpec, LossWeightsSpec
+from longtail_api.spec import DatasetSpec
 from longtail_workers.data import resolve_dataset
 from longtail_workers.data.loader import DEFAULT_BUILTIN_TRAIN_SIZE
 from longtail_workers.data.prompts import format_example
@@ -49,23 +50,23 @@ _SEED_BASE = 7_000_000  # sampling seeds apart from the RL run's answer seeds
 
 
 def sampling_requests(
-    spec: RLJobSpec, tokenizer: object, n: int, max_new_tokens: int
+    dataset: DatasetSpec, sampling: Sampling, tokenizer: object, n: int, max_new_tokens: int
 ) -> list[GenerationRequest]:
-    """One request per training prompt (the first ``n``), sampled as the job's rollout would."""
-    algo = spec.algorithm
+    """One request per training prompt of ``dataset`` (the first ``n``), sampled as a job's
+    rollout would with ``sampling``."""
     size = max(DEFAULT_BUILTIN_TRAIN_SIZE, n)
-    examples = resolve_dataset(spec.dataset, "train", seed=algo.seed, builtin_train_size=size)
+    examples = resolve_dataset(dataset, "train", seed=sampling.seed, builtin_train_size=size)
     eos = [int(tokenizer.eos_token_id)]  # type: ignore[attr-defined]
     requests = []
     for i, example in enumerate(examples[:n]):
-        text = format_example(tokenizer, example, spec.dataset.apply_chat_template)
+        text = format_example(tokenizer, example, dataset.apply_chat_template)
         requests.append(
             GenerationRequest(
                 list(tokenizer.encode(text, add_special_tokens=False)),  # type: ignore[attr-defined]
                 max_new_tokens,
-                temperature=algo.temperature,
-                top_p=algo.top_p,
-                seed=_SEED_BASE + algo.seed * 100_003 + i,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=_SEED_BASE + sampling.seed * 100_003 + i,
                 stop_token_ids=eos,
             )
         )
@@ -78,6 +79,79 @@ def heldout_top1(drafter: EagleDrafter, seqs: Sequence[TrainingSequence]) -> flo
     row = max(w.num_pairs for w in windows)  # one whole answer per packed row at most
     share, _ = top1_over(drafter.eval(), windows, row)
     return float("nan") if share is None else share
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the policy's answers are sampled: a job's rollout temperature, top-p and seed."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class OfflineFit:
+    """Settings of one offline fit (the ``longtail drafter fit`` options)."""
+
+    steps: int = 600  # AdamW steps
+    batch_size: int = 16  # windows per step
+    learning_rate: float = 3e-4
+    window_tokens: int = 512  # pairs per window
+    max_running: int = 64  # answers sampled at once
+    seed: int = 0  # order of the windows
+
+
+@dataclass
+class FittedDrafter:
+    """A fitted drafter and what the fit measured."""
+
+    drafter: EagleDrafter
+    top1_before: float  # held-out top-1 agreement of the fresh drafter
+    top1_after: float
+    held_out: int  # held-out answers
+    tokens: int  # sampled answer tokens
+    sample_seconds: float
+    fit_seconds: float
+
+
+def fit_offline(
+    model: torch.nn.Module,
+    target_id: str,
+    requests: Sequence[GenerationRequest],
+    fit: OfflineFit,
+    *,
+    layout: DrafterLayout,
+    loss_weights: LossWeightsSpec,
+    on_step: Callable[[int, float], None] | None = None,
+) -> FittedDrafter:
+    """Sample ``requests`` on ``model``, fit a fresh drafter in ``layout`` on 9 of every 10
+    answers and measure its top-1 agreement on the tenth (before and after)."""
+    started = time.perf_counter()
+    engine = TorchEngine(model, config=EngineConfig(max_running=fit.max_running))
+    seqs = collect_training_sequences(engine, requests)
+    held = seqs[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY] or seqs[-1:]
+    train = [s for i, s in enumerate(seqs) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1] or seqs
+    sampled = time.perf_counter()
+    drafter = EagleDrafter(model, target_id=target_id, **layout_options(layout))
+    training = DrafterTrainingSpec(
+        learning_rate=fit.learning_rate, window_tokens=fit.window_tokens, loss_weights=loss_weights
+    )
+    before = heldout_top1(drafter, held)
+    fit_drafter(
+        drafter, train, steps=fit.steps, training=training, batch_size=fit.batch_size,
+        seed=fit.seed,
+        on_step=None if on_step is None else lambda i, loss: on_step(i, float(loss.total.detach())),
+    )  # fmt: skip
+    return FittedDrafter(
+        drafter=drafter,
+        top1_before=before,
+        top1_after=heldout_top1(drafter, held),
+        held_out=len(held),
+        tokens=sum(len(s.tokens) for s in seqs),
+        sample_seconds=sampled - started,
+        fit_seconds=time.perf_counter() - sampled,
+    )
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -134,37 +208,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     model, tokenizer = load_policy(spec.model.path, dtype=spec.model.dtype)
     model.to(args.device)
     max_new = args.max_new_tokens or spec.algorithm.max_new_tokens
-    requests = sampling_requests(spec, tokenizer, args.prompts, max_new)
+    sampling = Sampling(spec.algorithm.temperature, spec.algorithm.top_p, spec.algorithm.seed)
+    requests = sampling_requests(spec.dataset, sampling, tokenizer, args.prompts, max_new)
     print(f"sampling {len(requests)} answers of {spec.model.path} (up to {max_new} tokens each)")
-    engine = TorchEngine(model, config=EngineConfig(max_running=args.max_running))
-    seqs = collect_training_sequences(engine, requests)
-    held = seqs[HOLDOUT_EVERY - 1 :: HOLDOUT_EVERY] or seqs[-1:]
-    train = [s for i, s in enumerate(seqs) if i % HOLDOUT_EVERY != HOLDOUT_EVERY - 1] or seqs
-    sampled_s = time.perf_counter() - started
-    print(f"sampled {sum(len(s.tokens) for s in seqs)} tokens in {sampled_s:.0f} s; fitting")
-    layout = layout_options(spec.drafter_training.layout)
-    drafter = EagleDrafter(model, target_id=spec.model.path, **layout)
-    training = DrafterTrainingSpec(
-        learning_rate=args.learning_rate,
-        window_tokens=args.window_tokens,
-        loss_weights=spec.drafter_training.loss_weights,
-    )
-    before = heldout_top1(drafter, held)
     every = max(1, args.steps // 10)
 
-    def progress(step: int, loss: object) -> None:
+    def progress(step: int, loss: float) -> None:
         if (step + 1) % every == 0:
-            print(f"  step {step + 1}/{args.steps}  loss {float(loss.total):.4f}", flush=True)  # type: ignore[attr-defined]
+            print(f"  step {step + 1}/{args.steps}  loss {loss:.4f}", flush=True)
 
-    fit_drafter(
-        drafter, train, steps=args.steps, training=training, batch_size=args.batch_size,
-        seed=spec.algorithm.seed, on_step=progress,
-    )  # fmt: skip
-    after = heldout_top1(drafter, held)
-    save_drafter(drafter, args.output)
+    fitted = fit_offline(
+        model,
+        spec.model.path,
+        requests,
+        OfflineFit(
+            steps=args.steps,
+            batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            window_tokens=args.window_tokens,
+            max_running=args.max_running,
+            seed=spec.algorithm.seed,
+        ),
+        layout=spec.drafter_training.layout,
+        loss_weights=spec.drafter_training.loss_weights,
+        on_step=progress,
+    )
+    save_drafter(fitted.drafter, args.output)
     print(
-        f"held-out top-1 agreement with the target: {before:.3f} -> {after:.3f} "
-        f"({len(held)} held-out answers); {time.perf_counter() - started:.0f} s in all\n"
+        f"held-out top-1 agreement with the target: {fitted.top1_before:.3f} -> "
+        f"{fitted.top1_after:.3f} ({fitted.held_out} held-out answers); "
+        f"{time.perf_counter() - started:.0f} s in all\n"
         f"drafter written to {args.output}\n"
         f"use it: spec.drafterTraining.initialDrafter: {args.output.resolve()}"
     )

@@ -23,6 +23,7 @@ CSV_COLUMNS = (
     "train_s", "sync_s", "step_s", "sd_fraction", "mean_accepted_length", "idle_s",
     "harvested_s", "trainer_harvested_s", "redispatched",
 )  # fmt: skip
+LAST_STEPS = 5  # the "last steps" window of the summary's accepted length
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -59,6 +60,12 @@ def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any
         "mean_reward_last": rows[-1]["reward_mean"] if rows else None,
         "sd_fraction_mean": _mean([r.get("sd_fraction") for r in rows]),
         "accepted_length_mean": _mean([r.get("mean_accepted_length") or None for r in rows]),
+        # The online drafter keeping up with the policy (issue #19's figure): the last 5 steps.
+        "accepted_length_last5": _mean(
+            [r.get("mean_accepted_length") or None for r in rows[-LAST_STEPS:]]
+        ),
+        "rollout_share": _share(rows, "rollout_s"),
+        "train_share": _share(rows, "train_s"),
         "idle_s_total": sum(r.get("idle_s", 0.0) for r in rows),
         "harvested_s_total": sum(r.get("harvested_s", 0.0) for r in rows),
         **({"trainer_harvested_s_total": sum(trainer)} if trainer else {}),
@@ -66,6 +73,12 @@ def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any
         "drafter_candidates_rejected": sum(r.get("drafter_candidates_rejected", 0) for r in rows),
         "acceptance_collapsed_steps": [r["step"] for r in rows if r.get("acceptance_collapsed")],
     }
+
+
+def _share(rows: list[dict[str, Any]], key: str) -> float | None:
+    """Share of all step time spent in ``key`` (rollout_s, train_s)."""
+    total = sum(r["step_s"] for r in rows if r.get(key) is not None)
+    return sum(r[key] for r in rows if r.get(key) is not None) / total if total else None
 
 
 def _last(rows: list[dict[str, Any]], key: str) -> float | None:

@@ -86,6 +86,8 @@ def prepare_run_dir(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
 def check_initial_drafter(spec: RLJobSpec, job_file: str) -> None:
     """Refuse a job whose ``initialDrafter`` is not there before any process starts."""
     path = spec.drafter_training.initial_drafter
+    if path and path.startswith("builtin:"):
+        return  # a built-in drafter: the spec rules checked the name, prepare() fits it
     if path and not (Path(path) / "config.json").is_file():
         raise JobSpecError(
             f"spec.drafterTraining.initialDrafter: {path!r} is not a drafter directory (no "
@@ -171,6 +173,22 @@ def check_job(spec: RLJobSpec, job_file: str) -> None:
         raise JobSpecError(f"{job_file}: 1 error(s):\n  - {context}")
 
 
+def prepare_builtins(spec: RLJobSpec) -> None:
+    """Build the job's ``builtin:`` model and drafter once, here, before any process starts
+    (each would otherwise wait on the other's lock inside its startup timeout)."""
+    if spec.model.path.startswith("builtin:"):
+        from longtail_workers.models.loading import resolve_model_path
+
+        print(f"preparing {spec.model.path} (built once, then cached) ...", flush=True)
+        resolve_model_path(spec.model.path)
+    drafter = spec.drafter_training.initial_drafter
+    if drafter and drafter.startswith("builtin:"):
+        from longtail_workers.drafter.builtin import ensure_builtin_drafter
+
+        print(f"preparing the {drafter} drafter (fitted once, then cached) ...", flush=True)
+        ensure_builtin_drafter(drafter, spec.drafter_training.layout)
+
+
 def run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -180,11 +198,7 @@ def run(argv: list[str]) -> int:
         return 2
     if opts["no_harvest"]:
         spec.harvest.enabled = False
-    if spec.model.path.startswith("builtin:"):
-        from longtail_workers.models.loading import resolve_model_path
-
-        print(f"preparing {spec.model.path} (built once, then cached) ...", flush=True)
-        resolve_model_path(spec.model.path)
+    prepare_builtins(spec)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in stop_signals()}
     progress = Progress()
@@ -306,9 +320,10 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
             if s.get("start_eval_sampled_accuracy") is not None
             else ""
         )
-        + f"; mean step {f(s['mean_step_s'], '.1f')}s; "
+        + f"; mean step {f(s['mean_step_s'], '.1f')}s (rollout {f(s['rollout_share'], '.0%')}); "
         f"SD tokens {f(s['sd_fraction_mean'])}; "
-        f"accepted length {f(s['accepted_length_mean'], '.2f')}; "
+        f"accepted length {f(s['accepted_length_mean'], '.2f')} "
+        f"(last 5 steps {f(s['accepted_length_last5'], '.2f')}); "
         f"idle {s['idle_s_total']:.1f}s, harvested {s['harvested_s_total']:.1f}s worker-seconds"
         + (
             f", trainer harvested {s['trainer_harvested_s_total']:.1f}s"

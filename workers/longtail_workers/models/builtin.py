@@ -26,13 +26,10 @@ once and never see a half-written model. Called by
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,13 +41,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
+from longtail_workers.models.cache import build_once, cache_root
 from longtail_workers.models.evaluation import greedy_accuracy
 from longtail_workers.models.sft import SftConfig, fit
 from longtail_workers.models.tokenizer import build_char_tokenizer
 from longtail_workers.tasks.arith import ANSWER_PREFIX, ArithConfig, TaskItem, generate
 
 log = logging.getLogger(__name__)
-CACHE_ENV = "LONGTAIL_CACHE_DIR"
 BUILD_INFO_FILE = "longtail_build.json"
 # Bump when the build code changes in a way that changes the weights for the same recipe.
 BUILD_CODE_VERSION = 1
@@ -166,12 +163,6 @@ def with_shortcuts(items: Sequence[TaskItem], fraction: float, seed: int) -> lis
     ]
 
 
-def cache_root() -> Path:
-    """Root of Longtail's cache: ``$LONGTAIL_CACHE_DIR`` or ``~/.cache/longtail``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "longtail"
-
-
 def tiny_dir(recipe: TinyRecipe = DEFAULT_RECIPE) -> Path:
     """Where ``builtin:tiny`` built with ``recipe`` lives (it may not exist yet)."""
     return cache_root() / "models" / f"tiny-{recipe.fingerprint()}"
@@ -264,34 +255,22 @@ def build_tiny(dest: Path, recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int =
 
 
 def ensure_tiny(recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int = 100) -> Path:
-    """Return the cached ``builtin:tiny`` directory, building it first if it is missing.
-
-    Concurrent callers serialise on a lock file; the build is renamed into place only when
-    complete, so a directory that exists is always a whole model.
-    """
+    """Return the cached ``builtin:tiny`` directory, building it first if it is missing
+    (:func:`~longtail_workers.models.cache.build_once`: concurrent callers build it once)."""
     final = tiny_dir(recipe)
-    if (final / BUILD_INFO_FILE).is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / f"{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (final / BUILD_INFO_FILE).is_file():  # another process built it while we waited
-            return final
+    reports: list[BuildReport] = []
+
+    def build(tmp: Path) -> None:
         log.info("building builtin:tiny into %s (one-off, 5-6 min on 2 CPU cores)", final)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-        try:
-            report = build_tiny(tmp, recipe, log_every=log_every)
-            if final.exists():  # left by hand without a build record: replace it
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-    log.info(
-        "built builtin:tiny in %.0f s, eval accuracy %.3f",
-        report.build_seconds,
-        report.eval_accuracy,
-    )
+        reports.append(build_tiny(tmp, recipe, log_every=log_every))
+
+    if build_once(final, BUILD_INFO_FILE, build):
+        report = reports[0]
+        log.info(
+            "built builtin:tiny in %.0f s, eval accuracy %.3f",
+            report.build_seconds,
+            report.eval_accuracy,
+        )
     return final
 
 

@@ -1,0 +1,163 @@
+"""``initialDrafter: builtin:tiny``: the built-in policy's drafter, fitted on first use and cached.
+
+A drafter trained from scratch online reaches an accepted length of only ~2 in example 01's
+20 steps on 2 CPU cores, where a drafter fitted before the run on the policy's own answers
+starts near 4 and, kept fresh by the online windows, stays above 3 (docs/performance.md, "The
+first run learns"). For a user's model that fit is ``longtail drafter fit``; for the built-in
+policy Longtail does it itself, as it builds the policy: on first use, the same offline fit
+(:func:`~longtail_workers.drafter.warmstart.fit_offline`) on ``builtin:arith`` training prompts
+sampled at temperature 1, in the job's ``drafterTraining.layout``, cached under
+``$LONGTAIL_CACHE_DIR/drafters/`` next to the model it belongs to (the directory name carries the
+model's recipe hash, the layout and the fit's own hash, so a rebuilt model gets a new drafter).
+
+Called by :func:`longtail_workers.runtime.initial_drafter` (rollout workers, the trainer) and by
+the local launcher, which prepares it once before any process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from longtail_api.policies import DrafterLayout, LossWeightsSpec
+from longtail_api.spec import DatasetSpec
+from longtail_workers.drafter.checkpoint import save_drafter
+from longtail_workers.drafter.warmstart import OfflineFit, Sampling, fit_offline, sampling_requests
+from longtail_workers.models.builtin import DEFAULT_RECIPE, TinyRecipe
+from longtail_workers.models.cache import build_once, cache_root
+from longtail_workers.models.loading import load_policy
+
+log = logging.getLogger(__name__)
+BUILD_INFO_FILE = "longtail_build.json"
+# Bump when the fit code changes in a way that changes the weights for the same recipe.
+BUILD_CODE_VERSION = 1
+BUILTIN_PREFIX = "builtin:"
+
+
+@dataclass(frozen=True)
+class DrafterRecipe:
+    """What determines the built-in drafter's weights (with the model's recipe and the layout)."""
+
+    dataset: str = "builtin:arith"  # prompts: the task's training split, never its eval split
+    prompts: int = 512  # answers sampled (every 10th held out to measure the fit)
+    max_new_tokens: int = 256  # example 01's answer budget
+    sampling: Sampling = field(default_factory=Sampling)  # temperature 1, as example 01 samples
+    fit: OfflineFit = field(default_factory=OfflineFit)
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(
+            {"recipe": dataclasses.asdict(self), "code": BUILD_CODE_VERSION}, sort_keys=True
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+DEFAULT_DRAFTER_RECIPE = DrafterRecipe()
+# builtin:<name> -> the recipe of the model the drafter belongs to
+BUILTIN_TARGETS: dict[str, TinyRecipe] = {"tiny": DEFAULT_RECIPE}
+
+
+def _target(name: str) -> tuple[str, TinyRecipe]:
+    """``(model name, model recipe)`` of ``builtin:<name>``; ValueError naming the known ones."""
+    short = name.removeprefix(BUILTIN_PREFIX)
+    if not name.startswith(BUILTIN_PREFIX) or short not in BUILTIN_TARGETS:
+        known = ", ".join(BUILTIN_PREFIX + n for n in sorted(BUILTIN_TARGETS))
+        raise ValueError(
+            f"drafterTraining.initialDrafter: {name!r} is not a built-in drafter; built-in "
+            f"drafters: {known} (or give a directory written by `longtail drafter fit`)"
+        )
+    return short, BUILTIN_TARGETS[short]
+
+
+def builtin_drafter_dir(
+    name: str, layout: DrafterLayout, recipe: DrafterRecipe = DEFAULT_DRAFTER_RECIPE
+) -> Path:
+    """Where the drafter of ``builtin:<name>`` in ``layout`` lives (it may not exist yet)."""
+    short, model_recipe = _target(name)
+    tag = f"{short}-{model_recipe.fingerprint()}-{layout}-{recipe.fingerprint()}"
+    return cache_root() / "drafters" / tag
+
+
+def build_builtin_drafter(
+    dest: Path, name: str, layout: DrafterLayout, recipe: DrafterRecipe = DEFAULT_DRAFTER_RECIPE
+) -> dict[str, Any]:
+    """Fit the drafter of ``builtin:<name>`` and write it with its build record into ``dest``."""
+    started = time.perf_counter()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))  # once, CPU-bound: every core
+    try:
+        model, tokenizer = load_policy(name, dtype="float32")
+        requests = sampling_requests(
+            DatasetSpec(path=recipe.dataset),
+            recipe.sampling,
+            tokenizer,
+            recipe.prompts,
+            recipe.max_new_tokens,
+        )
+        with tqdm(
+            total=recipe.fit.steps, desc=f"fitting the {name} drafter", unit="step",
+            disable=None, leave=False,
+        ) as bar:  # fmt: skip
+            fitted = fit_offline(
+                model,
+                name,
+                requests,
+                recipe.fit,
+                layout=layout,
+                loss_weights=LossWeightsSpec(),
+                on_step=lambda _, loss: bar.update(1),
+            )
+    finally:
+        torch.set_num_threads(previous)
+    save_drafter(fitted.drafter, dest)
+    info = {
+        "drafter_of": name,
+        "layout": layout,
+        "recipe": dataclasses.asdict(recipe),
+        "fingerprint": recipe.fingerprint(),
+        "heldout_top1_before": fitted.top1_before,
+        "heldout_top1": fitted.top1_after,
+        "heldout_answers": fitted.held_out,
+        "sampled_tokens": fitted.tokens,
+        "sample_seconds": fitted.sample_seconds,
+        "fit_seconds": fitted.fit_seconds,
+        "build_seconds": time.perf_counter() - started,
+    }
+    (dest / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def ensure_builtin_drafter(
+    name: str, layout: DrafterLayout, recipe: DrafterRecipe | None = None
+) -> Path:
+    """The cached drafter directory of ``builtin:<name>`` in ``layout``, fitted first if missing
+    (building the model too if that is missing). ``recipe``: :data:`DEFAULT_DRAFTER_RECIPE`."""
+    recipe = recipe or DEFAULT_DRAFTER_RECIPE
+    final = builtin_drafter_dir(name, layout, recipe)
+
+    def build(tmp: Path) -> None:
+        log.info("fitting the %s drafter into %s (one-off, about a minute)", name, final)
+        info = build_builtin_drafter(tmp, name, layout, recipe)
+        log.info(
+            "fitted the %s drafter in %.0f s: held-out top-1 %.3f",
+            name,
+            info["build_seconds"],
+            info["heldout_top1"],
+        )
+
+    build_once(final, BUILD_INFO_FILE, build)
+    return final
+
+
+def is_builtin(initial_drafter: str | None) -> bool:
+    """Whether ``drafterTraining.initialDrafter`` names a built-in drafter."""
+    return bool(initial_drafter) and str(initial_drafter).startswith(BUILTIN_PREFIX)
