@@ -9,9 +9,10 @@ the tail, idle workers harvested for drafter training) and once with ``--no-spec
   first step uses the untrained initial drafter);
 * rollout, tail and train seconds per step, SD token share, mean accepted length;
 * idle and harvested worker-seconds;
-* eval accuracy at start and end of each run, and whether the greedy eval outputs of the two
-  runs are identical at step 0 (same weights; lossless SD means same text, up to float32
-  near-ties from batch composition, which are counted and reported).
+* the share of step time spent in rollout;
+* eval accuracy at start and end of each run, and how many step-0 eval outputs of the two runs
+  are identical, greedy and sampled rows apart (same weights and seeds; lossless SD means same
+  text, up to float32 near-ties from batch composition, which are counted and reported).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def figures(run: dict[str, Any]) -> dict[str, float]:
         "mean_rollout_s": mean([r["rollout_s"] for r in rows]),
         "mean_tail_s": mean([r["tail_s"] for r in rows]),
         "mean_train_s": mean([r["train_s"] for r in rows]),
+        "rollout_share": sum(r["rollout_s"] for r in rows) / sum(r["step_s"] for r in rows),
         "sd_fraction": mean([r["sd_fraction"] for r in rows]),
         "accepted_length": mean([r["mean_accepted_length"] for r in later]),
         "idle_s": run["summary"]["idle_s_total"],
@@ -72,12 +74,21 @@ def figures(run: dict[str, Any]) -> dict[str, float]:
 
 
 def compare_eval(a: Path, b: Path) -> dict[str, int]:
-    def outputs(d: Path) -> list[str]:
-        path = d / "eval" / "step-000000.jsonl"
-        return [json.loads(ln)["output"] for ln in path.read_text().splitlines() if ln]
+    """Identical step-0 eval outputs of two runs: greedy rows and sampled rows (``sample``)."""
 
-    x, y = outputs(a), outputs(b)
-    return {"items": len(x), "identical": sum(p == q for p, q in zip(x, y, strict=True))}
+    def outputs(d: Path) -> list[dict[str, Any]]:
+        path = d / "eval" / "step-000000.jsonl"
+        return [json.loads(ln) for ln in path.read_text().splitlines() if ln]
+
+    pairs = list(zip(outputs(a), outputs(b), strict=True))
+    greedy = [(p, q) for p, q in pairs if "sample" not in p]
+    sampled = [(p, q) for p, q in pairs if "sample" in p]
+    return {
+        "greedy_items": len(greedy),
+        "greedy_identical": sum(p["output"] == q["output"] for p, q in greedy),
+        "sampled_items": len(sampled),
+        "sampled_identical": sum(p["output"] == q["output"] for p, q in sampled),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -103,7 +114,7 @@ def main(argv: list[str]) -> int:
         "baseline": fb,
         "step_time_ratio": fb["mean_step_s"] / fl["mean_step_s"],
         "step_time_ratio_from_2": fb["mean_step_s_from_2"] / fl["mean_step_s_from_2"],
-        "greedy_eval_step0": compare_eval(tmp / "longtail", tmp / "baseline"),
+        "eval_step0": compare_eval(tmp / "longtail", tmp / "baseline"),
         "machine": {
             "cpu_count": os.cpu_count(),
             "load_average_1m_before": load_before,
