@@ -114,6 +114,21 @@ def _harvest(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
             ),
             ("spec.harvest",),
         )
+    world = s.trainer.replicas * max(1, s.trainer.resources.gpus)
+    if h.enabled and "trainer" in h.eligible_roles and world > 1:
+        yield (
+            FieldError(
+                "spec.harvest.eligibleRoles",
+                f"the trainer is sharded over {world} ranks (trainer.replicas "
+                f"{s.trainer.replicas} x {max(1, s.trainer.resources.gpus)} GPUs per pod), and "
+                "a sharded trainer cannot train the drafter between updates (its passes through "
+                "the policy are collectives of the whole group)",
+                h.eligible_roles,
+                "remove 'trainer' from harvest.eligibleRoles (rollout workers still harvest), "
+                "or use one trainer rank (replicas: 1, at most one GPU)",
+            ),
+            ("spec.harvest", "spec.trainer"),
+        )
     if h.enabled and not s.drafter_training.enabled:
         yield (
             FieldError(

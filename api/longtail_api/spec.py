@@ -192,10 +192,13 @@ class VerifierSpec(RoleSpec):
 class TrainerSpec(RoleSpec):
     """The trainer: drives RL steps, computes GRPO updates and publishes policy weights."""
 
-    replicas: int = spec_field(
-        1, minimum=1, maximum=1, fix="the trainer is a single process today; use replicas: 1"
-    )
-    """Number of trainer pods (one today)."""
+    replicas: int = spec_field(1, minimum=1, maximum=64)
+    """Number of trainer pods. The trainer world is ``replicas`` x devices per pod (``gpus``,
+    or one process per pod on CPU); every rank runs the GRPO update on its slice of the batch
+    with the model, gradients and optimizer state sharded over the world (FSDP2)."""
+    activation_checkpointing: bool = spec_field(False)
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    less memory for long answers, about a third more compute in the update."""
     micro_batch_tokens: int = spec_field(0, minimum=0, maximum=16_777_216)
     """Most padded tokens per forward pass of the policy update. Any value gives the same
     gradient; it trades memory for speed. 0 picks 1024 on CPU, where small passes keep their

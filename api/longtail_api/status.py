@@ -114,6 +114,42 @@ class WorkerStatus:
 
 
 @dataclass
+class TrainerRestart:
+    """One restart of the whole trainer group."""
+
+    time: str = spec_field()
+    """When the operator restarted the group (RFC 3339)."""
+    reason: str = spec_field(max_length=1024)
+    """CamelCase reason: ``TrainerPodFailed``, ``TrainerPodDeleted``, ``TrainerPodExited``
+    or ``TrainerWorldChanged`` (``trainer.replicas`` or ``trainer.resources.gpus`` changed)."""
+    pod: str = spec_field("", max_length=253)
+    """The trainer pod that broke the group (empty for a world change)."""
+    message: str = spec_field("", max_length=1024)
+    """What happened, for people."""
+
+
+@dataclass
+class TrainerGroupStatus:
+    """The trainer group: ``replicas`` pods that form one torch.distributed world."""
+
+    replicas: int = spec_field(0, minimum=0)
+    """Trainer pods in the group (``trainer.replicas``)."""
+    local_world_size: int = spec_field(0, minimum=0)
+    """Trainer ranks per pod: one per GPU, one on CPU."""
+    world_size: int = spec_field(0, minimum=0)
+    """All trainer ranks: ``replicas`` x ``localWorldSize``."""
+    restarts: int = spec_field(0, minimum=0)
+    """Restarts of the whole group after one of its pods failed, was deleted or exited (each
+    failure or deletion also counts in ``roles.trainer.failed``, against ``backoffLimit``).
+    The trainer pods carry it as label ``longtail.dev/trainer-group``."""
+    formed: bool = spec_field(False)
+    """Every pod of the current group has existed at once; from then on a missing pod means
+    the group lost a rank and restarts."""
+    last_restart: TrainerRestart | None = spec_field(None)
+    """The newest restart of the group, and why."""
+
+
+@dataclass
 class RLJobStatus:
     """Observed state of an RLJob."""
 
@@ -137,6 +173,8 @@ class RLJobStatus:
     """GPU accounting."""
     roles: dict[str, RoleStatus] = spec_field(default_factory=dict)
     """Readiness per role name."""
+    trainer: TrainerGroupStatus = spec_field(default_factory=TrainerGroupStatus)
+    """The trainer group's world size and restarts."""
     workers: list[WorkerStatus] = spec_field(default_factory=list)
     """Per worker: assigned versus observed role."""
     start_time: str | None = spec_field(None)

@@ -10,6 +10,11 @@
   ports (trainer, weights, verifier, rollout) and only from the job's own pods, the operator's
   pods (by labels, in namespaces matching ``..._OPERATOR_NAMESPACE_LABELS``, any when empty)
   and, when set, from namespaces matching ``..._METRICS_NAMESPACE_LABELS`` (Prometheus).
+- **NetworkPolicy** ``<job>-trainers`` (:func:`trainer_network_policy`, same setting): the
+  job's trainer pods reach each other on every TCP port: the rendezvous port on pod 0, and the
+  ephemeral ports torch.distributed's gloo and NCCL pick for their own connections. A second
+  policy, because a policy's rules cannot narrow the pods it selects: one rule in the first
+  would open every port of every pod of the job to the trainer pods.
 
 Threat model: docs/reliability.md.
 """
@@ -24,6 +29,7 @@ from typing import Any
 from longtail_api.auth import TOKEN_KEY
 from longtail_operator.builders import (
     LABEL_JOB,
+    LABEL_ROLE,
     JobRef,
     labels,
     owner_reference,
@@ -38,6 +44,10 @@ class SecretError(ValueError):
 
 def network_policy_name(job: str) -> str:
     return f"{job}-workers"
+
+
+def trainer_policy_name(job: str) -> str:
+    return f"{job}-trainers"
 
 
 def _metadata(job: JobRef, name: str) -> dict[str, Any]:
@@ -128,5 +138,20 @@ def network_policy(job: JobRef, settings: Settings) -> dict[str, Any]:
             "podSelector": {"matchLabels": {LABEL_JOB: job.name}},
             "policyTypes": ["Ingress"],
             "ingress": rules,
+        },
+    }
+
+
+def trainer_network_policy(job: JobRef) -> dict[str, Any]:
+    """Ingress to the job's trainer pods from its trainer pods, every TCP port."""
+    trainers = {"matchLabels": {LABEL_JOB: job.name, LABEL_ROLE: "trainer"}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, trainer_policy_name(job.name)),
+        "spec": {
+            "podSelector": trainers,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": trainers}], "ports": [{"protocol": "TCP"}]}],
         },
     }

@@ -4,9 +4,12 @@ No Kubernetes client here: every function takes plain values (the job's identity
 :class:`~longtail_api.spec.RLJobSpec`, :class:`~longtail_operator.settings.Settings`) and
 returns plain dicts, so the unit tests read them directly and ``reconcile.py`` hands them to the
 API. Naming: pod ``<job>-<role>-<index>``, headless Service ``<job>-<role>``, ConfigMap
-``<job>-config``. Every object carries the ``longtail.dev/*`` and ``app.kubernetes.io/*``
-labels and a controller owner reference to the RLJob, so deleting the RLJob garbage-collects
-it. The worker contract (args, ``LONGTAIL_*`` env) is documented in docs/operator.md. Every
+``<job>-config``. The trainer pods form one torch.distributed group: each gets the rendezvous
+environment (:func:`trainer_rendezvous`, ``longtail_api.rendezvous``) with pod 0's stable DNS
+name as ``MASTER_ADDR``, and labels naming its group and world (``trainergroup.py`` plans
+it). Every object carries the ``longtail.dev/*`` and ``app.kubernetes.io/*`` labels and a
+controller owner reference to the RLJob, so deleting the RLJob garbage-collects it. The worker
+contract (args, ``LONGTAIL_*`` env) is documented in docs/operator.md. Every
 pod gets the job's token as ``LONGTAIL_AUTH_TOKEN`` from the Secret ``<job>-auth``
 (:func:`token_env`); the Secret and the NetworkPolicy themselves are built in ``access.py``.
 """
@@ -21,6 +24,7 @@ import yaml
 
 from longtail_api import API_VERSION, KIND
 from longtail_api.auth import TOKEN_ENV, TOKEN_KEY
+from longtail_api.rendezvous import DEFAULT_PORT, TrainerRendezvous
 from longtail_api.spec import RLJobSpec, RoleSpec
 from longtail_operator.merge import deep_merge
 from longtail_operator.settings import Settings
@@ -28,6 +32,12 @@ from longtail_operator.settings import Settings
 LABEL_JOB = "longtail.dev/rljob"
 LABEL_ROLE = "longtail.dev/role"
 LABEL_INDEX = "longtail.dev/replica-index"
+LABEL_TRAINER_GROUP = "longtail.dev/trainer-group"
+"""Trainer pods: ``status.trainer.restarts`` when the pod was made (its group's number)."""
+LABEL_TRAINER_WORLD = "longtail.dev/trainer-world"
+"""Trainer pods: ``<replicas>x<ranks per pod>`` of the world the pod was made for."""
+RENDEZVOUS_PORT = DEFAULT_PORT
+"""Where pod 0's rank 0 serves the torch.distributed rendezvous store (torchrun's default)."""
 ROLES: tuple[str, ...] = ("trainer", "verifier", "rollout", "drafter")
 """Worker roles, in creation order (the trainer first: the others discover it)."""
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -152,9 +162,34 @@ def checkpoint_path(spec: RLJobSpec) -> str:
 
 
 def trainer_host(job: JobRef) -> str:
-    """Stable DNS name of the trainer pod: ``<job>-trainer-0.<job>-trainer.<ns>.svc``."""
+    """Stable DNS name of trainer pod 0 (rank 0), the one trainer pod that serves HTTP (status,
+    checkpoint, weights, drafters) and the rendezvous: ``<job>-trainer-0.<job>-trainer.<ns>.svc``.
+    """
     svc = f"{service_name(job.name, 'trainer')}.{job.namespace}.svc"
     return f"{pod_name(job.name, 'trainer', 0)}.{svc}"
+
+
+def trainer_local_world_size(spec: RLJobSpec) -> int:
+    """Trainer ranks per pod: one per GPU, one on CPU."""
+    return max(1, spec.trainer.resources.gpus)
+
+
+def trainer_world(spec: RLJobSpec) -> str:
+    """The trainer world as a label value, ``<pods>x<ranks per pod>`` (``2x8``)."""
+    return f"{spec.trainer.replicas}x{trainer_local_world_size(spec)}"
+
+
+def trainer_rendezvous(job: JobRef, spec: RLJobSpec, index: int) -> TrainerRendezvous:
+    """Trainer pod ``index``'s rendezvous: rank 0 on pod 0 behind the headless Service. The
+    pod gets no ``RANK``/``LOCAL_RANK``: it holds ``LOCAL_WORLD_SIZE`` ranks, and the trainer
+    entrypoint sets both for each rank it starts, as torchrun does."""
+    return TrainerRendezvous(
+        master_addr=trainer_host(job),
+        master_port=RENDEZVOUS_PORT,
+        nnodes=spec.trainer.replicas,
+        node_rank=index,
+        local_world_size=trainer_local_world_size(spec),
+    )
 
 
 def drafter_env(
@@ -210,13 +245,22 @@ def worker_pod(
     *,
     min_policy_version: int = 0,
     min_drafter_version: int = -1,
+    trainer_group: int = 0,
 ) -> dict[str, Any]:
     """One worker pod. ``min_*_version``: what the job has published so far; a (re)created
     rollout pod gets them as LONGTAIL_MIN_*_VERSION; the trainer names the policy version in
-    every generate call, so the pod loads it (and the newest drafter) before it generates."""
+    every generate call, so the pod loads it (and the newest drafter) before it generates.
+    ``trainer_group``: a trainer pod's group number (``status.trainer.restarts``)."""
     role_spec = role_specs(spec)[role]
     port = role_port(settings, role)
     env = discovery_env(job, spec, settings, role, index) + drafter_env(job, spec, settings, role)
+    ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    rdzv_names: set[str] = set()
+    if role == "trainer":
+        rdzv = trainer_rendezvous(job, spec, index).to_env()
+        rdzv_names = set(rdzv)
+        env.extend({"name": k, "value": v} for k, v in rdzv.items())
+        ports.append({"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"})
     env.append(token_env(job.name))
     env.append({"name": "LONGTAIL_MIN_POLICY_VERSION", "value": str(min_policy_version)})
     env.append({"name": "LONGTAIL_MIN_DRAFTER_VERSION", "value": str(min_drafter_version)})
@@ -241,7 +285,7 @@ def worker_pod(
         "command": ["longtail"],
         "args": ["worker", role, "--host", "0.0.0.0", "--port", str(port)],
         "workingDir": WORK_DIR,
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "ports": ports,
         "env": env,
         "resources": _resources(role_spec),
         "volumeMounts": mounts,
@@ -264,6 +308,9 @@ def worker_pod(
     }
     name = pod_name(job.name, role, index)
     identity = labels(job.name, role, index)
+    if role == "trainer":  # which group and world the pod belongs to (trainergroup.py)
+        identity[LABEL_TRAINER_GROUP] = str(trainer_group)
+        identity[LABEL_TRAINER_WORLD] = trainer_world(spec)
     pod: dict[str, Any] = {
         "metadata": {**_metadata(job, name, dict(identity)), "annotations": {}},
         "spec": {
@@ -282,22 +329,37 @@ def worker_pod(
         pod["metadata"]["name"], pod["metadata"]["namespace"] = name, job.namespace
         pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **identity}
         pod["metadata"]["ownerReferences"] = [owner_reference(job)]
-        _keep_token_env(pod["spec"], job.name)
+        owned = [token_env(job.name)]
+        owned += [e for e in env if role == "trainer" and e["name"] in rdzv_names]
+        _keep_owned_env(pod["spec"], owned)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
 
 
-def _keep_token_env(pod_spec: dict[str, Any], job: str) -> None:
-    """The worker container's token variable always comes from the job's Secret (a template
-    cannot replace or delete it: a worker without it refuses to start)."""
+def _keep_owned_env(pod_spec: dict[str, Any], owned: list[dict[str, Any]]) -> None:
+    """The worker container's token (from the job's Secret) and a trainer's rendezvous always
+    come from the operator: a template cannot replace or delete them (a worker without the
+    token refuses to start; a rank with another world than its pod's labels say would hang
+    the group, and the operator plans restarts from those labels)."""
+    names = {e["name"] for e in owned}
     for container in pod_spec.get("containers") or []:
         if container.get("name") == CONTAINER:
-            env = [e for e in container.get("env") or [] if e.get("name") != TOKEN_ENV]
-            container["env"] = [*env, token_env(job)]
+            env = [e for e in container.get("env") or [] if e.get("name") not in names]
+            container["env"] = [*env, *owned]
 
 
 def role_service(job: JobRef, role: str, settings: Settings) -> dict[str, Any]:
     """Headless Service of one role: stable DNS for each pod (``<pod>.<svc>``) and the set."""
     port = role_port(settings, role)
+    ports = [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}]
+    if role == "trainer":  # informational: peers reach pod 0 by its DNS name, not the Service
+        ports.append(
+            {
+                "name": "rendezvous",
+                "port": RENDEZVOUS_PORT,
+                "targetPort": RENDEZVOUS_PORT,
+                "protocol": "TCP",
+            }
+        )
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -307,7 +369,7 @@ def role_service(job: JobRef, role: str, settings: Settings) -> dict[str, Any]:
             "selector": {LABEL_JOB: job.name, LABEL_ROLE: role},
             # Peers must resolve each other while starting (rendezvous before readiness).
             "publishNotReadyAddresses": True,
-            "ports": [{"name": "http", "port": port, "targetPort": port, "protocol": "TCP"}],
+            "ports": ports,
         },
     }
 

@@ -14,6 +14,10 @@ every role's replicas are ready, Initializing while any pod exists, Pending befo
 pod's termination message (its last log lines: the pods use ``FallbackToLogsOnError``) goes into
 a WorkerFailed event, which ``reconcile.py`` posts before it deletes the pod. With the harvest
 loop polling, ``WorkersUnreachable`` is True while some worker keeps failing its status polls.
+The trainer pods are one group (``trainergroup.py``): one failed, exited or deleted trainer pod
+restarts all of them, counted once against ``backoffLimit``; ``TrainerReady`` says why
+(``TrainerGroupRestarting``) until the new group is ready, and ``status.trainer`` holds the
+world size and the last restart.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from typing import Any
 from longtail_api.spec import RLJobSpec
 from longtail_api.status import Condition, RLJobStatus, RoleStatus
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator import access, builders
+from longtail_operator import access, builders, trainergroup
 from longtail_operator.builders import JobRef
 from longtail_operator.harvest import HarvestSnapshot
 from longtail_operator.observe import PodView, parse_time, rfc3339
 from longtail_operator.settings import Settings
+from longtail_operator.trainergroup import GroupPlan
 
 TERMINAL = ("Succeeded", "Failed")
 WARNING_REASONS = frozenset(
@@ -75,6 +80,9 @@ class Observed:
     """UIDs of failed pods already counted against backoffLimit."""
     network_policy: bool | None = None
     """Whether the job's NetworkPolicy exists; None when the operator manages none."""
+    trainer_policy: bool | None = None
+    """Whether the trainer group's NetworkPolicy exists; None when the operator manages none
+    (or did not look)."""
 
 
 @dataclass
@@ -87,7 +95,9 @@ class Plan:
     delete_objects: list[tuple[str, str]] = field(default_factory=list)
     """(kind, name) of Services/ConfigMaps/NetworkPolicies to delete (TTL, removed roles)."""
     checkpoint: bool = False
-    """Ask the trainer to checkpoint before deleting the pods (suspend)."""
+    """Ask the trainer to checkpoint before deleting the pods (suspend, trainer world change)."""
+    checkpoint_reason: str = "suspend"
+    """Why, as the checkpoint request says it (``suspend`` or ``resize``)."""
     counted: list[str] = field(default_factory=list)
 
 
@@ -115,39 +125,55 @@ def _phase(obs: Observed, spec: RLJobSpec, roles: dict[str, RoleStatus]) -> tupl
         return "Failed", "TrainerFailed", obs.trainer.message or "the trainer reported failure"
     for role, rs in roles.items():
         if rs.failed > spec.backoff_limit:
-            msg = f"{rs.failed} {role} pods failed, over backoffLimit={spec.backoff_limit}"
+            what = "trainer group restarts" if role == "trainer" else f"{role} pods failed"
+            msg = f"{rs.failed} {what}, over backoffLimit={spec.backoff_limit}"
             return "Failed", "BackoffLimitExceeded", msg
     if spec.suspend:
         return "Suspended", "JobSuspended", "spec.suspend is true"
     return "", "", ""
 
 
-def _roles(obs: Observed, spec: RLJobSpec, new_failed: list[PodView]) -> dict[str, RoleStatus]:
+def _roles(
+    obs: Observed, spec: RLJobSpec, new_failed: list[PodView], group: GroupPlan | None
+) -> dict[str, RoleStatus]:
+    """Readiness and failures per role; the trainer's failures are its group's counted
+    restarts and its ready pods those of the current group."""
     out: dict[str, RoleStatus] = {}
     for role, rs in builders.role_specs(spec).items():
         prev = obs.previous.roles.get(role)
         failed = (prev.failed if prev else 0) + sum(1 for p in new_failed if p.role == role)
         ready = sum(1 for p in obs.pods if p.role == role and p.ready and p.active)
+        if role == "trainer" and group is not None:
+            failed, ready = (prev.failed if prev else 0) + group.counted, group.ready
         out[role] = RoleStatus(ready=min(ready, rs.replicas), total=rs.replicas, failed=failed)
     return out
 
 
-def _workers(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan, running: bool) -> None:
-    """Fill the plan's pod creations/deletions for a job that runs (or stops running)."""
-    desired = builders.desired_pods(spec) if running else {}
+def _workers(
+    obs: Observed,
+    spec: RLJobSpec,
+    settings: Settings,
+    p: Plan,
+    group: GroupPlan | None,
+) -> None:
+    """Fill the plan's pod creations/deletions for a job that runs (``group``: the trainer
+    group's plan) or stops running (None: every pod goes)."""
+    desired = builders.desired_pods(spec) if group is not None else {}
     present = {f"{pod.role}-{pod.index}": pod for pod in obs.pods}
     for pod in obs.pods:
         key = f"{pod.role}-{pod.index}"
-        if pod.deleting:
-            continue
-        if key not in desired or pod.phase == "Failed" or (pod.phase == "Succeeded" and running):
+        if pod.deleting or (pod.role == "trainer" and group is not None):
+            continue  # the trainer group's pods are planned as a whole
+        if key not in desired or pod.phase in ("Failed", "Succeeded"):
             p.delete_pods.append(pod.name)
-    if not running:
+    if group is None:
         return
+    p.delete_pods.extend(group.delete)
+    # Absent pods only: one still being deleted is recreated once it is gone.
+    wanted = [(r, i) for key, (r, i) in desired.items() if r != "trainer" and key not in present]
+    wanted = [("trainer", i) for i in group.create] + wanted
     versions = obs.previous
-    for key, (role, index) in desired.items():
-        if key in present:
-            continue  # exists, or still being deleted: recreate once it is gone
+    for role, index in wanted:
         p.create.append(
             builders.worker_pod(
                 obs.job,
@@ -157,6 +183,7 @@ def _workers(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan, runnin
                 index,
                 min_policy_version=versions.policy_version,
                 min_drafter_version=versions.drafter.version if versions.drafter.version else -1,
+                trainer_group=group.status.restarts,
             )
         )
 
@@ -172,6 +199,8 @@ def _support_objects(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan
             p.delete_objects.append(("Service", name))
     if settings.network_policy and obs.network_policy is False:
         p.create.append(access.network_policy(obs.job, settings))
+    if settings.network_policy and obs.trainer_policy is False:
+        p.create.append(access.trainer_network_policy(obs.job))
     cm = builders.job_configmap(obs.job, obs.raw_spec)
     if obs.configmap is None:
         p.create.append(cm)
@@ -187,11 +216,14 @@ def _conditions(
     reason: str,
     message: str,
     roles: dict[str, RoleStatus],
+    restarting: str | None,
 ) -> dict[str, tuple[str, str, str]]:
     want: dict[str, tuple[str, str, str]] = {}
     finished = phase in TERMINAL
     for role, rs in roles.items():
-        if finished:
+        if role == "trainer" and restarting is not None and not finished:
+            want[condition_type(role)] = ("False", trainergroup.RESTARTING, restarting)
+        elif finished:
             want[condition_type(role)] = ("False", "JobFinished", f"job {phase.lower()}")
         elif phase == "Suspended":
             want[condition_type(role)] = ("False", "JobSuspended", "worker pods deleted")
@@ -336,15 +368,27 @@ def plan(obs: Observed, settings: Settings) -> Plan:
     p.counted = [q.uid for q in new_failed]
     for q in new_failed:
         p.events.append(Event("Warning", "WorkerFailed", f"pod {q.name} failed: {q.message}"))
-    st.roles = _roles(obs, spec, new_failed)
+    group = _trainer_group(obs, spec)
+    st.roles = _roles(obs, spec, new_failed, group)
     phase, reason, message = _phase(obs, spec, st.roles)
     running = phase == ""
-    _workers(obs, spec, settings, p, running)
+    _workers(obs, spec, settings, p, group if running else None)
+    st.trainer = trainergroup.group_status(spec, prev.trainer)
+    if group is not None:  # a restart is recorded even when it exceeds backoffLimit
+        st.trainer = group.status
+        if group.event is not None and running:
+            p.events.append(Event(*group.event))
+        if running and group.checkpoint:  # a healthy group's world changed
+            p.checkpoint, p.checkpoint_reason = True, "resize"
+    if not running:
+        st.trainer.formed = False  # every pod goes: the next group is made from scratch
     if running or phase == "Suspended":
         _support_objects(obs, spec, settings, p)
     if phase == "Suspended":
-        trainer = [q for q in obs.pods if q.role == "trainer" and q.phase == "Running" and q.ip]
+        trainer = [q for q in obs.pods if q.role == "trainer" and q.index == 0 and q.ip]
+        trainer = [q for q in trainer if q.phase == "Running"]
         p.checkpoint = bool(trainer) and trainer[0].name in p.delete_pods
+        p.checkpoint_reason = "suspend"
         st.start_time = None  # the deadline restarts on resume, as for Kubernetes Jobs
     if running:
         creating = sum(1 for m in p.create if m["kind"] == "Pod")
@@ -365,13 +409,29 @@ def plan(obs: Observed, settings: Settings) -> Plan:
         kind = "Warning" if phase == "Failed" else "Normal"
         p.events.append(Event(kind, f"Job{phase}", message or f"phase {prev.phase} -> {phase}"))
     st.phase = phase  # type: ignore[assignment]
-    want = _conditions(obs, spec, phase, reason, message, st.roles)
+    restarting = group.restarting if group is not None else None
+    want = _conditions(obs, spec, phase, reason, message, st.roles, restarting)
     st.conditions, changed = merge_conditions(
         prev.conditions, want, rfc3339(obs.now), obs.job.generation
     )
     p.events.extend(_event_for(c) for c in changed)
     _action_events(obs, p)
     return p
+
+
+def _trainer_group(obs: Observed, spec: RLJobSpec) -> GroupPlan | None:
+    """The trainer group's plan, unless the job is finished or suspended (all pods go)."""
+    if obs.previous.phase in TERMINAL or spec.suspend:
+        return None
+    cond = next((c for c in obs.previous.conditions if c.type == condition_type("trainer")), None)
+    return trainergroup.plan_group(
+        obs.pods,
+        spec,
+        obs.job.name,
+        obs.previous.trainer,
+        cond is not None and cond.reason == trainergroup.RESTARTING,
+        rfc3339(obs.now),
+    )
 
 
 def _ttl(obs: Observed, spec: RLJobSpec, p: Plan) -> None:
@@ -384,6 +444,8 @@ def _ttl(obs: Observed, spec: RLJobSpec, p: Plan) -> None:
         objects.append(("ConfigMap", builders.configmap_name(obs.job.name)))
     if obs.network_policy:
         objects.append(("NetworkPolicy", access.network_policy_name(obs.job.name)))
+    if obs.trainer_policy:
+        objects.append(("NetworkPolicy", access.trainer_policy_name(obs.job.name)))
     if objects or p.delete_pods:
         p.delete_objects.extend(objects)
         msg = f"ttlSecondsAfterFinished={ttl} passed: deleted pods, Services and ConfigMap"

@@ -16,7 +16,13 @@ from typing import Any
 from longtail_api.fields import json_name
 from longtail_api.status import RLJobStatus
 from longtail_api.validation import parse
-from longtail_operator.builders import LABEL_INDEX, LABEL_ROLE, ROLES
+from longtail_operator.builders import (
+    LABEL_INDEX,
+    LABEL_ROLE,
+    LABEL_TRAINER_GROUP,
+    LABEL_TRAINER_WORLD,
+    ROLES,
+)
 
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
 MESSAGE_TAIL = 1500
@@ -40,6 +46,12 @@ class PodView:
     """The pod's (or its container's) termination reason and message, when it has one; a
     container's message is its last log lines after a crash (``FallbackToLogsOnError``), kept
     to its last ``MESSAGE_TAIL`` characters."""
+    group: int | None = None
+    """A trainer pod's group number (label ``longtail.dev/trainer-group``); None when the pod
+    has no such label (other roles, or a trainer pod made by an older operator)."""
+    world: str | None = None
+    """A trainer pod's world, ``<pods>x<ranks per pod>`` (label ``longtail.dev/trainer-world``);
+    None when it has no such label."""
 
     @property
     def active(self) -> bool:
@@ -59,6 +71,7 @@ class PodView:
             for c in status.get("conditions") or []
         )
         phase = status.get("phase") or "Pending"
+        group = str(lbls.get(LABEL_TRAINER_GROUP, ""))
         return cls(
             name=meta.get("name", ""),
             role=role,
@@ -69,6 +82,8 @@ class PodView:
             ip=status.get("podIP") or None,
             deleting=meta.get("deletionTimestamp") is not None,
             message=_termination_message(status),
+            group=int(group) if group.isdigit() else None,
+            world=lbls.get(LABEL_TRAINER_WORLD) or None,
         )
 
 

@@ -25,7 +25,7 @@ from longtail_api.auth import new_token
 from longtail_api.manifest import validate_manifest
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator import access, builders, derive
+from longtail_operator import access, builders, derive, trainergroup
 from longtail_operator.builders import JobRef
 from longtail_operator.clients import TrainerClient
 from longtail_operator.derive import Event, Observed, Plan
@@ -138,7 +138,8 @@ class Reconciler:
             trainer=self._trainer_status(pods) if rt.spec is not None else None,
             harvest=rt.harvester.snapshot() if rt.harvester is not None else None,
             counted=frozenset(rt.counted),
-            network_policy=self._network_policy(job),
+            network_policy=self._network_policy(job, access.network_policy_name(job.name)),
+            trainer_policy=self._network_policy(job, access.trainer_policy_name(job.name)),
         )
         plan = derive.plan(obs, self.settings)
         self._checkpoint(rt, plan, pods)
@@ -186,14 +187,14 @@ class Reconciler:
         except access.SecretError as exc:
             raise KubeError(what, 409, str(exc)) from exc
 
-    def _network_policy(self, job: JobRef) -> bool | None:
+    def _network_policy(self, job: JobRef, name: str) -> bool | None:
         if not self.settings.network_policy:
             return None
-        name = access.network_policy_name(job.name)
         return self.kube.get_network_policy(job.namespace, name) is not None
 
     def _trainer_status(self, pods: list[PodView]) -> TrainerStatus | None:
-        trainer = next((p for p in pods if p.role == "trainer" and p.active and p.ip), None)
+        """The trainer's report, from pod 0 (rank 0 serves HTTP; the other pods serve none)."""
+        trainer = rank0(pods, active=True)
         if trainer is None or trainer.ip is None:
             return None
         answer = self.trainer.status(trainer.ip, self.settings.trainer_port)
@@ -210,14 +211,16 @@ class Reconciler:
             return
         if rt.checkpoint_done:
             return
-        trainer = next(p for p in pods if p.role == "trainer" and p.ip)
+        trainer = rank0(pods, active=False)
+        if trainer is None:  # the planner asks only while pod 0 runs; it went meanwhile
+            return
         now = time.monotonic()
         rt.checkpoint_started = rt.checkpoint_started or now
         left = self.settings.checkpoint_timeout_s - (now - rt.checkpoint_started)
         answer = self.trainer.checkpoint(
             trainer.ip or "",
             self.settings.trainer_port,
-            reason="suspend",
+            reason=plan.checkpoint_reason,
             timeout=max(left, 1.0),
             token=rt.token,
         )
@@ -231,7 +234,8 @@ class Reconciler:
             plan.events.append(Event("Warning", "CheckpointFailed", msg))
         else:
             plan.delete_pods.clear()  # keep the pods; the next reconcile asks again
-            plan.events = [e for e in plan.events if e.reason != "DeletedPods"]
+            held = ("DeletedPods", trainergroup.WORLD_CHANGED)  # said when they do go
+            plan.events = [e for e in plan.events if e.reason not in held]
 
     def _execute(self, job: JobRef, plan: Plan) -> None:
         """Support objects first (pods mount the ConfigMap), then pods, in parallel."""
@@ -252,12 +256,25 @@ class Reconciler:
         return harvest_targets(spec, pods, set(plan.delete_pods), self.settings)
 
 
+def rank0(pods: Iterable[PodView], *, active: bool) -> PodView | None:
+    """Trainer pod 0 with an IP (``active``: also not finished or being deleted): rank 0, the
+    one trainer pod with an HTTP server (status, checkpoint, role, weights, drafters)."""
+    return next(
+        (
+            p
+            for p in pods
+            if p.role == "trainer" and p.index == 0 and p.ip and (p.active or not active)
+        ),
+        None,
+    )
+
+
 def harvest_targets(
     spec: RLJobSpec, pods: Iterable[PodView], gone: set[str], settings: Settings
 ) -> list[WorkerTarget]:
     """Running pods the harvest loop polls and may reassign: the rollout workers always, and
     the pods of the other roles in ``harvest.eligibleRoles`` (the trainer, polled and switched
-    on its own port, when ``trainer`` is eligible)."""
+    on its own port, when ``trainer`` is eligible: pod 0 only, the one that serves HTTP)."""
     eligible = set(spec.harvest.eligible_roles) | {"rollout"}
     return [
         WorkerTarget(
@@ -269,5 +286,9 @@ def harvest_targets(
             uid=p.uid,
         )
         for p in pods
-        if p.active and p.name not in gone and p.role in eligible and p.phase == "Running"
+        if p.active
+        and p.name not in gone
+        and p.role in eligible
+        and p.phase == "Running"
+        and (p.role != "trainer" or p.index == 0)
     ]

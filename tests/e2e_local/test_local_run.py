@@ -331,3 +331,37 @@ def test_a_vllm_run_hot_swaps_the_drafters_it_publishes(tmp_path: Path) -> None:
     assert "policy weights loaded into vLLM" in logs
     assert "drafter weights loaded into vLLM" in logs
     assert_children_gone(run_dir)
+
+
+def test_two_trainer_ranks_complete_a_run_and_resume(tmp_path: Path) -> None:
+    """``trainer.replicas: 2``: two trainer processes (gloo, FSDP2) run the CI job; the DCP
+    checkpoint both wrote resumes the run for one more step."""
+    run_dir = tmp_path / "run"
+    job = job_file(tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["trainer"]["replicas"] = 2
+    job.write_text(yaml.safe_dump(doc))
+    code, out = finish(longtail_run(str(job), "--output", str(run_dir)))
+    assert code == 0, out
+    got = rows(run_dir)
+    assert [r["step"] for r in got] == [1, 2]
+    assert all(r["train_tokens"] > 0 and r["train_kl_ref"] >= 0.0 for r in got)
+    assert "trainer rank 1 of 2 joined" in (run_dir / "logs" / "trainer-1.log").read_text()
+    assert "policy sharded over 2 ranks" in (run_dir / "logs" / "trainer.log").read_text()
+    # The workers' drafter candidates are checked against (and merged onto) the sharded policy.
+    assert "drafter candidate from rollout-" in (run_dir / "logs" / "trainer.log").read_text()
+    assert (run_dir / "drafters" / "LATEST").read_text().strip().isdigit()
+    state = json.loads((run_dir / "checkpoints/step-000002/state.json").read_text())
+    assert state["step"] == 2 and state["world_size"] == 2
+    assert (run_dir / "checkpoints/step-000002/dcp/.metadata").is_file()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "complete" and summary["lost_workers"] == []
+    assert_children_gone(run_dir)
+    # One more step from the world-2 checkpoint (job.yaml of the run says totalSteps 3 now).
+    kept = yaml.safe_load((run_dir / "job.yaml").read_text())
+    kept["spec"]["algorithm"]["totalSteps"] = 3
+    (run_dir / "job.yaml").write_text(yaml.safe_dump(kept))
+    code, out = finish(longtail_run("--resume", str(run_dir)))
+    assert code == 0, out
+    assert [r["step"] for r in rows(run_dir)] == [1, 2, 3]
+    assert "resumed from" in (run_dir / "logs" / "trainer.log").read_text()

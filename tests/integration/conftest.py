@@ -280,3 +280,9 @@ def rljob_crd(control_plane: ControlPlane) -> str:
 
     wait_for(discovered, timeout=60, what="rljobs in API discovery")
     return CRD_NAME
+
+
+# The operator's fixtures (settings, rbac, kubelet, operator, ns: one operator per test module
+# that asks for one) live with its helpers in opharness.py; imported here so that every
+# test_operator*.py module can request them by name.
+from opharness import kubelet, ns, operator, rbac, settings  # noqa: E402, F401

@@ -91,7 +91,7 @@ def test_three_distinct_mistakes_all_reported() -> None:
         ({"rollout": {"resources": {"cpu": [1]}}}, "must be an integer or a string"),
         ({"rollout": {"template": "x"}}, "spec.rollout.template: must be a mapping"),
         ({"rollout": 3}, "spec.rollout: must be a mapping, got 3"),
-        ({"trainer": {"replicas": 2}}, "the trainer is a single process today"),
+        ({"trainer": {"replicas": 0}}, "spec.trainer.replicas: must be >= 1"),
         ({"trainer": {"microBatchTokens": -1}}, "spec.trainer.microBatchTokens: must be >= 0"),
         ({"speculative": {"strategies": []}}, "must have at least 1 item(s)"),
         ({"speculative": {"strategies": [{"draftDepth": 0}]}}, "strategies[0].draftDepth"),
@@ -144,6 +144,14 @@ def test_missing_required_blocks() -> None:
             "spec.harvest.eligibleRoles: must not repeat",
         ),
         ({"rollout": {"engine": "vllm"}}, "spec.drafterTraining.layout: must be 'eagle1' when"),
+        (
+            {"trainer": {"replicas": 2}, "harvest": {"eligibleRoles": ["rollout", "trainer"]}},
+            "spec.harvest.eligibleRoles: the trainer is sharded over 2 ranks",
+        ),
+        (
+            {"trainer": {"resources": {"gpus": 4}}, "harvest": {"eligibleRoles": ["trainer"]}},
+            "spec.harvest.eligibleRoles: the trainer is sharded over 4 ranks",
+        ),
         (
             {
                 "rollout": {"engine": "vllm"},

@@ -55,7 +55,7 @@ class TargetInfo:
     def of(cls, target: nn.Module, identifier: str) -> TargetInfo:
         cfg: Any = target.config  # a transformers PretrainedConfig
         return cls(
-            architecture=type(target).__name__,
+            architecture=_architecture(target),
             identifier=identifier,
             hidden_size=int(cfg.hidden_size),
             vocab_size=int(target.get_output_embeddings().out_features),  # type: ignore[operator]
@@ -63,6 +63,17 @@ class TargetInfo:
             num_key_value_heads=int(getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)),
             intermediate_size=int(cfg.intermediate_size),
         )
+
+
+def _architecture(target: nn.Module) -> str:
+    """The target's class name. A sharded trainer's policy (``fully_shard``) is an instance of
+    FSDP2's generated subclass ``FSDP<Name>``: the model is the same, so its drafters are too."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(target)
+    if isinstance(target, FSDPModule):
+        cls = next(c for c in cls.__mro__ if not issubclass(c, FSDPModule))
+    return cls.__name__
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,21 @@ class ChildFailed(RuntimeError):
 class Child:
     """One worker process."""
 
-    def __init__(self, name: str, role: str, args: list[str], log_dir: Path, prefix: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        role: str,
+        args: list[str],
+        log_dir: Path,
+        prefix: str,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.name, self.prefix, self.role, self.args = name, prefix, role, list(args)
+        self.extra_env = dict(extra_env or {})
+        """Set on top of this process's environment (a trainer rank's rendezvous)."""
         self.log_path = log_dir / f"{name}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **self.extra_env)
         env[PARENT_PID_ENV] = str(os.getpid())  # the child's watchdog: parentwatch.py
         cmd = [sys.executable, "-m", "longtail_cli.main", "worker", role, *args]
         self._log = self.log_path.open("ab")
@@ -84,7 +94,8 @@ class Child:
         """The same command as a new process (same name, port and log, appended to)."""
         self._pump_thread.join(timeout=2.0)
         self._log.close()
-        return Child(self.name, self.role, self.args, self.log_path.parent, self.prefix)
+        parent = self.log_path.parent
+        return Child(self.name, self.role, self.args, parent, self.prefix, self.extra_env)
 
     @property
     def alive(self) -> bool:

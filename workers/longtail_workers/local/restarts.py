@@ -41,7 +41,10 @@ class Restarts:
         """Replace lost rollout workers in ``children`` in place; returns lines to print."""
         lines = []
         for i, child in enumerate(children):
-            if child is trainer or child.alive or child in self._reported:
+            # Every trainer rank shares rank 0's fate: the run ends with the trainer.
+            if child is trainer or child.role == "trainer" or child.alive:
+                continue
+            if child in self._reported:
                 continue
             self._reported.add(child)
             code = child.proc.poll()

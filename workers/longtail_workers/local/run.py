@@ -4,7 +4,9 @@ Called by the CLI (``longtail run``, ``longtail run --resume RUN_DIR``). Steps: 
 user's file (a refused job leaves no run directory; exit 2, one error naming the file); create
 the run directory (``job.yaml``, ``run.json`` with the switches, ``logs/``,
 ``drafters/``, checkpoints, ``metrics.jsonl``); build ``builtin:`` models once up front; start
-the verifier, the trainer and ``rollout.replicas`` rollout workers (``longtail worker ...``,
+the verifier, the trainer (``trainer.replicas`` processes: one rank each, gloo, with the
+rendezvous environment a trainer pod gets; rank 0 logs to ``logs/trainer.log``, rank N to
+``logs/trainer-N.log``) and ``rollout.replicas`` rollout workers (``longtail worker ...``,
 one torch thread each; the trainer keeps ``drafters/`` and the workers exchange drafters with
 it over its HTTP port, as pods do on a cluster); run the harvest coordinator and the progress
 display until the trainer exits (restarting a lost rollout worker up to ``spec.backoffLimit``
@@ -29,6 +31,7 @@ from typing import Any
 
 from longtail_api.context import spec_context_error
 from longtail_api.protocol import ProtocolError
+from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
 from longtail_workers.auth import export_run_token
@@ -140,9 +143,22 @@ def start_children(
     targs += [a for name, url in workers.items() for a in ("--rollout", f"{name}={url}")]
     if resume:
         targs.append("--resume")
-    trainer = Child("trainer", "trainer", targs, logs, "longtail trainer listening on ")
+    ranks = trainer_ranks(spec)
+    trainer = Child("trainer", "trainer", targs, logs, "longtail trainer listening on ", ranks[0])
     started.append(trainer)
+    for i, env in enumerate(ranks[1:], start=1):  # followers: no URL, they obey rank 0
+        started.append(Child(f"trainer-{i}", "trainer", targs, logs, "", env))
     return trainer, workers
+
+
+def trainer_ranks(spec: RLJobSpec) -> list[dict[str, str]]:
+    """The environment of each local trainer process: one rank per ``trainer.replicas`` (CPU,
+    gloo), the rendezvous a trainer pod gets from the operator; ``[{}]`` for a lone trainer."""
+    n = spec.trainer.replicas
+    if n == 1:
+        return [{}]
+    port = free_port()
+    return [TrainerRendezvous("127.0.0.1", port, nnodes=n, node_rank=i).to_env() for i in range(n)]
 
 
 def read_job(args: argparse.Namespace) -> tuple[RLJobSpec, Path, dict[str, Any]]:

@@ -4,11 +4,13 @@ The step driver builds a :class:`GrpoBatch` from a finished rollout (token ids, 
 rollout policy's log-probs, the advantages); :func:`~longtail_workers.trainer.optim.train_step`
 splits it with :func:`micro_batches` so one forward pass never holds more than a budget of
 padded tokens. Long-tailed rollouts make this matter: a few 32K-token answers next to many
-short ones would otherwise pad every row to 32K.
+short ones would otherwise pad every row to 32K. With a sharded trainer (``trainer/world.py``)
+:func:`shard_rows` first deals the rows out to the ranks, each of which micro-batches its own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -73,8 +75,33 @@ class GrpoBatch:
         )
 
 
-def micro_batches(batch: GrpoBatch, max_tokens: int | None) -> list[GrpoBatch]:
-    """Split ``batch`` into micro-batches of at most ``max_tokens`` padded tokens each.
+def shard_rows(batch: GrpoBatch, world_size: int) -> list[list[int]]:
+    """The rows of each trainer rank: ``out[r]`` is rank ``r``'s slice, ascending.
+
+    Only rows with response tokens are dealt (the others carry no loss). Longest first, each to
+    the rank with the fewest real tokens so far (ties: the lowest rank), so the ranks' forward
+    passes take about as long. A pure function of the batch: every rank computes the same deal.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    has_loss = batch.response_mask.bool().any(dim=1)  # [B]
+    lengths = batch.attention_mask.bool().sum(dim=1)  # [B]
+    rows = [i for i in range(batch.num_sequences) if bool(has_loss[i])]
+    rows.sort(key=lambda i: (-int(lengths[i]), i))
+    load: list[int] = [0] * world_size  # real tokens dealt to each rank
+    out: list[list[int]] = [[] for _ in range(world_size)]
+    for i in rows:
+        r = min(range(world_size), key=lambda k: (load[k], k))
+        out[r].append(i)
+        load[r] += int(lengths[i])
+    return [sorted(x) for x in out]
+
+
+def micro_batches(
+    batch: GrpoBatch, max_tokens: int | None, rows: Sequence[int] | None = None
+) -> list[GrpoBatch]:
+    """Split ``batch`` (only ``rows`` of it, when given) into micro-batches of at most
+    ``max_tokens`` padded tokens each.
 
     Rows are sorted by their real-token span so similar lengths share a micro-batch (less
     padding), then packed greedily: a micro-batch of ``n`` rows spanning ``L`` columns costs
@@ -85,7 +112,8 @@ def micro_batches(batch: GrpoBatch, max_tokens: int | None) -> list[GrpoBatch]:
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens}")
     has_loss = batch.response_mask.bool().any(dim=1)  # [B]
-    rows = [i for i in range(batch.num_sequences) if bool(has_loss[i])]
+    wanted = range(batch.num_sequences) if rows is None else rows
+    rows = [i for i in wanted if bool(has_loss[i])]
     if not rows:
         raise ValueError("batch has no response tokens; nothing to train on")
     if max_tokens is None:

@@ -1,18 +1,26 @@
 """Trainer checkpoints: policy weights, optimizer state and the step, written atomically.
 
-The step driver calls :func:`save_checkpoint` every ``checkpoint.everySteps`` steps, at the end
-and on a stop request (Ctrl-C in local mode, ``POST /v1/checkpoint`` or SIGTERM in a pod), and
-:func:`latest_checkpoint` / :func:`load_checkpoint` when it starts with ``--resume``. Layout::
+The step driver saves every ``checkpoint.everySteps`` steps, at the end and on a stop request
+(Ctrl-C in local mode, ``POST /v1/checkpoint`` or SIGTERM in a pod), through
+``trainer/policy.py``, which calls :func:`save_checkpoint` on every trainer rank at once (a
+collective); ``--resume`` (``longtail run --resume``, a restarted pod) finds the newest one with
+:func:`latest_checkpoint` and every rank calls :func:`load_checkpoint`. Layout::
 
-    <root>/step-000010/model.safetensors   policy state dict (canonical, checksummed)
-                       optimizer.pt        AdamW state (torch.save)
-                       state.json          step, versions, checksum, time; written last
-    <root>/.tmp-<uuid>/                    a checkpoint being written
+    <root>/step-000010/dcp/            Distributed Checkpoint (torch.distributed.checkpoint):
+                                       model and AdamW state, one shard file per rank
+                       state.json      step, versions, checksum, world size; written last
+    <root>/.tmp-<uuid>/                a checkpoint being written
 
-A checkpoint is written into a temporary directory, every file fsynced, then renamed into
-place; only directories whose ``state.json`` parses count. A crash mid-write therefore leaves
-the last good checkpoint untouched, and the next save or load ignores the debris. Older
-checkpoints beyond ``keep_last`` are deleted only after the new one is in place.
+DCP stores every tensor with its global shape, so a checkpoint written by N ranks loads at any
+world size, world 1 included (it reshards on load). ``model_sha256`` is the checksum of the whole
+policy state dict (``weights/checksum.py``, the published version's); a load gathers the loaded
+weights and refuses a mismatch. Every rank writes its shards into the same temporary directory
+(a filesystem all trainer pods share); DCP fsyncs them, and rank 0 then writes ``state.json``,
+fsyncs and renames the directory into place; only directories whose ``state.json`` parses count.
+A crash mid-write therefore leaves the last good checkpoint untouched, and the next save or load
+ignores the debris. Older checkpoints beyond ``keep_last`` are deleted only after the new one is
+in place. Checkpoints of earlier versions (``model.safetensors`` + ``optimizer.pt``) still load
+at world 1.
 """
 
 from __future__ import annotations
@@ -24,19 +32,27 @@ import re
 import shutil
 import time
 import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from longtail_workers.weights.checksum import canonical_tensors, state_dict_checksum
+from longtail_workers.trainer.sharding import full_state_dict, load_sharded_state, sharded_state
+from longtail_workers.trainer.world import TrainerWorld
+from longtail_workers.weights.checksum import state_dict_checksum
 
 log = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
-MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "state.json"
+DCP_DIR, STATE_FILE = "dcp", "state.json"
+MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.pt"  # earlier versions' layout
 
 
 @dataclass(frozen=True)
@@ -48,8 +64,11 @@ class CheckpointState:
     policy_version: int
     drafter_version: int
     model_sha256: str
+    """sha256 of the whole policy state dict's canonical bytes (``weights/checksum.py``)."""
     created_unix: float
     extra: dict[str, Any]
+    world_size: int = 1
+    """Trainer ranks that wrote it (any world size can load it)."""
 
 
 class CheckpointError(RuntimeError):
@@ -74,35 +93,48 @@ def save_checkpoint(
     drafter_version: int,
     keep_last: int,
     extra: dict[str, Any] | None = None,
+    world: TrainerWorld | None = None,
+    tmp_name: str | None = None,
+    model_sha256: str | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically; returns its directory."""
+    """Write the checkpoint of ``step`` atomically; returns its directory.
+
+    At world > 1 every rank calls it with the same ``tmp_name`` (rank 0 chooses it) and the same
+    ``model_sha256``; only rank 0's ``policy_version``, ``drafter_version``, ``keep_last`` and
+    ``extra`` are used. ``model_sha256`` (the published version's checksum) saves gathering the
+    whole state dict again; None computes it.
+    """
+    world = world or TrainerWorld()
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
-    tmp = root / f".tmp-{uuid.uuid4().hex}"
-    tmp.mkdir()
+    tmp = root / (tmp_name or f".tmp-{uuid.uuid4().hex}")
+    tmp.mkdir(parents=True, exist_ok=True)
     try:
-        tensors = canonical_tensors(model.state_dict())
-        save_file(tensors, str(tmp / MODEL_FILE))
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-        state = CheckpointState(
-            step, policy_version, drafter_version, state_dict_checksum(tensors), time.time(),
-            extra or {},
+        if model_sha256 is None:
+            full = full_state_dict(model, world)  # a collective when sharded
+            model_sha256 = "" if full is None else state_dict_checksum(full)
+        state = sharded_state(model, optimizer)
+        with _quiet_single_process():
+            dcp_save(state, checkpoint_id=tmp / DCP_DIR, no_dist=not world.sharded)
+        if not world.leader:
+            return final  # rank 0 finishes (dcp.save returned there after every shard was written)
+        meta = CheckpointState(
+            step, policy_version, drafter_version, model_sha256, time.time(), extra or {},
+            world.size,
         )  # fmt: skip
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
-        for f in tmp.iterdir():
-            _fsync(f)
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+        _fsync(tmp / STATE_FILE)
+        _fsync(tmp / DCP_DIR)
         _fsync(tmp)
         if final.exists():  # the same step saved again (stop right after a periodic save)
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync(root)
     finally:
-        if tmp.exists():
+        if world.leader and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     _prune(root, keep_last)
-    log.info("checkpoint of step %d written to %s", step, final)
+    log.info("checkpoint of step %d written to %s (%d rank(s))", step, final, world.size)
     return final
 
 
@@ -114,7 +146,8 @@ def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     found = []
     for d in root.iterdir():
         m = _STEP_DIR.match(d.name)
-        if m and (d / STATE_FILE).is_file() and (d / MODEL_FILE).is_file():
+        has_weights = (d / DCP_DIR / ".metadata").is_file() or (d / MODEL_FILE).is_file()
+        if m and (d / STATE_FILE).is_file() and has_weights:
             found.append((int(m.group(1)), d))
     return sorted(found)
 
@@ -133,23 +166,63 @@ def read_state(directory: str | Path) -> CheckpointState:
 
 
 def load_checkpoint(
-    directory: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    world: TrainerWorld | None = None,
 ) -> CheckpointState:
-    """Load weights (checksum-verified) and optimizer state into ``model``/``optimizer``."""
+    """Load weights (checksum-verified) and optimizer state into ``model``/``optimizer``.
+
+    At world > 1 every rank calls it (a collective); each keeps its own shards.
+    """
+    world = world or TrainerWorld()
     directory = Path(directory)
     state = read_state(directory)
-    tensors = load_file(str(directory / MODEL_FILE))
-    actual = state_dict_checksum(tensors)
-    if actual != state.model_sha256:
+    if (directory / DCP_DIR / ".metadata").is_file():
+        target = sharded_state(model, optimizer)
+        with _quiet_single_process():
+            dcp_load(target, checkpoint_id=directory / DCP_DIR, no_dist=not world.sharded)
+        load_sharded_state(model, optimizer, target)
+    elif (directory / MODEL_FILE).is_file():
+        _load_single_file(directory, model, optimizer, world)
+    else:
         raise CheckpointError(
-            f"{directory / MODEL_FILE}: sha256 {actual} != {state.model_sha256} recorded in "
-            f"{STATE_FILE}; the file is corrupt: resume from an older checkpoint (delete this one)"
+            f"{directory}: no weights ({DCP_DIR}/.metadata or {MODEL_FILE}); the checkpoint is "
+            "incomplete: resume from an older one (delete this one)"
         )
-    model.load_state_dict(tensors, strict=True)
+    full = full_state_dict(model, world)  # a collective when sharded; rank 0 checks it
+    actual = None if full is None else state_dict_checksum(full)
+    if actual is not None and actual != state.model_sha256:
+        raise CheckpointError(
+            f"{directory}: loaded weights hash to sha256 {actual}, not {state.model_sha256} "
+            f"recorded in {STATE_FILE}; the checkpoint is corrupt: resume from an older one "
+            "(delete this one)"
+        )
+    return state
+
+
+def _load_single_file(
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, world: TrainerWorld
+) -> None:
+    """An earlier version's checkpoint: one safetensors file and ``optimizer.pt``."""
+    if world.sharded:
+        raise CheckpointError(
+            f"{directory} was written by an earlier longtail as one {MODEL_FILE}; it loads at "
+            f"world 1 only: resume it with trainer.replicas 1 for a step, then at {world.size}"
+        )
+    model.load_state_dict(load_file(str(directory / MODEL_FILE)), strict=True)
     opt_path = directory / OPTIMIZER_FILE
     if optimizer is not None and opt_path.is_file():
         optimizer.load_state_dict(torch.load(opt_path, weights_only=True))
-    return state
+
+
+@contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns that it assumes one process whenever no group is initialised; at world 1 that
+    is exactly the intent (``no_dist``), so the warning would only be noise in every run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _prune(root: Path, keep_last: int) -> None:

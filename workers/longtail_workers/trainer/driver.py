@@ -11,7 +11,9 @@ process of ``longtail run``). One RL step:
    trainer harvesting on (``harvest`` below), the trainer's own drafter-train window is ended
    the same way first (``trainer/harvest.py``), so nothing trains while the policy changes;
 3. score the answers with the verifier, compute group advantages, build the batch and run
-   :func:`~longtail_workers.trainer.optim.train_step`;
+   :func:`~longtail_workers.trainer.optim.train_step` on every trainer rank (``policy``:
+   :class:`~longtail_workers.trainer.group.PolicyLeader`, which brings the follower ranks of a
+   sharded trainer along; they also join each weight gather and checkpoint);
 4. publish policy ``v + 1`` (weight sync) and merge the drafter candidates into a new drafter
    version (loaded by the workers at the start of the next rollout);
 5. record the step's row (metrics JSONL), evaluate greedily every ``evalEverySteps``, and
@@ -24,7 +26,6 @@ writes a checkpoint of the last completed step and returns.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import threading
@@ -43,17 +44,13 @@ from longtail_workers.data import Example, format_example, iterate_batches
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.rollout.wire import Sample
 from longtail_workers.trainer.batch import GrpoBatch
-from longtail_workers.trainer.checkpoint import save_checkpoint
 from longtail_workers.trainer.dispatch import RolloutAborted, RolloutOutcome, RolloutPool
+from longtail_workers.trainer.group import PolicyLeader
 from longtail_workers.trainer.grpo import group_advantages, sequence_logprobs
 from longtail_workers.trainer.harvest import TrainerHarvest
-from longtail_workers.trainer.optim import (
-    TrainConfig,
-    build_optimizer,
-    micro_batch_budget,
-    train_step,
-)
+from longtail_workers.trainer.policy import build_policy
 from longtail_workers.trainer.rollout_batch import build_grpo_batch
+from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient
 from longtail_workers.weights.sync import WeightPublisher
 
@@ -118,6 +115,7 @@ class StepDriver:
         registry: Any = None,
         harvest: TrainerHarvest | None = None,
         on_row: Callable[[dict[str, Any]], None] = lambda row: None,
+        policy: PolicyLeader | None = None,
     ) -> None:
         self.spec, self.model, self.tok = spec, model, tokenizer
         self.train_set, self.eval_set = train_set, eval_set
@@ -127,14 +125,15 @@ class StepDriver:
         """The trainer's own drafter training during rollouts (None: off, the default)."""
         self._trainer_harvested_s = 0.0
         self._rejections_seen = 0  # drafter candidates refused before the last row
-        algo = spec.algorithm
-        device = next(model.parameters()).device
-        budget = micro_batch_budget(spec.trainer.micro_batch_tokens, device)
-        self.train_cfg = TrainConfig.from_algorithm(algo, micro_batch_tokens=budget)
-        self.optimizer = build_optimizer(model, self.train_cfg)
+        if policy is None:  # a lone trainer on ``model`` as given (world 1)
+            policy = PolicyLeader(build_policy(spec, TrainerWorld(), model)[0])
+        self.policy = policy
+        """Every update, gather and checkpoint goes through it (all trainer ranks take part)."""
+        self.train_cfg, self.optimizer = policy.policy.cfg, policy.policy.optimizer
         # The KL reference is the policy as loaded (before any checkpoint is applied on resume).
-        self.reference = copy.deepcopy(model).eval() if algo.kl_coef > 0 else None
-        self.state = DriverState(total_steps=algo.total_steps)
+        self.reference = policy.policy.reference
+        self._published: tuple[int, str] | None = None  # (version, sha256) of the last publish
+        self.state = DriverState(total_steps=spec.algorithm.total_steps)
         self.lock = threading.RLock()  # model + optimizer: train step vs checkpoint
         self.stop = threading.Event()
         self._eos = [int(tokenizer.eos_token_id)]
@@ -166,7 +165,9 @@ class StepDriver:
     def publish_policy(self) -> float:
         t0 = time.monotonic()
         with self.lock:
-            self.publisher.publish(self.state.policy_version, self.model.state_dict())
+            version = self.state.policy_version
+            manifest = self.publisher.publish(version, self.policy.full_state())
+            self._published = (version, manifest.checksum)
         return time.monotonic() - t0
 
     def run(self, start_step: int) -> str:
@@ -224,9 +225,7 @@ class StepDriver:
         if self.reference is not None:
             batch = dataclasses.replace(batch, ref_logprobs=self._ref_logprobs(batch))
         with self.lock:
-            self.model.train()
-            stats = train_step(self.model, self.optimizer, batch, self.train_cfg)
-            self.model.eval()
+            stats = self.policy.train(batch, step)
             self.state.policy_version += 1
             self.state.step = step
         if self.harvest is not None:
@@ -385,12 +384,13 @@ class StepDriver:
         self.state.phase = "checkpointing"
         try:
             with self.lock:
-                path = save_checkpoint(
+                published = self._published
+                version = self.state.policy_version
+                path = self.policy.save(
                     self.config.checkpoint_dir,
                     step=self.state.step,
-                    model=self.model,
-                    optimizer=self.optimizer,
-                    policy_version=self.state.policy_version,
+                    model_sha256=published[1] if published and published[0] == version else None,
+                    policy_version=version,
                     drafter_version=self.state.drafter_version,
                     keep_last=self.spec.checkpoint.keep_last,
                     extra={

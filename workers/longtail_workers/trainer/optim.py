@@ -5,8 +5,10 @@ The trainer's step driver builds the optimiser once with :func:`build_optimizer`
 GrpoBatch`. A step is: micro-batched forward passes (token budget), :func:`~longtail_workers.
 trainer.grpo.grpo_loss` normalised by the whole batch's token count (so the accumulated
 gradient is exactly the full batch's), backward, gradient-norm clipping, AdamW step, zeroed
-gradients. A non-finite gradient norm skips the update (the weights stay as they were) and is
-reported in the stats, as veRL does, rather than writing NaN into the policy.
+gradients. A sharded trainer (``trainer/policy.py``) runs the same function on every rank, each
+on its share of the batch's rows. A non-finite gradient norm skips the update (the weights stay
+as they were) and is reported in the stats, as veRL does, rather than writing NaN into the
+policy.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from longtail_api.spec import AlgorithmSpec
-from longtail_workers.trainer.batch import GrpoBatch, micro_batches
-from longtail_workers.trainer.grpo import LossStats, grpo_loss, sequence_logprobs
+from longtail_workers.trainer.batch import GrpoBatch, micro_batches, shard_rows
+from longtail_workers.trainer.grpo import grpo_loss, sequence_logprobs
+from longtail_workers.trainer.world import TrainerWorld
 
 log = logging.getLogger(__name__)
 
@@ -143,18 +148,42 @@ class StepStats:
         return {k: float(v) for k, v in dataclasses.asdict(self).items()}
 
 
+_STAT_FIELDS = ("pg_loss", "kl_ref", "clip_fraction", "approx_kl", "ratio_mean")
+
+
 def train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, batch: GrpoBatch, cfg: TrainConfig
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: GrpoBatch,
+    cfg: TrainConfig,
+    world: TrainerWorld | None = None,
 ) -> StepStats:
-    """One GRPO policy update on ``batch``; returns its :class:`StepStats`."""
+    """One GRPO policy update on ``batch``; returns its :class:`StepStats`.
+
+    With a sharded ``world`` every rank calls this with the same whole ``batch`` and trains on
+    its :func:`~longtail_workers.trainer.batch.shard_rows` slice. Each micro-batch loss is still
+    divided by the *whole* batch's token count, and FSDP sums (not averages) the ranks'
+    gradients (``trainer/policy.py``), so the gradient is exactly world 1's, up to float
+    summation order. The stats are summed over the ranks and equal on every rank.
+    """
+    world = world or TrainerWorld()
     total_tokens = batch.num_tokens
     if total_tokens == 0:
         raise ValueError("batch has no response tokens (response_mask is all 0)")
     optimizer.zero_grad(set_to_none=True)  # a stray gradient must not leak into this update
-    loss_sum = 0.0
-    parts: list[LossStats] = []
-    chunks = micro_batches(batch, cfg.micro_batch_tokens)
-    for mb in chunks:
+    plans = [
+        micro_batches(batch, cfg.micro_batch_tokens, rows) if rows else []
+        for rows in shard_rows(batch, world.size)
+    ]
+    mine = plans[world.rank]
+    # FSDP gathers and reduces in every forward/backward pass, so all ranks must run the same
+    # number of passes: a rank with fewer micro-batches runs zero-weight passes on one row.
+    passes = max(len(p) for p in plans)
+    filler = micro_batches(batch, None, shard_rows(batch, 1)[0][:1])[0]
+    sums = torch.zeros(1 + len(_STAT_FIELDS), dtype=torch.float64)  # [loss, token-weighted stats]
+    for k in range(passes):
+        real = k < len(mine)
+        mb = mine[k] if real else filler
         logprobs = sequence_logprobs(
             model, mb.input_ids, mb.attention_mask, mb.response_mask, cfg.temperature
         )  # [b, t]
@@ -168,29 +197,29 @@ def train_step(
             kl_coef=cfg.kl_coef,
             num_tokens=total_tokens,  # token-mean over the whole batch, not per micro-batch
         )
+        if not real:
+            loss = loss * 0.0  # keeps the graph, so the pass's gradient reduction still runs
         loss.backward()  # type: ignore[no-untyped-call]  # accumulates across micro-batches
-        loss_sum += float(loss.detach())
-        parts.append(stats)
+        if real:
+            parts = [float(getattr(stats, f)) * stats.tokens for f in _STAT_FIELDS]
+            sums += torch.tensor([float(loss.detach()), *parts], dtype=torch.float64)
+    if world.sharded:
+        on_device = sums.to(world.device)  # NCCL reduces device tensors only
+        dist.all_reduce(on_device)
+        sums = on_device.cpu()
 
     grad_norm, clipped, skipped = _clip_and_step(optimizer, cfg.max_grad_norm)
     optimizer.zero_grad(set_to_none=True)
-
-    def mean(field: str) -> float:  # token-weighted, so it equals the whole batch's mean
-        return float(sum(getattr(p, field) * p.tokens for p in parts)) / total_tokens
-
+    means = {f: float(sums[1 + i]) / total_tokens for i, f in enumerate(_STAT_FIELDS)}
     return StepStats(
-        loss=loss_sum,
-        pg_loss=mean("pg_loss"),
-        kl_ref=mean("kl_ref"),
-        clip_fraction=mean("clip_fraction"),
-        approx_kl=mean("approx_kl"),
-        ratio_mean=mean("ratio_mean"),
+        loss=float(sums[0]),
+        **means,
         grad_norm=grad_norm,
         grad_clipped=clipped,
         skipped=skipped,
         tokens=total_tokens,
         sequences=batch.num_sequences,
-        micro_batches=len(chunks),
+        micro_batches=sum(len(p) for p in plans),
         learning_rate=float(optimizer.param_groups[0]["lr"]),
     )
 
@@ -203,13 +232,19 @@ def _clip_and_step(
     if not params:
         raise RuntimeError("no parameter received a gradient; is the model in torch.no_grad?")
     grads = [p.grad for p in params if p.grad is not None]
-    norm = float(nn.utils.get_total_norm(grads))
+    total = nn.utils.get_total_norm(grads)
+    if isinstance(total, DTensor):  # sharded gradients: this rank's part of the norm
+        total = total.full_tensor()  # all-reduce: the global norm, the same on every rank
+    norm = float(total)
     if not math.isfinite(norm):
         log.warning("gradient norm is %s: skipping this update (weights unchanged)", norm)
         return norm, False, True
     clipped = False
     if max_grad_norm is not None and norm > max_grad_norm:
-        nn.utils.clip_grads_with_norm_(params, max_grad_norm, torch.tensor(norm))
+        # clip_grads_with_norm_'s scaling, with a Python float: it also multiplies DTensors
+        coef = max_grad_norm / (norm + 1e-6)
+        for g in grads:
+            g.mul_(coef)
         clipped = True
     optimizer.step()
     return norm, clipped, False

@@ -19,6 +19,12 @@ unless ``--insecure-no-auth`` (``longtail_workers.auth``); its own generate, rol
 calls carry it. SIGTERM/SIGINT: stop at the next safe point, checkpoint the last
 completed step, exit 0. Exit 1 when the run fails (the error is logged and reported in the
 status).
+
+A sharded trainer (``trainer.replicas`` pods x ranks per pod): the entrypoint reads the
+:class:`~longtail_api.rendezvous.TrainerRendezvous` from the environment (none: world 1, as
+before). A pod with several ranks starts one process per rank (``trainer/ranks.py``); rank 0 is
+everything above and leads the policy operations (``trainer/group.py``), the other ranks only
+follow them (:func:`~longtail_workers.trainer.ranks.run_follower`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -39,6 +46,9 @@ import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
 from longtail_api import metrics as names
+from longtail_api.protocol import ProtocolError
+from longtail_api.rendezvous import TrainerRendezvous
+from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import (
     ROLE_PATH,
     CheckpointAnswer,
@@ -52,10 +62,15 @@ from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
 from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
 from longtail_workers.rollout.http import ROLE_BODY_ERRORS, role_from_body
-from longtail_workers.runtime import add_weight_sync_args, load_job_spec, torch_threads
+from longtail_workers.runtime import (
+    add_weight_sync_args,
+    load_job_spec,
+    role_device,
+    torch_threads,
+)
 from longtail_workers.signals import install_stop_signals
 from longtail_workers.spot.remote import DrafterEndpoints
-from longtail_workers.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from longtail_workers.trainer.checkpoint import latest_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed
 from longtail_workers.trainer.driver import StepDriver
 from longtail_workers.trainer.harvest import (
@@ -64,6 +79,8 @@ from longtail_workers.trainer.harvest import (
     TrainerHarvest,
     check_trainer_role,
 )
+from longtail_workers.trainer.ranks import launch_local_ranks, local_rank_of, run_follower
+from longtail_workers.trainer.world import TrainerWorld, join_world
 from longtail_workers.verifier.metrics import (
     counter_from_spec,
     gauge_from_spec,
@@ -268,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--rollout-timeout", type=float, default=900.0)
     ap.add_argument("--startup-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=600.0,
+        help="seconds any trainer-group collective (and the ranks' rendezvous) may wait",
+    )
     add_weight_sync_args(ap)
     ap.add_argument("--log-level", default="INFO")
     add_auth_args(ap)
@@ -297,6 +320,17 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s trainer %(message)s")
     try:
+        rendezvous = TrainerRendezvous.from_env(os.environ)
+        local_rank = local_rank_of(os.environ)
+    except (ProtocolError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if rendezvous is not None and rendezvous.local_world_size > 1 and local_rank is None:
+        return launch_local_ranks(rendezvous, argv)  # this process only supervises the ranks
+    local_rank = local_rank or 0
+    if rendezvous is not None and rendezvous.rank(local_rank) != 0:
+        return run_follower(args, rendezvous, local_rank)
+    try:
         token = server_token("trainer", args.insecure_no_auth)
     except AuthConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -309,7 +343,7 @@ def main(argv: list[str]) -> int:
     app.start()
     print(f"{LISTENING_PREFIX}{app.url}", flush=True)
     try:
-        return _run(args, app, stop)
+        return _run(args, app, stop, rendezvous)
     except (RolloutFailed, TimeoutError, OSError, ValueError, RuntimeError) as exc:
         app.failed = f"{type(exc).__name__}: {exc}"
         log.error("training failed: %s", app.failed)
@@ -321,14 +355,56 @@ def main(argv: list[str]) -> int:
         app.stop(grace_s=1.0)
 
 
-def _run(args: argparse.Namespace, app: TrainerApp, stop: threading.Event) -> int:
-    from longtail_workers.trainer.setup import build_driver
-
+def _run(
+    args: argparse.Namespace,
+    app: TrainerApp,
+    stop: threading.Event,
+    rendezvous: TrainerRendezvous | None,
+) -> int:
     spec = load_job_spec(args.job)
     log.info("torch threads: %d", torch_threads(args.threads, spec.trainer.resources))
+    device = role_device(spec.trainer.resources)
+    world = join_world(rendezvous, 0, device, timeout_s=args.collective_timeout)
+    try:
+        return _lead(args, app, stop, spec, world)
+    finally:
+        world.close()
+
+
+def _lead(
+    args: argparse.Namespace,
+    app: TrainerApp,
+    stop: threading.Event,
+    spec: RLJobSpec,
+    world: TrainerWorld,
+) -> int:
+    """Rank 0's run: build the driver, resume, run the steps; release the followers."""
+    from longtail_workers.trainer.setup import build_driver
+
     run_dir = Path(args.run_dir)
     ckpt_dir = Path(args.checkpoint_dir or run_dir / spec.checkpoint.location)
-    driver, publisher_stop = build_driver(spec, args, run_dir, ckpt_dir)
+    driver, publisher_stop = build_driver(spec, args, run_dir, ckpt_dir, world)
+    ok = False
+    try:
+        outcome = _drive(args, app, stop, driver, run_dir, ckpt_dir)
+        ok = True
+    finally:
+        driver.policy.close(ok)
+        if driver.harvest is not None:
+            driver.harvest.close()
+        publisher_stop()
+    log.info("trainer finished: %s at step %d", outcome, driver.state.step)
+    return 0
+
+
+def _drive(
+    args: argparse.Namespace,
+    app: TrainerApp,
+    stop: threading.Event,
+    driver: StepDriver,
+    run_dir: Path,
+    ckpt_dir: Path,
+) -> str:
     driver.stop = stop
     if driver.registry is not None:
         driver.registry.on_rejected = app.metrics.candidate_rejected
@@ -337,7 +413,7 @@ def _run(args: argparse.Namespace, app: TrainerApp, stop: threading.Event) -> in
     start_step = 0
     found = latest_checkpoint(ckpt_dir) if args.resume else None
     if found is not None:
-        state = load_checkpoint(found, driver.model, driver.optimizer)
+        state = driver.policy.load(found)
         start_step = state.step
         driver.state.policy_version = state.policy_version
         driver.state.drafter_version = state.drafter_version
@@ -359,14 +435,7 @@ def _run(args: argparse.Namespace, app: TrainerApp, stop: threading.Event) -> in
     app.driver = driver
     urls = [driver.verifier.base_url, *driver.pool.workers.values()]
     wait_healthy(urls, args.startup_timeout, stop)
-    try:
-        outcome = driver.run(start_step)
-    finally:
-        if driver.harvest is not None:
-            driver.harvest.close()
-        publisher_stop()
-    log.info("trainer finished: %s at step %d", outcome, driver.state.step)
-    return 0
+    return driver.run(start_step)
 
 
 def _truncate_rows(path: Path, step: int) -> None:

@@ -8,7 +8,10 @@ from the command line, the weight publisher (HTTP server, or torch.distributed r
 serves it to the rollout workers, ``spot/remote.py``; candidates are checked against the job's
 drafter, ``spot/vetting.py``) and, when the job makes the trainer a harvest target
 (``trainer/harvest.py``), the trainer's own drafter training. Returns the driver and a function
-that stops the publisher.
+that stops the publisher. On a sharded trainer (``trainer/world.py``) this runs on rank 0 only,
+after the group is joined: the policy is loaded and sharded on every rank
+(``trainer/policy.py``), and the driver reaches the followers through
+:class:`~longtail_workers.trainer.group.PolicyLeader`.
 """
 
 from __future__ import annotations
@@ -24,17 +27,19 @@ from longtail_api.spec import RLJobSpec
 from longtail_workers.data import Example, format_example, resolve_dataset
 from longtail_workers.data.loader import DEFAULT_BUILTIN_TRAIN_SIZE
 from longtail_workers.drafter.checkpoint import DrafterMismatchError
-from longtail_workers.models.loading import load_policy
 from longtail_workers.runtime import init_dist, initial_drafter
 from longtail_workers.spot.publish import DrafterRegistry
 from longtail_workers.spot.vetting import DrafterReference
 from longtail_workers.trainer.dispatch import RolloutPool
 from longtail_workers.trainer.driver import DriverConfig, StepDriver
+from longtail_workers.trainer.group import CommandChannel, PolicyLeader
 from longtail_workers.trainer.harvest import (
     TrainerHarvest,
     build_trainer_harvest,
     trainer_harvest_enabled,
 )
+from longtail_workers.trainer.policy import build_policy
+from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient
 from longtail_workers.weights.sync import WeightPublisher
 
@@ -55,9 +60,17 @@ def parse_rollouts(items: list[str]) -> dict[str, str]:
 
 
 def make_publisher(
-    args: argparse.Namespace, keep_last: int
+    args: argparse.Namespace, keep_last: int, world: TrainerWorld | None = None
 ) -> tuple[WeightPublisher, Callable[[], None]]:
     if args.weight_sync == "dist":
+        if world is not None and world.sharded:
+            # The broadcast group (trainer + rollout workers) would be a second default process
+            # group in rank 0, next to the trainer group that FSDP uses.
+            raise ValueError(
+                f"--weight-sync dist is not available with a sharded trainer ({world.size} "
+                "ranks): use --weight-sync http (the default), or trainer.replicas 1 on a "
+                "pod with at most one GPU"
+            )
         from longtail_workers.weights.dist_sync import DistWeightPublisher
 
         init_dist(args.dist_init, 0, args.dist_world, timeout_s=300.0)
@@ -69,17 +82,24 @@ def make_publisher(
 
 
 def build_driver(
-    spec: RLJobSpec, args: argparse.Namespace, run_dir: Path, ckpt_dir: Path
+    spec: RLJobSpec,
+    args: argparse.Namespace,
+    run_dir: Path,
+    ckpt_dir: Path,
+    world: TrainerWorld | None = None,
 ) -> tuple[StepDriver, Callable[[], None]]:
-    algo = spec.algorithm
-    model, tokenizer = load_policy(spec.model.path, dtype=spec.model.dtype)
+    """The driver of rank 0 (``world``: the trainer group it leads; None: world 1)."""
+    algo, world = spec.algorithm, world or TrainerWorld()
+    policy, tokenizer = build_policy(spec, world)
+    leader = PolicyLeader(policy, CommandChannel(world) if world.sharded else None)
+    model = policy.model
     size = max(DEFAULT_BUILTIN_TRAIN_SIZE, algo.prompts_per_step * algo.total_steps)
     train = resolve_dataset(spec.dataset, "train", seed=algo.seed, builtin_train_size=size)
     evals = resolve_dataset(spec.dataset, "eval", seed=algo.seed)
     check_context(spec, model, tokenizer, [*train, *evals])
     pool = RolloutPool(parse_rollouts(args.rollout), timeout_s=args.rollout_timeout)
     verifier = VerifierClient(args.verifier_url)
-    publisher, stop_publisher = make_publisher(args, keep_last=3)
+    publisher, stop_publisher = make_publisher(args, keep_last=3, world=world)
     registry = None
     if args.drafters:
         registry = DrafterRegistry(args.drafters, reference=drafter_reference(spec, model))
@@ -87,7 +107,7 @@ def build_driver(
     driver = StepDriver(
         spec, model, tokenizer, train, evals, pool, verifier, publisher,
         DriverConfig(run_dir=run_dir, checkpoint_dir=ckpt_dir), registry=registry,
-        harvest=_trainer_harvest(spec, model, registry),
+        harvest=_trainer_harvest(spec, model, registry, world), policy=leader,
     )  # fmt: skip
     pool.on_assign = lambda name, busy: (
         driver.state.pending_workers.add(name)
@@ -133,11 +153,18 @@ def check_context(spec: RLJobSpec, model: Any, tokenizer: Any, examples: Sequenc
 
 
 def _trainer_harvest(
-    spec: RLJobSpec, model: Any, registry: DrafterRegistry | None
+    spec: RLJobSpec, model: Any, registry: DrafterRegistry | None, world: TrainerWorld
 ) -> TrainerHarvest | None:
     """The trainer's own drafter training when the job asks for it (else None)."""
     if not trainer_harvest_enabled(spec):
         return None
+    if world.sharded:
+        # Its forward passes through the policy would be collectives the followers never join;
+        # the spec rules refuse this job (rules._harvest), so only a hand-made spec gets here.
+        raise ValueError(
+            f"harvest.eligibleRoles has 'trainer' but the trainer is sharded over {world.size} "
+            "ranks: remove 'trainer' from harvest.eligibleRoles or use one trainer rank"
+        )
     if registry is None:
         log.warning(
             "harvest.eligibleRoles has 'trainer' but this trainer keeps no drafter registry; "

@@ -1,0 +1,100 @@
+"""One rank of a real 2-process gloo trainer group, for ``test_trainer_sharded.py``.
+
+Run as ``python sharded_rank.py SCENARIO RANK WORLD PORT OUT``. Rank 0 leads through
+:class:`~longtail_workers.trainer.group.PolicyLeader`, the other ranks run
+:func:`~longtail_workers.trainer.group.follow`, exactly as ``longtail worker trainer`` does.
+Scenarios: ``steps`` (update 1, gather, DCP checkpoint, update 2, gather; rank 0 saves what it
+saw to ``OUT/result.pt``) and ``die`` (rank 1 exits in its first forward pass; rank 0 writes the
+error it got to ``OUT/error.txt``). The model and batches come from :func:`tiny_policy` and
+:func:`batches`, which the test also uses for its world-1 reference.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from longtail_api.rendezvous import TrainerRendezvous
+from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.trainer.batch import GrpoBatch
+from longtail_workers.trainer.group import CommandChannel, PolicyLeader, follow
+from longtail_workers.trainer.optim import TrainConfig
+from longtail_workers.trainer.policy import Policy
+from longtail_workers.trainer.sharding import shard_policy
+from longtail_workers.trainer.world import TrainerRankError, TrainerWorld, join_world
+
+# adam_eps well above the smallest gradients: a 1e-9 summation-order difference in a ~0 gradient
+# must not flip the sign of Adam's first update between world sizes.
+CFG = TrainConfig(learning_rate=1e-3, adam_eps=1e-3, kl_coef=0.1, micro_batch_tokens=24)
+
+
+def tiny_policy(world: TrainerWorld) -> Policy:
+    model = tiny_qwen2(seed=7, vocab_size=32, hidden_size=32, intermediate_size=64)
+    return Policy(shard_policy(model, world, activation_checkpointing=False), CFG, world)
+
+
+def batches() -> list[GrpoBatch]:
+    """Two seeded batches of 7 rows (uneven lengths: the ranks get different micro-batch counts;
+    row 3 has no response token at all)."""
+    out = []
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(2):
+        rows, width = 7, 12
+        ids = torch.randint(0, 32, (rows, width), generator=gen)  # [B, T]
+        attention = torch.zeros(rows, width, dtype=torch.long)  # [B, T]
+        response = torch.zeros(rows, width, dtype=torch.long)  # [B, T]
+        for r in range(rows):
+            prompt, answer = 2 + r % 3, (1 + 3 * r) % 9
+            attention[r, : prompt + answer] = 1
+            response[r, prompt : prompt + answer] = 1
+        response[3] = 0
+        old = -torch.rand(rows, width, generator=gen) * 4  # [B, T]
+        ref = -torch.rand(rows, width, generator=gen) * 4  # [B, T]
+        adv = torch.randn(rows, generator=gen)  # [B]
+        out.append(GrpoBatch(ids, attention, response, old, adv, ref))
+    return out
+
+
+def lead(policy: Policy, channel: CommandChannel, scenario: str, out: Path) -> None:
+    leader = PolicyLeader(policy, channel)
+    first, second = batches()
+    if scenario == "die":
+        try:
+            leader.train(first, 1)
+        except TrainerRankError as exc:
+            (out / "error.txt").write_text(f"{exc}\nranks={exc.ranks}")
+            return
+        (out / "error.txt").write_text("no error")
+        return
+    stats1 = leader.train(first, 1)
+    full1 = leader.full_state()
+    leader.save(out / "ckpt", step=1, model_sha256=None, policy_version=1, drafter_version=-1,
+                keep_last=2)  # fmt: skip
+    stats2 = leader.train(second, 2)
+    full2 = leader.full_state()
+    leader.close(True)
+    torch.save({"stats1": stats1, "full1": full1, "stats2": stats2, "full2": full2},
+               out / "result.pt")  # fmt: skip
+
+
+def main(scenario: str, rank: int, world_size: int, port: int, out: Path) -> int:
+    torch.set_num_threads(1)
+    rendezvous = TrainerRendezvous("127.0.0.1", port, nnodes=world_size, node_rank=rank)
+    world = join_world(rendezvous, 0, "cpu", timeout_s=60.0)
+    policy = tiny_policy(world)
+    if scenario == "die" and rank == 1:
+        layer = policy.model.model.layers[1]  # type: ignore[union-attr,index]
+        layer.register_forward_pre_hook(lambda *_: os._exit(1))  # dies inside the update
+    channel = CommandChannel(world)
+    if rank == 0:
+        lead(policy, channel, scenario, out)
+        return 0
+    return follow(policy, channel)
+
+
+if __name__ == "__main__":
+    scenario, rank, world_size, port, out = sys.argv[1:6]
+    sys.exit(main(scenario, int(rank), int(world_size), int(port), Path(out)))

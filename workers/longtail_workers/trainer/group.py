@@ -1,0 +1,153 @@
+"""Rank 0 leads, the other trainer ranks follow: one command per collective operation.
+
+Rank 0 runs the RL loop (``trainer/driver.py``) and reaches the policy only through
+:class:`PolicyLeader`; every other rank runs :func:`follow` (``trainer/service.py``). Before
+each operation the leader posts a command in the rendezvous store (:class:`CommandChannel`:
+``train``, ``gather``, ``save``, ``load``, then ``stop`` or ``abort`` at the end); the followers
+poll for it, so their wait between steps (a rollout can take many minutes) is bounded by
+nothing but rank 0's liveness: the store lives in rank 0, and when it is gone the poll fails at
+once. The operation itself is a collective with the process group's timeout. A ``train``
+command is followed by the step's whole :class:`~longtail_workers.trainer.batch.GrpoBatch`
+(reference log-probs included), broadcast from rank 0; each rank trains on its own rows of it.
+At world 1 there is no channel and the leader calls the policy directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from longtail_workers.trainer.batch import GrpoBatch
+from longtail_workers.trainer.checkpoint import CheckpointState
+from longtail_workers.trainer.optim import StepStats
+from longtail_workers.trainer.policy import Policy
+from longtail_workers.trainer.sharding import StateDict
+from longtail_workers.trainer.world import TrainerRankError, TrainerWorld
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+"""How often a follower asks the store for the next command (a cheap round trip)."""
+
+
+class CommandChannel:
+    """Rank 0 -> followers, in order: ``{"op": ..., **fields}`` as JSON in the store."""
+
+    def __init__(self, world: TrainerWorld) -> None:
+        if world.store is None:
+            raise ValueError("a command channel needs the trainer group's store (world > 1)")
+        self.world, self.store, self.seq = world, world.store, 0
+
+    def _key(self) -> str:
+        return f"longtail/cmd/{self.seq}"
+
+    def send(self, op: str, **fields: Any) -> None:
+        self.store.set(self._key(), json.dumps({"op": op, **fields}))
+        self.seq += 1
+
+    def receive(self) -> dict[str, Any]:
+        """The next command; :class:`TrainerRankError` when rank 0 (the store) is gone."""
+        key = self._key()
+        try:
+            while not self.store.check([key]):
+                time.sleep(POLL_S)
+            command: dict[str, Any] = json.loads(self.store.get(key))
+        except (RuntimeError, ConnectionError, OSError) as exc:
+            raise TrainerRankError(
+                f"trainer rank 0 stopped (its rendezvous store stopped answering) while rank "
+                f"{self.world.rank} waited for command {self.seq}: {exc}; see rank 0's log",
+                [0],
+            ) from exc
+        self.seq += 1
+        return command
+
+
+@dataclass
+class PolicyLeader:
+    """Rank 0's handle on the policy: announce each operation, then run it here too."""
+
+    policy: Policy
+    channel: CommandChannel | None = None
+    """None at world 1 (nobody to tell)."""
+
+    @property
+    def world(self) -> TrainerWorld:
+        return self.policy.world
+
+    def _announce(self, op: str, **fields: Any) -> None:
+        if self.channel is not None:
+            self.channel.send(op, **fields)
+
+    def train(self, batch: GrpoBatch, step: int) -> StepStats:
+        self._announce("train", step=step)
+        if self.world.sharded:
+            with self.world.collective(f"sending the batch of step {step}"):
+                share_batch(self.world, batch)
+        return self.policy.train(batch, step)
+
+    def full_state(self) -> StateDict:
+        self._announce("gather")
+        state = self.policy.full_state()
+        assert state is not None  # rank 0 always gets the whole state dict
+        return state
+
+    def save(self, root: Path, *, step: int, model_sha256: str | None, **fields: Any) -> Path:
+        tmp_name = f".tmp-{uuid.uuid4().hex}"
+        self._announce("save", root=str(root), step=step, tmp=tmp_name, sha=model_sha256)
+        return self.policy.save(
+            root, step=step, tmp_name=tmp_name, model_sha256=model_sha256, **fields
+        )
+
+    def load(self, directory: Path) -> CheckpointState:
+        self._announce("load", path=str(directory))
+        return self.policy.load(directory)
+
+    def close(self, ok: bool) -> None:
+        """Release the followers: they exit 0 (``ok``) or 1."""
+        try:
+            self._announce("stop" if ok else "abort")
+        except (RuntimeError, ConnectionError, OSError) as exc:
+            log.warning("could not tell the follower ranks to stop: %s", exc)
+
+
+def share_batch(world: TrainerWorld, batch: GrpoBatch | None) -> GrpoBatch:
+    """Broadcast rank 0's ``batch`` (CPU tensors, pickled) to every rank; returns it."""
+    box: list[Any] = [batch]
+    device = world.device if world.device.type == "cuda" else None  # NCCL stages on the GPU
+    dist.broadcast_object_list(box, src=0, device=device)
+    if not isinstance(box[0], GrpoBatch):
+        raise TrainerRankError(f"rank 0 broadcast a {type(box[0]).__name__}, not a batch", [])
+    return box[0]
+
+
+def follow(policy: Policy, channel: CommandChannel) -> int:
+    """A follower rank's whole life: run rank 0's commands until ``stop`` (0) or ``abort`` (1)."""
+    world = policy.world
+    while True:
+        command = channel.receive()
+        op = command["op"]
+        if op == "train":
+            with world.collective(f"receiving the batch of step {command['step']}"):
+                batch = share_batch(world, None)
+            policy.train(batch, int(command["step"]))
+        elif op == "gather":
+            policy.full_state()
+        elif op == "save":
+            policy.save(
+                Path(command["root"]), step=int(command["step"]), tmp_name=command["tmp"],
+                model_sha256=command["sha"], policy_version=0, drafter_version=-1, keep_last=1,
+            )  # fmt: skip
+        elif op == "load":
+            policy.load(Path(command["path"]))
+        elif op in ("stop", "abort"):
+            log.info("rank %d: rank 0 says %s", world.rank, op)
+            return 0 if op == "stop" else 1
+        else:
+            raise TrainerRankError(f"unknown command {op!r} from rank 0 (version mismatch?)", [])

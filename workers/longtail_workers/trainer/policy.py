@@ -1,0 +1,103 @@
+"""The policy on one trainer rank: (sharded) model, AdamW, and the collective operations on it.
+
+``trainer/setup.py`` (rank 0) and ``trainer/group.py`` (the follower ranks) build it with
+:func:`build_policy`; rank 0's step driver reaches it through
+:class:`~longtail_workers.trainer.group.PolicyLeader`, which first tells the followers which
+operation comes next, so that every rank runs :meth:`Policy.train`, :meth:`Policy.full_state`,
+:meth:`Policy.save` or :meth:`Policy.load` at the same point. At world 1 the same methods run
+on the unsharded model, with no group at all. Each operation is one
+:meth:`~longtail_workers.trainer.world.TrainerWorld.collective` phase, so a rank that dies in it
+fails it with an error naming that rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from longtail_api.spec import RLJobSpec
+from longtail_workers.trainer.batch import GrpoBatch
+from longtail_workers.trainer.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
+from longtail_workers.trainer.optim import (
+    StepStats,
+    TrainConfig,
+    build_optimizer,
+    micro_batch_budget,
+    train_step,
+)
+from longtail_workers.trainer.sharding import StateDict, full_state_dict, shard_policy
+from longtail_workers.trainer.world import TrainerWorld
+
+log = logging.getLogger(__name__)
+
+
+class Policy:
+    """One rank's share of the policy and its optimiser (see the module text)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: TrainConfig,
+        world: TrainerWorld | None = None,
+        reference: nn.Module | None = None,
+    ) -> None:
+        self.model, self.cfg = model, cfg
+        self.world = world or TrainerWorld()
+        self.reference = reference
+        """The frozen KL reference (the policy as loaded), whole, on rank 0 only: rank 0 scores
+        the batch with it and the followers receive the log-probs with the batch."""
+        self.optimizer = build_optimizer(model, cfg)
+
+    def train(self, batch: GrpoBatch, step: int) -> StepStats:
+        """One GRPO update on this rank's rows of ``batch`` (the whole batch, on every rank)."""
+        with self.world.collective(f"the GRPO update of step {step}"):
+            self.model.train()
+            try:
+                return train_step(self.model, self.optimizer, batch, self.cfg, self.world)
+            finally:
+                self.model.eval()
+
+    def full_state(self) -> StateDict | None:
+        """The whole state dict on rank 0 (None on the others): what gets published."""
+        with self.world.collective("gathering the policy weights"):
+            return full_state_dict(self.model, self.world)
+
+    def save(self, root: Path, *, step: int, tmp_name: str, **fields: Any) -> Path:
+        """This rank's part of the checkpoint of ``step`` (``fields``: see
+        :func:`~longtail_workers.trainer.checkpoint.save_checkpoint`)."""
+        with self.world.collective(f"the checkpoint of step {step}"):
+            return save_checkpoint(
+                root, step=step, model=self.model, optimizer=self.optimizer, world=self.world,
+                tmp_name=tmp_name, **fields,
+            )  # fmt: skip
+
+    def load(self, directory: Path) -> CheckpointState:
+        """Load the checkpoint in ``directory`` (written at any world size)."""
+        with self.world.collective(f"loading the checkpoint {directory}"):
+            return load_checkpoint(directory, self.model, self.optimizer, self.world)
+
+
+def build_policy(
+    spec: RLJobSpec, world: TrainerWorld, model: nn.Module | None = None
+) -> tuple[Policy, Any]:
+    """``(policy, tokenizer)`` for ``spec`` on ``world``: loaded (unless ``model`` is given, its
+    tokenizer then None), the KL reference copied on rank 0, sharded, AdamW built."""
+    tokenizer = None
+    if model is None:
+        from longtail_workers.models.loading import load_policy
+
+        loaded, tokenizer = load_policy(spec.model.path, dtype=spec.model.dtype)
+        model = nn.Module.to(loaded, world.device)  # the rank's device (cuda:LOCAL_RANK on GPU)
+    reference = None
+    if spec.algorithm.kl_coef > 0 and world.leader:  # before sharding: a whole, frozen copy
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    model = shard_policy(
+        model, world, activation_checkpointing=spec.trainer.activation_checkpointing
+    )
+    budget = micro_batch_budget(spec.trainer.micro_batch_tokens, world.device)
+    cfg = TrainConfig.from_algorithm(spec.algorithm, micro_batch_tokens=budget)
+    return Policy(model, cfg, world, reference), tokenizer

@@ -1,0 +1,121 @@
+"""FSDP2 for the policy: shard it over the trainer ranks, and gather it whole again.
+
+``trainer/policy.py`` calls :func:`shard_policy` once per rank after loading the policy, and
+:func:`full_state_dict` whenever the whole weights are needed (publishing a version to the
+rollout workers, the checkpoint checksum); ``trainer/checkpoint.py`` calls
+:func:`sharded_state` and :func:`load_sharded_state` around DCP. At world 1 nothing is
+sharded: the model stays a plain module and the same functions fall back to its own state dict,
+so a lone trainer behaves exactly as before.
+
+Sharding: ``fully_shard`` on every decoder layer, then on the root (embedding, final norm, LM
+head), on a 1-D device mesh of all ranks. On GPU the mixed-precision policy computes in bf16 and
+reduces gradients in fp32. FSDP averages gradients over the ranks by default; here it sums
+them instead (force-sum reduction, divide factor 1), because every rank's loss is already
+divided by the *global* token count (``trainer/optim.py``): the summed gradient is exactly the
+world-1 gradient.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from longtail_workers.trainer.world import TrainerWorld
+
+log = logging.getLogger(__name__)
+
+StateDict = dict[str, Any]
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (``model.get_decoder().layers``)."""
+    get_decoder = getattr(model, "get_decoder", None)
+    layers = getattr(get_decoder(), "layers", None) if callable(get_decoder) else None
+    if layers is None or len(layers) == 0:
+        raise ValueError(
+            f"{type(model).__name__} has no decoder layers (get_decoder().layers); the sharded "
+            "trainer needs a Hugging Face decoder-only causal LM such as Qwen2ForCausalLM"
+        )
+    return list(layers)
+
+
+def shard_policy(
+    model: nn.Module, world: TrainerWorld, *, activation_checkpointing: bool
+) -> nn.Module:
+    """``model`` ready to train on ``world``: sharded when the world has several ranks.
+
+    ``activation_checkpointing`` (``spec.trainer.activationCheckpointing``) recomputes each
+    decoder layer's activations in the backward pass (non-reentrant ``torch.utils.checkpoint``
+    through the model's own hook), trading compute for the activation memory of long answers.
+    """
+    if activation_checkpointing:
+        enable = getattr(model, "gradient_checkpointing_enable", None)
+        if not callable(enable):
+            raise ValueError(
+                f"trainer.activationCheckpointing: {type(model).__name__} cannot checkpoint "
+                "activations (no gradient_checkpointing_enable); set it to false"
+            )
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not world.sharded:
+        return model
+    mesh = init_device_mesh(world.device.type, (world.size,))
+    mixed = None
+    if world.device.type == "cuda":
+        mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if mixed is not None:
+        kwargs["mp_policy"] = mixed
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):  # sum, not average: see the module text
+            module.set_force_sum_reduction_for_comms(True)
+            module.set_gradient_divide_factor(1.0)
+    log.info("policy sharded over %d ranks (FSDP2, mixed precision %s)", world.size, bool(mixed))
+    return model
+
+
+def full_state_dict(model: nn.Module, world: TrainerWorld) -> StateDict | None:
+    """The whole policy state dict on rank 0 (CPU tensors when sharded), None on the others.
+
+    A collective at world > 1: every rank must call it at the same point.
+    """
+    if not world.sharded:
+        return dict(model.state_dict())
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    return dict(state) if world.leader else None
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> StateDict:
+    """``{"model": ..., "optim": ...}``: this rank's shards, keyed by parameter name, as DCP
+    saves and loads them (a different world size reshards on load)."""
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def load_sharded_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, state: StateDict
+) -> None:
+    """Put a loaded :func:`sharded_state` back into ``model`` (and ``optimizer``)."""
+    if optimizer is None:
+        set_model_state_dict(model, state["model"])
+        return
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
