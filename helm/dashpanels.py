@@ -181,10 +181,11 @@ def job_overview_rows() -> list[Row]:
                     ],
                 ),
                 Panel(
-                    "GPUs: total / idle / harvested",
+                    "GPUs: total / idle / harvested / drafter",
                     [(f"sum by (state) (longtail_operator_job_gpus{{{JOB}}})", "{{state}}")],
-                    description="From the operator: GPUs requested by the job, idle now, and "
-                    "harvested now (training the drafter instead of idling).",
+                    description="From the operator: GPUs requested by the job, idle now, "
+                    "harvested now (training the drafter instead of idling), and those of the "
+                    "ready dedicated drafter pods (spec.drafter).",
                 ),
                 Panel(
                     "Harvested GPU time (GPU-seconds per second)",

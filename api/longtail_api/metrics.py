@@ -266,7 +266,8 @@ LABEL_RLJOB = "rljob"
 LABEL_TARGET = "target"
 """Which status endpoint was polled: ``trainer`` or ``worker``."""
 LABEL_GPU_STATE = "state"
-"""GPU accounting bucket: ``total``, ``idle`` or ``harvested``."""
+"""GPU accounting bucket: ``total``, ``idle``, ``harvested`` or ``drafter`` (dedicated drafter
+pods)."""
 
 OPERATOR_RECONCILE_TOTAL = MetricSpec(
     "longtail_operator_reconcile_total",
@@ -296,7 +297,8 @@ OPERATOR_JOBS = MetricSpec(
 OPERATOR_JOB_GPUS = MetricSpec(
     "longtail_operator_job_gpus",
     "gauge",
-    "GPUs of one RLJob by state (total requested, idle now, harvested for drafter training now).",
+    "GPUs of one RLJob by state (total requested, idle now, harvested for drafter training now, "
+    "drafter: ready dedicated drafter pods).",
     labels=(LABEL_NAMESPACE, LABEL_RLJOB, LABEL_GPU_STATE),
 )
 OPERATOR_HARVESTED_GPU_SECONDS_TOTAL = MetricSpec(
@@ -427,8 +429,38 @@ TRAINER_METRICS: tuple[MetricSpec, ...] = (
 """Everything the trainer exports (dashboards and alerts need all of them)."""
 
 
+# --- dedicated drafter worker (``longtail worker drafter``, spec.drafter) ---------------------
+
+LABEL_OUTCOME = "outcome"
+"""How a drafter window ended: submitted, dropped (quality gate), stale (a newer version was
+published during it), empty (no answer long enough to train on)."""
+
+DRAFTER_WORKER_WINDOWS_TOTAL = MetricSpec(
+    "longtail_drafter_worker_windows_total",
+    "counter",
+    "Drafter windows the dedicated drafter worker ran, by outcome: 'submitted' (its candidate "
+    "went to the trainer), 'dropped' (worse than its base on held-out answers), 'stale' (a newer "
+    "drafter version was published meanwhile), 'empty' (nothing long enough to train on).",
+    labels=(LABEL_OUTCOME,),
+)
+
+DRAFTER_WORKER_STEP = MetricSpec(
+    "longtail_drafter_worker_step",
+    "gauge",
+    "The newest RL step whose answers the dedicated drafter worker trained on (0: none yet).",
+)
+
+DRAFTER_WORKER_METRICS: tuple[MetricSpec, ...] = (DRAFTER_WORKER_WINDOWS_TOTAL, DRAFTER_WORKER_STEP)
+"""Everything the dedicated drafter worker exports."""
+
+
 ALL_METRICS: tuple[MetricSpec, ...] = (
-    VERIFIER_METRICS + SPOT_METRICS + WORKER_CONTROL_METRICS + OPERATOR_METRICS + TRAINER_METRICS
+    VERIFIER_METRICS
+    + SPOT_METRICS
+    + WORKER_CONTROL_METRICS
+    + OPERATOR_METRICS
+    + TRAINER_METRICS
+    + DRAFTER_WORKER_METRICS
 )
 """Every Longtail metric declared as a spec; dashboards and tests check names against this
 (plus :data:`ROLLOUT_METRIC_NAMES`)."""

@@ -36,6 +36,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus.total"},
     {"name": "Idle", "type": "integer", "jsonPath": ".status.gpus.idle"},
     {"name": "Harvested", "type": "integer", "jsonPath": ".status.gpus.harvested"},
+    {"name": "Drafter", "type": "integer", "jsonPath": ".status.gpus.drafter"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

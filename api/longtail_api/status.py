@@ -78,6 +78,9 @@ class GpuStatus:
     """GPUs currently reassigned to drafter training."""
     harvested_gpu_seconds: float = spec_field(0.0, minimum=0.0)
     """Total GPU-seconds spent on drafter training that would otherwise have idled."""
+    drafter: int = spec_field(0, minimum=0)
+    """GPUs of the ready dedicated drafter pods (``spec.drafter``): drafter-training capacity
+    that trains all the time, in addition to ``harvested`` (and never counted in it)."""
 
 
 @dataclass

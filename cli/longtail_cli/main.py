@@ -21,6 +21,7 @@ WORKER_ROLES: dict[str, str] = {
     "verifier": "longtail_workers.verifier.service:main",
     "rollout": "longtail_workers.rollout.service:main",
     "trainer": "longtail_workers.trainer.service:main",
+    "drafter": "longtail_workers.drafter_worker.service:main",
 }
 """Worker roles runnable with ``longtail worker ROLE``: role -> ``module:function(argv)``."""
 

@@ -197,13 +197,15 @@ def drafter_env(
 ) -> list[dict[str, Any]]:
     """Where drafters are exchanged, when ``drafterTraining`` is enabled: the trainer keeps the
     registry under its checkpoint volume (``LONGTAIL_DRAFTER_DIR``) and serves it on its HTTP
-    port, which rollout workers reach through ``LONGTAIL_DRAFTER_URL``; no shared volume."""
+    port, which rollout workers and dedicated drafter pods (``spec.drafter``) reach through
+    ``LONGTAIL_DRAFTER_URL``; no shared volume. (A spec with ``drafter`` but without
+    ``drafterTraining`` fails validation, so a drafter pod always gets the URL it needs.)"""
     if not spec.drafter_training.enabled:
         return []
     if role == "trainer":
         directory = posixpath.join(checkpoint_path(spec), DRAFTERS_SUBDIR)
         return [{"name": "LONGTAIL_DRAFTER_DIR", "value": directory}]
-    if role == "rollout":
+    if role in ("rollout", "drafter"):  # both pull the newest drafter and upload candidates
         url = f"http://{trainer_host(job)}:{settings.trainer_port}"
         return [{"name": "LONGTAIL_DRAFTER_URL", "value": url}]
     return []

@@ -269,10 +269,13 @@ def _drafter_condition(
     if h is not None and h.unacknowledged:
         names = ", ".join(h.unacknowledged[:5])
         return ("False", "RoleSwitchUnacknowledged", f"waiting for {names} to acknowledge")
+    dedicated = roles["drafter"].ready if "drafter" in roles else 0
     if h is not None and h.training_workers:
-        return ("True", "IdleGpusHarvested", f"{h.training_workers} workers train the drafter")
-    if "drafter" in roles and roles["drafter"].ready:
-        return ("True", "DedicatedDrafters", f"{roles['drafter'].ready} drafter pods ready")
+        also = f", and {dedicated} dedicated drafter pods" if dedicated else ""
+        text = f"{h.training_workers} workers train the drafter{also}"
+        return ("True", "IdleGpusHarvested", text)
+    if dedicated:
+        return ("True", "DedicatedDrafters", f"{dedicated} drafter pods ready")
     if not spec.harvest.enabled or not spec.drafter_training.enabled:
         return ("False", "HarvestDisabled", "harvest or drafterTraining is disabled")
     return ("False", "NoIdleWorkers", "no worker is idle long enough to be harvested")
@@ -487,6 +490,12 @@ def _accounting(obs: Observed, spec: RLJobSpec, st: RLJobStatus, p: Plan) -> Non
     running = st.phase not in TERMINAL and not spec.suspend
     st.gpus.idle = h.idle_gpus if h is not None and running else 0
     st.gpus.harvested = h.harvested_gpus if h is not None and running else 0
+    # Dedicated drafter pods train the drafter all the time: counted from their readiness (as
+    # roles.drafter.ready), not from the harvest loop, which polls and switches only the
+    # harvest targets and runs only with harvest.enabled.
+    drafters = st.roles.get("drafter")
+    ready = drafters.ready if drafters is not None and running else 0
+    st.gpus.drafter = ready * builders.gpus_of(spec, "drafter") if ready else 0
     if h is not None:
         st.gpus.harvested_gpu_seconds = max(st.gpus.harvested_gpu_seconds, h.harvested_gpu_seconds)
     st.workers = list(h.workers) if h is not None and running else []

@@ -24,6 +24,8 @@ from longtail_api.metrics import MetricSpec
 from longtail_api.status import PHASES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+GPU_STATES: tuple[str, ...] = ("total", "idle", "harvested", "drafter")
+"""Values of the ``state`` label of ``longtail_operator_job_gpus``."""
 
 
 def _base(spec: MetricSpec) -> str:
@@ -76,12 +78,17 @@ class OperatorMetrics:
         for phase in PHASES:
             self._jobs.labels(phase=phase).set(by_phase.get(phase, 0))
 
-    def job_gpus(self, namespace: str, job: str, total: int, idle: int, harvested: int) -> None:
-        for state, value in (("total", total), ("idle", idle), ("harvested", harvested)):
+    def job_gpus(
+        self, namespace: str, job: str, total: int, idle: int, harvested: int, drafter: int = 0
+    ) -> None:
+        """``state``: ``harvested`` idle GPUs training the drafter now, ``drafter`` the ready
+        dedicated drafter pods' GPUs (``spec.drafter``), so the two capacities sum."""
+        values = zip(GPU_STATES, (total, idle, harvested, drafter), strict=True)
+        for state, value in values:
             self._gpus.labels(namespace=namespace, rljob=job, state=state).set(value)
 
     def forget_job(self, namespace: str, job: str) -> None:
-        for state in ("total", "idle", "harvested"):
+        for state in GPU_STATES:
             with contextlib.suppress(KeyError):  # never reported: nothing to remove
                 self._gpus.remove(namespace, job, state)
         with contextlib.suppress(KeyError):

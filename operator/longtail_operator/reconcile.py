@@ -160,7 +160,9 @@ class Reconciler:
         rt.targets = self._targets(rt.spec, pods, plan)
         if self.metrics is not None:
             gpus = plan.status.gpus
-            self.metrics.job_gpus(job.namespace, job.name, gpus.total, gpus.idle, gpus.harvested)
+            self.metrics.job_gpus(
+                job.namespace, job.name, gpus.total, gpus.idle, gpus.harvested, gpus.drafter
+            )
             h, running = obs.harvest, plan.status.phase in ("Running", "Initializing")
             lost = len(h.unreachable) if h is not None and running else 0
             self.metrics.unreachable_workers(job.namespace, job.name, lost)
@@ -274,7 +276,9 @@ def harvest_targets(
 ) -> list[WorkerTarget]:
     """Running pods the harvest loop polls and may reassign: the rollout workers always, and
     the pods of the other roles in ``harvest.eligibleRoles`` (the trainer, polled and switched
-    on its own port, when ``trainer`` is eligible: pod 0 only, the one that serves HTTP)."""
+    on its own port, when ``trainer`` is eligible: pod 0 only, the one that serves HTTP).
+    Dedicated drafter pods never: drafter training is their only activity (no ``PUT /v1/role``);
+    their GPUs are counted as ``status.gpus.drafter`` by the planner instead."""
     eligible = set(spec.harvest.eligible_roles) | {"rollout"}
     return [
         WorkerTarget(

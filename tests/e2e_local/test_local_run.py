@@ -12,7 +12,9 @@ killed with SIGKILL leaves no child running (each child's parent watchdog); with
 ``harvest.eligibleRoles`` (``ci-tiny-trainer-harvest.yaml``) the trainer trains the drafter while
 it waits for a rollout and its candidate is merged with the workers'; ``longtail drafter fit``
 warm-starts a drafter that a run then starts from (``drafterTraining.initialDrafter``), and
-example 01 at CI size starts from the built-in drafter (``initialDrafter: builtin:tiny``). Needs
+example 01 at CI size starts from the built-in drafter (``initialDrafter: builtin:tiny``); example
+05 at CI size (``spec.drafter: {replicas: 1}``) runs a dedicated drafter worker whose candidates
+the trainer merges into published versions. Needs
 ``builtin:tiny`` and its drafter (built on first use, before the first test: ``conftest.py``).
 """
 
@@ -183,19 +185,29 @@ def test_killed_rollout_worker_is_detected_and_its_requests_redispatched(tmp_pat
     assert_children_gone(run_dir)
 
 
-def stop_after_step_one(tmp_path: Path, sig: signal.Signals) -> tuple[Path, list[int]]:
-    """Run a 4-step job, send ``sig`` to ``longtail run`` once step 1 is done; check it stopped
-    with 130, every child gone and one checkpoint of the last completed step."""
-    run_dir = tmp_path / "run"
-    job = job_file(tmp_path, totalSteps=4)
-    doc = yaml.safe_load(job.read_text())
-    doc["spec"]["checkpoint"]["everySteps"] = 1000  # only the stop writes a checkpoint
-    job.write_text(yaml.safe_dump(doc))
-    proc = longtail_run(str(job), "--output", str(run_dir))
-    wait_for(lambda: len(rows(run_dir)) >= 1, 200, "step 1 to complete")
+# Far more steps than a stop needs: a CI-sized step takes ~0.5 s, so with a handful of steps a
+# loaded machine could finish the run before the signal is handled (seen once in CI).
+LONG_RUN = 500
+
+
+def stop_after_step(proc: subprocess.Popen[str], run_dir: Path, step: int, sig: int) -> str:
+    """Send ``sig`` to ``longtail run`` once ``step`` is in its metrics; it must exit 130."""
+    wait_for(lambda: any(r["step"] >= step for r in rows(run_dir)), 200, f"step {step}")
     proc.send_signal(sig)
     code, out = finish(proc, timeout_s=120)
     assert code == 130, out
+    return out
+
+
+def stop_after_step_one(tmp_path: Path, sig: signal.Signals) -> tuple[Path, list[int]]:
+    """Run a long job, send ``sig`` to ``longtail run`` once step 1 is done; check it stopped
+    with 130, every child gone and one checkpoint of the last completed step."""
+    run_dir = tmp_path / "run"
+    job = job_file(tmp_path, totalSteps=LONG_RUN)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["checkpoint"]["everySteps"] = 1000  # only the stop writes a checkpoint
+    job.write_text(yaml.safe_dump(doc))
+    out = stop_after_step(longtail_run(str(job), "--output", str(run_dir)), run_dir, 1, sig)
     assert "resume with: longtail run --resume" in out
     assert_children_gone(run_dir)
     done = [r["step"] for r in rows(run_dir)]
@@ -207,10 +219,10 @@ def stop_after_step_one(tmp_path: Path, sig: signal.Signals) -> tuple[Path, list
 
 def test_ctrl_c_checkpoints_and_resume_continues_at_the_next_step(tmp_path: Path) -> None:
     run_dir, done = stop_after_step_one(tmp_path, signal.SIGINT)
-    code, out = finish(longtail_run("--resume", str(run_dir)))
-    assert code == 0, out
+    resumed = longtail_run("--resume", str(run_dir))
+    stop_after_step(resumed, run_dir, done[-1] + 1, signal.SIGINT)
     steps = [r["step"] for r in rows(run_dir)]
-    assert steps == [1, 2, 3, 4], steps
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > done[-1], (done, steps)
     log = (run_dir / "logs" / "trainer.log").read_text()
     assert f"(step {done[-1]})" in log and "resumed from" in log
 
@@ -365,3 +377,30 @@ def test_two_trainer_ranks_complete_a_run_and_resume(tmp_path: Path) -> None:
     assert code == 0, out
     assert [r["step"] for r in rows(run_dir)] == [1, 2, 3]
     assert "resumed from" in (run_dir / "logs" / "trainer.log").read_text()
+
+
+def test_a_dedicated_drafter_worker_publishes_drafter_versions(tmp_path: Path) -> None:
+    example = HERE.parents[1] / "examples" / "05-tiny-arith-drafter-pod.yaml"
+    job = ci_sized(example, tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    assert doc["spec"]["drafter"]["replicas"] == 1
+    del doc["spec"]["drafterTraining"]["initialDrafter"]  # a fresh drafter: the gate keeps it
+    # Four steps, and no harvesting: every candidate comes from the drafter worker, so no
+    # rollout worker's merge can supersede the base its window trained from.
+    doc["spec"]["algorithm"]["totalSteps"] = 4
+    doc["spec"]["harvest"]["enabled"] = False
+    job.write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "run"
+    code, out = finish(longtail_run(str(job), "--output", str(run_dir)))
+    assert code == 0, out
+    assert [r["step"] for r in rows(run_dir)] == [1, 2, 3, 4]
+    merged = [
+        json.loads(p.read_text())["merged_from"]
+        for p in sorted((run_dir / "drafters" / "versions").glob("*/version.json"))
+    ]
+    assert merged and all(m == ["drafter-0"] for m in merged), merged
+    log = (run_dir / "logs" / "drafter-0.log").read_text()
+    assert "drafter-0: drafter candidate submitted" in log and "Traceback" not in log
+    names = [p["name"] for p in json.loads((run_dir / "processes.json").read_text())]
+    assert "drafter-0" in names
+    assert_children_gone(run_dir)

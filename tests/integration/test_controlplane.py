@@ -216,6 +216,7 @@ def test_printer_columns_and_status_subresource(
         "GPUS",
         "IDLE",
         "HARVESTED",
+        "DRAFTER",
         "AGE",
     ]
     assert out[1].split()[0] == name

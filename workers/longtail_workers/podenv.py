@@ -110,6 +110,29 @@ def _rollout_drafter_args(argv: Sequence[str], env: Mapping[str, str]) -> list[s
     return ["--drafters-url", url]
 
 
+def _drafter_args(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """A dedicated drafter worker: its name, the trainer (step samples and, unless
+    ``LONGTAIL_DRAFTER_URL`` names another, the drafter exchange) and the weight server."""
+    extra: list[str] = []
+    if not _has(argv, "--name") and env.get("LONGTAIL_POD_NAME"):
+        extra += ["--name", env["LONGTAIL_POD_NAME"]]
+    if not _has(argv, "--trainer-url"):
+        extra += ["--trainer-url", _http_url(env, "LONGTAIL_TRAINER_URL", "drafter")]
+    if not _has(argv, "--weights-url"):
+        extra += ["--weights-url", _http_url(env, "LONGTAIL_WEIGHTS_URL", "drafter")]
+    if not _has(argv, "--drafters-url") and env.get("LONGTAIL_DRAFTER_URL", "").strip():
+        extra += ["--drafters-url", _http_url(env, "LONGTAIL_DRAFTER_URL", "drafter")]
+    return extra
+
+
+def _http_url(env: Mapping[str, str], name: str, role: str) -> str:
+    url = _need(env, name, role)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
+        raise PodEnvError(f"{name}={url!r}: expected http://HOST:PORT")
+    return url
+
+
 def pod_args(role: str, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """``argv`` plus the arguments a pod's environment implies for ``role`` (see module text)."""
     config = env.get("LONGTAIL_CONFIG", "").strip()
@@ -122,4 +145,6 @@ def pod_args(role: str, argv: Sequence[str], env: Mapping[str, str]) -> list[str
         extra += _trainer_args(argv, env, config)
     elif role == "rollout":
         extra += _rollout_args(argv, env)
+    elif role == "drafter":
+        extra += _drafter_args(argv, env)
     return [*argv, *extra]

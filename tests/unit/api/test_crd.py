@@ -95,7 +95,8 @@ def test_crd_metadata_and_printer_columns() -> None:
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     cols = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert cols == ["Phase", "Step", "Reward", "Accept", "GPUs", "Idle", "Harvested", "Age"]
+    want = ["Phase", "Step", "Reward", "Accept", "GPUs", "Idle", "Harvested", "Drafter", "Age"]
+    assert cols == want
     spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec_schema["required"] == ["model", "dataset"]
     replicas = spec_schema["properties"]["rollout"]["properties"]["replicas"]

@@ -14,6 +14,7 @@ import yaml
 from longtail_api.manifest import validate_file
 from longtail_operator import builders
 from longtail_operator.settings import Settings
+from longtail_workers.drafter_worker.service import build_parser as drafter_parser
 from longtail_workers.podenv import PodEnvError, pod_args
 from longtail_workers.rollout.service import build_parser as rollout_parser
 from longtail_workers.trainer.service import build_parser as trainer_parser
@@ -23,10 +24,10 @@ JOB = builders.JobRef(name="tiny", namespace="ns", uid="uid-1")
 SETTINGS = Settings(worker_port=9200, trainer_port=9300, weights_port=9301, verifier_port=9100)
 
 
-def pod_env(role: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+def pod_env(role: str, tmp_path: Path, example: Path = EXAMPLE) -> tuple[list[str], dict[str, str]]:
     """(container args after ``worker ROLE``, env) of the operator's pod, config file on disk."""
-    raw = yaml.safe_load(EXAMPLE.read_text())
-    [result] = validate_file(EXAMPLE)
+    raw = yaml.safe_load(example.read_text())
+    [result] = validate_file(example)
     assert result.spec is not None
     config = builders.job_configmap(JOB, raw["spec"])["data"][builders.CONFIG_FILE]
     (tmp_path / "rljob.yaml").write_text(config)
@@ -102,3 +103,16 @@ def test_missing_variable_is_named(tmp_path: Path) -> None:
     del env["LONGTAIL_VERIFIER_SERVICE"]
     with pytest.raises(PodEnvError, match="LONGTAIL_VERIFIER_SERVICE"):
         pod_args("trainer", argv, env)
+
+
+def test_drafter_pod_finds_the_trainer_and_its_weight_server(tmp_path: Path) -> None:
+    argv, env = pod_env("drafter", tmp_path, EXAMPLE.with_name("05-tiny-arith-drafter-pod.yaml"))
+    args = drafter_parser().parse_args(pod_args("drafter", argv, env))
+    assert args.port == 9200 and args.host == "0.0.0.0" and args.name == "tiny-drafter-0"
+    assert args.job == env["LONGTAIL_CONFIG"]
+    assert args.trainer_url == "http://tiny-trainer-0.tiny-trainer.ns.svc:9300"
+    assert args.weights_url == "http://tiny-trainer-0.tiny-trainer.ns.svc:9301"
+    assert args.drafters_url in (None, args.trainer_url)  # the exchange is on the trainer's port
+    del env["LONGTAIL_TRAINER_URL"]
+    with pytest.raises(PodEnvError, match="LONGTAIL_TRAINER_URL is not set"):
+        pod_args("drafter", argv, env)

@@ -12,9 +12,19 @@ from longtail_cli.main import WORKER_ROLES, main
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_worker_roles_include_rollout_and_trainer() -> None:
+def test_worker_roles_include_rollout_trainer_and_drafter() -> None:
     assert WORKER_ROLES["rollout"] == "longtail_workers.rollout.service:main"
     assert WORKER_ROLES["trainer"] == "longtail_workers.trainer.service:main"
+    # The operator starts drafter pods with `longtail worker drafter` (spec.drafter).
+    assert WORKER_ROLES["drafter"] == "longtail_workers.drafter_worker.service:main"
+
+
+def test_a_dedicated_drafter_with_dist_weight_sync_is_refused(tmp_path: Path, capsys) -> None:
+    example = REPO / "examples" / "05-tiny-arith-drafter-pod.yaml"
+    run_dir = tmp_path / "run"
+    assert main(["run", str(example), "-o", str(run_dir), "--weight-sync", "dist"]) == 2
+    err = capsys.readouterr().err
+    assert "spec.drafter needs the trainer's HTTP weight server" in err and not run_dir.exists()
 
 
 def test_invalid_job_is_refused_with_every_error(tmp_path: Path, capsys) -> None:

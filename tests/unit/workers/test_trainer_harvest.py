@@ -34,8 +34,9 @@ from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
 from longtail_workers.rollout.wire import Sample
 from longtail_workers.spot.buffer import RolloutBuffer
 from longtail_workers.spot.publish import DrafterRegistry
+from longtail_workers.spot.sequences import engine_hidden_states
 from longtail_workers.trainer.driver import DriverState
-from longtail_workers.trainer.harvest import TrainerHarvest, engine_hidden_states
+from longtail_workers.trainer.harvest import TrainerHarvest
 from longtail_workers.trainer.service import TrainerApp
 
 SPEC = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=100_000)

@@ -22,6 +22,7 @@ import torch
 from longtail_api.auth import TOKEN_ENV, token_matches
 from longtail_api.policies import HarvestSpec
 from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter_worker.service import main as drafter_main
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.local.coordinator import Coordinator
@@ -180,7 +181,7 @@ def test_the_local_coordinator_carries_the_token(rollout) -> None:
     assert coordinator.books.switches == 1
 
 
-@pytest.mark.parametrize("role", ["verifier", "rollout", "trainer"])
+@pytest.mark.parametrize("role", ["verifier", "rollout", "trainer", "drafter"])
 def test_a_worker_without_a_token_refuses_to_start(role, monkeypatch, capsys) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     monkeypatch.delenv("LONGTAIL_INSECURE_NO_AUTH", raising=False)
@@ -190,6 +191,10 @@ def test_a_worker_without_a_token_refuses_to_start(role, monkeypatch, capsys) ->
         "trainer": (
             trainer_main,
             ["--job", "x", "--run-dir", "x", "--rollout", "r=http://x", "--verifier-url", "x"],
+        ),
+        "drafter": (
+            drafter_main,
+            ["--job", "x", "--trainer-url", "http://x", "--weights-url", "http://x"],
         ),
     }
     entry, args = argv[role]

@@ -1,6 +1,7 @@
-"""Lost children of ``longtail run``: restart rollout workers, bounded by ``spec.backoffLimit``.
+"""Lost children of ``longtail run``: restart rollout and drafter workers, up to ``backoffLimit``.
 
-``local/run.py``'s supervise loop calls :meth:`Restarts.check` every poll. A rollout worker that
+``local/run.py``'s supervise loop calls :meth:`Restarts.check` every poll. A rollout worker (or
+a dedicated drafter worker, ``spec.drafter``, which picks up at the next completed step) that
 exited while the run goes on is *lost*: it is started again with the same command
 (:meth:`Child.restart <longtail_workers.local.launcher.Child.restart>`: same name, port and log)
 while fewer than ``spec.backoffLimit`` restarts were made, as the operator recreates a failed
@@ -20,6 +21,9 @@ from dataclasses import dataclass, field
 
 from longtail_workers.local.launcher import Child
 
+RESTARTED_ROLES = ("rollout", "drafter")
+"""Roles whose lost processes are started again (the verifier's is reported, not restarted)."""
+
 
 @dataclass
 class Restarts:
@@ -38,7 +42,8 @@ class Restarts:
     """Exits already handled (the objects, not ids: a restarted child may reuse an id)."""
 
     def check(self, children: list[Child], trainer: Child) -> list[str]:
-        """Replace lost rollout workers in ``children`` in place; returns lines to print."""
+        """Replace lost rollout and drafter workers in ``children`` in place; returns lines to
+        print."""
         lines = []
         for i, child in enumerate(children):
             # Every trainer rank shares rank 0's fate: the run ends with the trainer.
@@ -49,7 +54,7 @@ class Restarts:
             self._reported.add(child)
             code = child.proc.poll()
             self.lost.append(f"{child.name} (exit {code})")
-            if child.role != "rollout":
+            if child.role not in RESTARTED_ROLES:
                 lines.append(f"warning: {child.name} exited with {code}; it is not restarted")
                 continue
             if self.why_not is not None:

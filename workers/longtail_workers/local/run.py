@@ -8,9 +8,13 @@ the verifier, the trainer (``trainer.replicas`` processes: one rank each, gloo, 
 rendezvous environment a trainer pod gets; rank 0 logs to ``logs/trainer.log``, rank N to
 ``logs/trainer-N.log``) and ``rollout.replicas`` rollout workers (``longtail worker ...``,
 one torch thread each; the trainer keeps ``drafters/`` and the workers exchange drafters with
-it over its HTTP port, as pods do on a cluster); run the harvest coordinator and the progress
-display until the trainer exits (restarting a lost rollout worker up to ``spec.backoffLimit``
-times, ``local/restarts.py``); stop every child; write the report. Ctrl-C (SIGINT), SIGTERM or
+it over its HTTP port, as pods do on a cluster) and ``spec.drafter.replicas`` dedicated drafter
+workers (``longtail worker drafter``, ``logs/drafter-N.log``; given the trainer's URL up front,
+they poll it until it serves, as a drafter pod does; they need its HTTP weight server, so
+``--weight-sync dist`` is refused); run the harvest
+coordinator and the progress display until the trainer exits (restarting a lost rollout or
+drafter worker up to ``spec.backoffLimit`` times, ``local/restarts.py``); stop every child;
+write the report. Ctrl-C (SIGINT), SIGTERM or
 SIGHUP (the terminal closed; left ignored under ``nohup``): the trainer is asked to stop,
 checkpoints the last completed step and exits, then the workers are stopped; the run can be
 continued with ``--resume``. If the parent is killed outright, each child stops by itself
@@ -134,6 +138,8 @@ def start_children(
             args.append("--no-speculative")
         rollouts.append(Child(name, "rollout", args, logs, "longtail rollout listening on "))
         started.append(rollouts[-1])
+    trainer_url = f"http://127.0.0.1:{trainer_port}"
+    start_drafters(spec, run_dir, trainer_url, f"http://127.0.0.1:{weights_port}", started)
     verifier_url = verifier.wait_ready(timeout_s)
     targs = ["--job", job, "--run-dir", str(run_dir), "--port", str(trainer_port),
              "--weights-port", str(weights_port), "--verifier-url", verifier_url,
@@ -149,6 +155,32 @@ def start_children(
     for i, env in enumerate(ranks[1:], start=1):  # followers: no URL, they obey rank 0
         started.append(Child(f"trainer-{i}", "trainer", targs, logs, "", env))
     return trainer, workers
+
+
+def start_drafters(
+    spec: RLJobSpec, run_dir: Path, trainer_url: str, weights_url: str, started: list[Child]
+) -> None:
+    """Start ``spec.drafter.replicas`` dedicated drafter workers (none without ``spec.drafter``):
+    they poll the trainer's step samples (until it serves) and use its weight server and drafter
+    exchange, as a drafter pod does."""
+    if spec.drafter is None:
+        return
+    logs, job = run_dir / "logs", str(run_dir / "job.yaml")
+    for i in range(spec.drafter.replicas):
+        name = f"drafter-{i}"
+        args = ["--job", job, "--name", name, "--port", "0", "--trainer-url", trainer_url,
+                "--weights-url", weights_url]  # fmt: skip
+        started.append(Child(name, "drafter", args, logs, "longtail drafter listening on "))
+
+
+def check_weight_sync(spec: RLJobSpec, weight_sync: str, job_file: str) -> None:
+    """A dedicated drafter pulls policy weights over HTTP; ``--weight-sync dist`` has no server."""
+    if spec.drafter is not None and spec.drafter.replicas > 0 and weight_sync == "dist":
+        raise JobSpecError(
+            f"{job_file}: spec.drafter needs the trainer's HTTP weight server, which "
+            "--weight-sync dist does not run; use --weight-sync http (the default), or remove "
+            "spec.drafter"
+        )
 
 
 def trainer_ranks(spec: RLJobSpec) -> list[dict[str, str]]:
@@ -172,11 +204,13 @@ def read_job(args: argparse.Namespace) -> tuple[RLJobSpec, Path, dict[str, Any]]
         run_dir, opts = prepare_run_dir(args)  # creates nothing
         spec = load_job_spec(run_dir / "job.yaml")
         check_job(spec, opts.get("source", str(run_dir / "job.yaml")))
+        check_weight_sync(spec, opts["weight_sync"], str(run_dir / "job.yaml"))
         return spec, run_dir, opts
     if not args.file:
         raise JobSpecError("give the RLJob file: longtail run FILE (or --resume RUN_DIR)")
     spec = load_job_spec(args.file)
     check_job(spec, args.file)
+    check_weight_sync(spec, args.weight_sync, args.file)
     run_dir, opts = prepare_run_dir(args)
     return spec, run_dir, opts
 

@@ -18,7 +18,9 @@ process of ``longtail run``). One RL step:
    version (loaded by the workers at the start of the next rollout);
 5. record the step's row (metrics JSONL), evaluate greedily every ``evalEverySteps``, and
    checkpoint every ``checkpoint.everySteps``; hand the step's answers to the trainer's harvest
-   (the data of its next drafter-train window).
+   (the data of its next drafter-train window) and, once the step's policy and drafter versions
+   are published, keep them as :attr:`StepDriver.latest_samples` (``GET /v1/samples/latest``:
+   the data of the dedicated drafter workers, ``drafter_worker/``).
 
 ``stop`` (SIGTERM/SIGINT) is honoured between phases and during the rollout; the driver then
 writes a checkpoint of the last completed step and returns.
@@ -41,6 +43,7 @@ import torch
 from longtail_api.acceptance import acceptance_collapsed
 from longtail_api.spec import RLJobSpec
 from longtail_workers.data import Example, format_example, iterate_batches
+from longtail_workers.drafter_worker.wire import StepSamples
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.rollout.wire import Sample
 from longtail_workers.trainer.batch import GrpoBatch
@@ -124,6 +127,8 @@ class StepDriver:
         self.harvest = harvest
         """The trainer's own drafter training during rollouts (None: off, the default)."""
         self._trainer_harvested_s = 0.0
+        self.latest_samples: StepSamples | None = None
+        """The last completed step's answers and the policy version published after it."""
         self._rejections_seen = 0  # drafter candidates refused before the last row
         if policy is None:  # a lone trainer on ``model`` as given (world 1)
             policy = PolicyLeader(build_policy(spec, TrainerWorld(), model)[0])
@@ -233,6 +238,9 @@ class StepDriver:
         train_s = time.monotonic() - t_train
         sync_s = self.publish_policy()
         sync_s += self._merge_drafters()
+        # After both publishes: a drafter worker loads this policy version and trains on top of
+        # the drafter version just merged, so its candidate counts at the next step's merge.
+        self.latest_samples = StepSamples.of(step, self.state.policy_version, out.samples)
         row = self._row(step, out, rewards, correct, stats.as_dict())
         self.state.accepted_lengths.append(row["mean_accepted_length"])
         row["acceptance_collapsed"] = acceptance_collapsed(self.state.accepted_lengths)

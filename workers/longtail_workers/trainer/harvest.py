@@ -18,14 +18,15 @@ before). Who calls it:
   :meth:`TrainerHarvest.activity` and :meth:`TrainerHarvest.status`. The local coordinator and
   the operator's harvest loop decide when, with the shared ``longtail_api.harvest.decide``.
 
-Data: a drafter-train window runs in a background thread. It first computes, with the current
-policy (the version the rollout workers are sampling with now; no grad), the last-layer hidden
-states of the previous step's sequences (:func:`engine_hidden_states`: the states the rollout
-engine returns with ``return_hidden_states``) and feeds them through the same
-``RolloutBuffer.add_results`` a rollout worker uses, so the training pairs are identical to a
-worker's capture; then the same :class:`~longtail_workers.spot.trainer.SpotTrainer` (same spec
-settings) trains on top of the newest published drafter version. The thread checks for a stop
-between capture batches, the spot trainer between optimizer steps.
+Data: a drafter-train window runs in a background thread through the shared
+:class:`~longtail_workers.spot.sequences.SequenceWindows` (the dedicated drafter worker uses the
+same one): it first computes, with the current policy (the version the rollout workers are
+sampling with now; no grad), the last-layer hidden states of the previous step's sequences and
+feeds them to the same ``RolloutBuffer.add_results`` a rollout worker uses, so the training
+pairs are identical to a worker's capture; then the same
+:class:`~longtail_workers.spot.trainer.SpotTrainer` (same spec settings) trains on top of the
+newest published drafter version. The thread checks for a stop between capture batches, the
+spot trainer between optimizer steps.
 """
 
 from __future__ import annotations
@@ -33,10 +34,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -45,10 +44,10 @@ from longtail_api.policies import DrafterTrainingSpec
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TRAINER_ACTIVITIES, RoleAck, RoleState
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.interface import GenerationResult
 from longtail_workers.rollout.control import RoleConflictError, check_activity
 from longtail_workers.spot.buffer import RolloutBuffer
 from longtail_workers.spot.publish import Candidate, DrafterRegistry
+from longtail_workers.spot.sequences import SampleTokens, SequenceWindows
 from longtail_workers.spot.trainer import SpotTrainer
 
 log = logging.getLogger(__name__)
@@ -77,57 +76,6 @@ class TrainerHarvestError(RuntimeError):
     """Drafter training did not stop in time, so the policy update cannot start safely."""
 
 
-class SampleTokens(Protocol):
-    """What the trainer keeps of an answer (``rollout.wire.Sample`` has it)."""
-
-    @property
-    def request_id(self) -> str | None: ...
-
-    @property
-    def prompt_token_ids(self) -> Sequence[int]: ...
-
-    @property
-    def output_token_ids(self) -> Sequence[int]: ...
-
-
-@dataclass(frozen=True)
-class _Pending:
-    request_id: str | None
-    prompt: tuple[int, ...]
-    output: tuple[int, ...]
-
-
-@torch.no_grad()
-def engine_hidden_states(
-    model: torch.nn.Module, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]
-) -> list[torch.Tensor]:
-    """Per ``(prompt, output)``: ``[len(output), H]`` last-layer states (post final norm) that
-    produced each output token, i.e. ``GenerationResult.hidden_states`` of the rollout engine.
-
-    One uncached forward of ``prompt + output[:-1]`` per row (right-padded batch): state ``i``
-    is the one at absolute position ``len(prompt) - 1 + i``.
-    """
-    if not sequences:
-        return []
-    if any(len(p) == 0 for p, _ in sequences):
-        raise ValueError("engine_hidden_states: every sequence needs at least one prompt token")
-    rows = [[*p, *o[:-1]] for p, o in sequences]
-    width = max(len(r) for r in rows)
-    device = next(model.parameters()).device
-    ids = torch.zeros((len(rows), width), dtype=torch.long, device=device)  # [B, L]
-    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)  # [B, L]
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-    decoder: Any = model.get_decoder()  # type: ignore[operator]
-    hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-    out = []
-    for i, (prompt, output) in enumerate(sequences):
-        start = len(prompt) - 1
-        out.append(hidden[i, start : start + len(output)].clone())  # [T_out, H]
-    return out
-
-
 class TrainerHarvest:
     """The trainer's drafter-train windows and role state (see the module text)."""
 
@@ -146,15 +94,13 @@ class TrainerHarvest:
         stop_timeout_s: float = 60.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if capture_batch < 1 or capture_tokens < 1:
-            raise ValueError(
-                f"capture_batch={capture_batch}, capture_tokens={capture_tokens}; both must be "
-                ">= 1 (sequences and padded tokens per capture forward)"
-            )
-        self.model, self.registry, self.target_id = model, registry, target_id
-        self.buffer = RolloutBuffer(training.buffer_tokens, max_buffer_bytes)
-        self.spot = SpotTrainer(drafter, self.buffer, training)
-        self.capture_batch, self.capture_tokens, self.clock = capture_batch, capture_tokens, clock
+        self.model, self.registry, self.target_id, self.clock = model, registry, target_id, clock
+        self.windows = SequenceWindows(
+            model, drafter, registry, target_id=target_id, training=training,
+            max_buffer_bytes=max_buffer_bytes, capture_batch=capture_batch,
+            capture_tokens=capture_tokens,
+        )  # fmt: skip
+        """Capture, training, gate and submission (shared with the drafter worker)."""
         self.switch_timeout_s, self.stop_timeout_s = switch_timeout_s, stop_timeout_s
         self._lock = threading.Lock()  # the fields below
         self._role_lock = threading.Lock()  # one role change (or rollout end) at a time
@@ -163,27 +109,37 @@ class TrainerHarvest:
         self._since = clock()
         self._rollout_active = False
         self._policy_version = 0
-        self._pending: deque[_Pending] = deque()
-        self._samples_step = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._harvested_total = 0.0
         self._harvested_rollout = 0.0
-        self._submitted_at = 0  # spot.total_steps when the last candidate was submitted
         self.error: str | None = None
-        self.captured_sequences = 0
-        self.last_candidate: Candidate | None = None
+
+    @property
+    def buffer(self) -> RolloutBuffer:
+        """The capture buffer the windows train from."""
+        return self.windows.buffer
+
+    @property
+    def spot(self) -> SpotTrainer:
+        """The spot trainer (the drafter and its optimizer)."""
+        return self.windows.spot
+
+    @property
+    def captured_sequences(self) -> int:
+        """Answers whose hidden states were captured so far."""
+        return self.windows.captured_sequences
+
+    @property
+    def last_candidate(self) -> Candidate | None:
+        """The newest candidate this trainer submitted."""
+        return self.windows.last_candidate
 
     # --- the step driver ----------------------------------------------------------------------
 
     def set_samples(self, samples: Sequence[SampleTokens], step: int) -> None:
         """The answers of ``step`` (just trained on): the data of the next windows."""
-        pending = deque(
-            _Pending(s.request_id, tuple(s.prompt_token_ids), tuple(s.output_token_ids))
-            for s in samples
-        )
-        with self._lock:
-            self._pending, self._samples_step = pending, step
+        self.windows.set_samples(samples, step)
 
     def begin_rollout(self, policy_version: int) -> None:
         """A rollout with ``policy_version`` starts: ``drafter-train`` may be assigned now."""
@@ -274,7 +230,7 @@ class TrainerHarvest:
             raise RoleConflictError(
                 f"the trainer's spot trainer is {self.spot.state}; retry in a moment"
             )
-        if not self._pending and len(self.buffer) == 0:
+        if self.windows.pending == 0 and len(self.buffer) == 0:
             raise RoleConflictError(
                 "nothing to train on yet: the trainer learns from the previous step's answers "
                 "and no step has completed since it started; assign drafter-train from the "
@@ -314,87 +270,26 @@ class TrainerHarvest:
 
     def _window(self) -> None:
         try:
-            self._capture()
+            with self._lock:
+                version = self._policy_version
+            self.windows.capture(version, self._stop)
             if self._stop.is_set():
                 return
-            self._sync_base()
-            if len(self.buffer) == 0:
+            self.windows.sync_base()
+            steps = self.windows.start()
+            if steps == 0:
                 log.info("trainer harvest: no answer long enough to train on; window ends")
                 return
-            steps = self.spot.start()
             log.info("trainer harvest: training the drafter (up to %d steps)", steps)
         except Exception as exc:  # surfaced in the status and in later 409s
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("trainer harvest: drafter-train window failed")
 
-    def _capture(self) -> None:
-        """Hidden states of the pending answers into the buffer, a batch at a time."""
-        while not self._stop.is_set():
-            with self._lock:
-                batch = self._next_batch()
-                step, version = self._samples_step, self._policy_version
-            if not batch:
-                return
-            states = engine_hidden_states(self.model, [(b.prompt, b.output) for b in batch])
-            results = [
-                GenerationResult(b.request_id, list(b.prompt), list(b.output), [], "stop", h)
-                for b, h in zip(batch, states, strict=True)
-            ]
-            self.buffer.add_results(results, policy_version=version, step=step)
-            self.captured_sequences += len(batch)
-
-    def _next_batch(self) -> list[_Pending]:
-        """Up to ``capture_batch`` pending answers whose padded batch stays within
-        ``capture_tokens`` (always at least one); call under ``_lock``."""
-        batch: list[_Pending] = []
-        width = 0
-        while self._pending and len(batch) < self.capture_batch:
-            nxt = self._pending[0]
-            w = max(width, len(nxt.prompt) + len(nxt.output))
-            if batch and (len(batch) + 1) * w > self.capture_tokens:
-                break
-            batch.append(self._pending.popleft())
-            width = w
-        return batch
-
-    def _sync_base(self) -> None:
-        """Train on top of the newest published version (keeps the optimizer's moments)."""
-        latest = self.registry.latest_version()
-        if latest is None or latest == self.spot.base_version:
-            return
-        drafter, _ = self.registry.load(self.model, target_id=self.target_id, version=latest)
-        self.spot.load_weights(drafter.trainable_state_dict(), base_version=latest)
-        self._submitted_at = self.spot.total_steps
-
     def _submit(self) -> Candidate | None:
         """Submit the drafter trained since the last submission as candidate ``trainer``."""
-        spot = self.spot
-        if spot.pairs_since_base == 0 or spot.total_steps == self._submitted_at:
-            return None
-        verdict = spot.judge_against_base()
-        if not verdict.keep:
-            spot.revert_to_base()
-            self._submitted_at = spot.total_steps
-            log.info("trainer harvest: drafter window dropped, held-out top-1 %.3f < %.3f of "
-                     "base version %s", verdict.trained_top1, verdict.base_top1,
-                     spot.base_version)  # fmt: skip
-            return None
-        window = spot.last_window
-        cand = self.registry.submit_candidate(
-            spot.drafter_copy(),
-            worker=WORKER_NAME,
-            base_version=spot.base_version,
-            policy_version=max(spot.policy_versions_seen, default=self._policy_version),
-            tokens=spot.pairs_since_base,
-            steps=spot.total_steps,
-            train_loss=window.mean_loss if window is not None else None,
-            heldout_top1=verdict.trained_top1,
-        )
-        self._submitted_at = spot.total_steps
-        self.last_candidate = cand
-        log.info("trainer harvest: drafter candidate submitted (base %s, %d pairs, %d steps)",
-                 cand.base_version, cand.tokens, cand.steps)  # fmt: skip
-        return cand
+        with self._lock:
+            version = self._policy_version
+        return self.windows.submit(WORKER_NAME, version, "trainer harvest")
 
     # --- status -------------------------------------------------------------------------------
 
@@ -412,15 +307,7 @@ class TrainerHarvest:
 
     def status(self) -> dict[str, Any]:
         """Plain JSON for ``TrainerStatus.drafter_training`` (camelCase keys)."""
-        with self._lock:
-            pending = len(self._pending)
-        return {
-            "buffer": self.buffer.stats(),
-            "trainer": self.spot.status().to_dict(),
-            "pendingSequences": pending,
-            "capturedSequences": self.captured_sequences,
-            "error": self.error,
-        }
+        return {**self.windows.status(), "error": self.error}
 
 
 def build_trainer_harvest(

@@ -12,7 +12,9 @@ the same answers as a rollout worker's: 200/202 with the acknowledged role, 409 
 malformed), ``GET /metrics``, ``/healthz``, ``/readyz``, and with ``--drafters DIR`` the drafter
 exchange ``/v1/drafters/...``
 (``spot/remote.py``: rollout workers fetch published drafter versions and upload their
-candidates, which the step driver merges from DIR). Per-step rows go to
+candidates, which the step driver merges from DIR), ``GET /v1/samples/latest[?after=N]`` (the
+last completed step's answers, for the dedicated drafter workers: ``drafter_worker/wire.py``).
+Per-step rows go to
 ``RUN_DIR/metrics.jsonl``. Every write endpoint (``POST /v1/checkpoint``, ``PUT /v1/role``,
 candidate uploads) requires the job's token, and the trainer refuses to start without one
 unless ``--insecure-no-auth`` (``longtail_workers.auth``); its own generate, role and verify
@@ -59,9 +61,11 @@ from longtail_api.workerapi import (
     TrainerStatus,
 )
 from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
+from longtail_workers.drafter_worker.wire import SAMPLES_PATH, StepSamples, parse_after
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
 from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
 from longtail_workers.rollout.http import ROLE_BODY_ERRORS, role_from_body
+from longtail_workers.rollout.wire import WireError
 from longtail_workers.runtime import (
     add_weight_sync_args,
     load_job_spec,
@@ -161,6 +165,18 @@ class TrainerApp(BackgroundHTTPServer):
             )
         return RoleAck(TRAIN, TRAIN, self.started, False, time.perf_counter() - started)
 
+    def samples(self, query: str) -> StepSamples:
+        """``GET /v1/samples/latest[?after=N]``: 503 while starting, 400 for a bad ``after``."""
+        try:
+            after = parse_after(query)
+        except WireError as exc:
+            fail(HTTPStatus.BAD_REQUEST, str(exc))
+        d = self.driver
+        if d is None:
+            fail(HTTPStatus.SERVICE_UNAVAILABLE, "trainer still starting (loading); retry")
+        latest = d.latest_samples or StepSamples(d.state.step, d.state.policy_version)
+        return latest.after(after)
+
     def status(self) -> TrainerStatus:
         d = self.driver
         if d is None:
@@ -214,6 +230,8 @@ class TrainerApp(BackgroundHTTPServer):
                     self.send_json(HTTPStatus.OK, app.status().to_dict())
                 elif path == ROLE_PATH and method == "PUT":
                     self._put_role(app)
+                elif path == SAMPLES_PATH and method == "GET":
+                    self.send_json(HTTPStatus.OK, app.samples(query).to_dict())
                 elif path == "/metrics" and method in ("GET", "HEAD"):
                     body = generate_latest(app.metrics.registry)
                     self.send_body(HTTPStatus.OK, body, "text/plain; version=0.0.4")

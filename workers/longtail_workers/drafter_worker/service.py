@@ -1,0 +1,186 @@
+"""``longtail worker drafter``: the dedicated drafter-training process (``spec.drafter``).
+
+The CLI routes ``longtail worker drafter ARGS...`` to :func:`main`; the operator starts it in
+each drafter pod (``--host 0.0.0.0 --port N``, the rest from ``LONGTAIL_*`` variables through
+``podenv.py``) and ``longtail run`` once per ``spec.drafter.replicas``. It loads the job's policy
+and initial drafter (``runtime.policy_and_drafter``, with the trainer's drafter exchange as the
+registry), then runs :class:`~longtail_workers.drafter_worker.worker.DrafterWorker` in a thread:
+one drafter window per completed RL step, on that step's answers, through the same
+:class:`~longtail_workers.spot.sequences.SequenceWindows` the trainer's harvest uses. It needs
+the trainer's base URL (``--trainer-url``: ``GET /v1/samples/latest``; the drafter exchange is
+on the same port unless ``--drafters-url`` says otherwise) and its weight server
+(``--weights-url``). Its HTTP surface, parallel to a rollout worker's: ``GET /healthz`` (the
+process serves), ``GET /readyz`` (503 once the loop ended or while stopping), ``GET /v1/status``
+(:meth:`DrafterWorker.status`) and ``GET /metrics``. Prints ``longtail drafter listening on
+URL`` once bound. It has no write endpoint; its candidate uploads carry the job's token, and it
+refuses to start without one unless ``--insecure-no-auth`` (``longtail_workers.auth``). Exit 0
+on SIGTERM/SIGINT, 1 when the loop ended on a crash of the drafter training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+import time
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import generate_latest
+
+from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from longtail_api.workerapi import STATUS_PATH
+from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
+from longtail_workers.drafter_worker.wire import SampleFeed
+from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
+from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, check_route
+from longtail_workers.runtime import (
+    ServiceRuntime,
+    load_job_spec,
+    policy_and_drafter,
+    role_device,
+    torch_threads,
+)
+from longtail_workers.spot.sequences import SequenceWindows
+from longtail_workers.weights.http_sync import HttpWeightClient
+
+log = logging.getLogger(__name__)
+LISTENING_PREFIX = "longtail drafter listening on "
+ROUTES: dict[str, tuple[str, ...]] = {
+    HEALTHZ_PATH: ("GET", "HEAD"),
+    READYZ_PATH: ("GET", "HEAD"),
+    METRICS_PATH: ("GET", "HEAD"),
+    STATUS_PATH: ("GET",),
+}
+
+
+class DrafterServer(BackgroundHTTPServer):
+    """The drafter worker's read-only HTTP surface (see the module text)."""
+
+    thread_name = "drafter-http"
+    started_log = "drafter worker listening on %s"
+
+    def __init__(self, worker: DrafterWorker, host: str, port: int) -> None:
+        super().__init__(host, port, request_timeout_s=30.0)
+        self.worker = worker
+
+    class handler_class(JSONRequestHandler):
+        dispatch_methods = ("GET", "HEAD", "POST", "PUT")
+
+        def _dispatch(self, method: str) -> None:
+            app: DrafterServer = self.server.app  # type: ignore[attr-defined]
+            path = urlsplit(self.path).path
+            try:
+                check_route(ROUTES, method, path)
+                if path == HEALTHZ_PATH:
+                    self.send_text(HTTPStatus.OK, "ok\n")
+                elif path == READYZ_PATH:
+                    worker = app.worker
+                    if app.stopping or worker.stop.is_set():
+                        why = worker.fatal or "shutting down"
+                        self.send_text(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
+                    else:
+                        self.send_text(HTTPStatus.OK, "ready\n")
+                elif path == METRICS_PATH:
+                    body = generate_latest(app.worker.metrics_registry)
+                    self.send_body(HTTPStatus.OK, body, "text/plain; version=0.0.4")
+                else:
+                    self.send_json(HTTPStatus.OK, app.worker.status())
+            except Exception as exc:  # HTTP boundary: answer with the error, keep serving
+                status = getattr(exc, "status", HTTPStatus.INTERNAL_SERVER_ERROR)
+                message = getattr(exc, "message", f"{type(exc).__name__}: {exc}")
+                if status == HTTPStatus.INTERNAL_SERVER_ERROR:
+                    log.exception("drafter worker HTTP %s %s failed", method, path)
+                self.send_json(status, {"error": message}, getattr(exc, "headers", None))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="longtail worker drafter",
+        description="Dedicated drafter worker: trains the drafter on every step's answers.",
+    )
+    ap.add_argument("--job", required=True, help="RLJob YAML file (the job's spec)")
+    ap.add_argument("--name", default="drafter-0", help="worker name (default %(default)s)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8200, help="0 picks a free port")
+    ap.add_argument(
+        "--trainer-url", required=True, help="trainer's base URL (its --port): step samples"
+    )
+    ap.add_argument("--weights-url", required=True, help="trainer weight server base URL")
+    ap.add_argument(
+        "--drafters-url",
+        default=None,
+        help="trainer's drafter exchange (default: --trainer-url, where the trainer serves it)",
+    )
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: drafter CPUs)"
+    )
+    ap.add_argument(
+        "--step-wait",
+        type=float,
+        default=600.0,
+        help="seconds without any answer from the trainer before a wait is reported failed",
+    )
+    ap.add_argument("--log-level", default="INFO")
+    add_auth_args(ap)
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format=f"%(asctime)s {args.name} %(message)s")
+    try:
+        token = server_token("drafter", args.insecure_no_auth)
+    except AuthConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    spec = load_job_spec(args.job)
+    if spec.drafter is None or not spec.drafter_training.enabled:
+        print(
+            f"error: {args.job}: a drafter worker needs spec.drafter (the dedicated drafter "
+            "role) and drafterTraining.enabled: true; add them, or do not start this worker",
+            file=sys.stderr,
+        )
+        return 2
+    worker = build_worker(args, spec)
+    server = DrafterServer(worker, args.host, args.port)
+    server.auth_token = token
+    stop = threading.Event()
+    # A daemon: a loop stuck in a request to a lost trainer must not keep the process alive.
+    loop = threading.Thread(target=_run_loop, args=(worker, stop), name="drafter-loop", daemon=True)
+    runtime = ServiceRuntime(server, LISTENING_PREFIX, stop)
+    loop.start()
+    code = runtime.serve_forever(on_stop=worker.close)
+    loop.join(timeout=worker.times.stop_s)
+    return 1 if worker.fatal else code
+
+
+def build_worker(args: argparse.Namespace, spec: Any) -> DrafterWorker:
+    """The policy (on the drafter role's device), its initial drafter and the loop around them."""
+    threads = torch_threads(args.threads, spec.drafter.resources)
+    log.info("torch threads: %d", threads)
+    drafters_url = args.drafters_url or args.trainer_url
+    device = role_device(spec.drafter.resources)
+    model, drafter, registry, target_id = policy_and_drafter(
+        spec, None, drafters_url, device=device
+    )
+    windows = SequenceWindows(
+        model, drafter, registry, target_id=target_id, training=spec.drafter_training
+    )
+    return DrafterWorker(
+        windows,
+        SampleFeed(args.trainer_url),
+        HttpWeightClient(args.weights_url, timeout_s=120.0, retries=5),
+        name=args.name,
+        times=LoopTimes(step_wait_s=args.step_wait),
+    )
+
+
+def _run_loop(worker: DrafterWorker, stop: threading.Event) -> None:
+    """The loop thread; a crash ends the process (exit 1) so that it gets restarted."""
+    worker.run()
+    if worker.fatal is not None:
+        time.sleep(1.0)  # let a poller read the failed status
+        stop.set()

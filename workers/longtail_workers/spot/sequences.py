@@ -1,0 +1,240 @@
+"""Drafter windows trained on given answers: the one implementation for roles that do not generate.
+
+A rollout worker captures the policy's hidden states while it generates. Two roles train the
+drafter on answers they did not generate themselves, and both go through :class:`SequenceWindows`:
+
+- the trainer's own harvest (``trainer/harvest.py``): during a rollout, on the previous step's
+  answers, in a background thread it can preempt;
+- the dedicated drafter worker (``drafter_worker/worker.py``, ``spec.drafter``): on every
+  completed step's answers, fetched from the trainer's ``GET /v1/samples/latest``.
+
+One window: :meth:`SequenceWindows.set_samples` (the answers, as prompt + output token ids) ->
+:meth:`~SequenceWindows.capture` (last-layer hidden states recomputed with the current policy,
+:func:`engine_hidden_states`, i.e. what the rollout engine returns with
+``return_hidden_states``, fed through the same ``RolloutBuffer.add_results`` a rollout worker
+uses, so the training pairs equal a worker's capture) -> :meth:`~SequenceWindows.sync_base`
+(train on top of the newest published drafter version) -> :meth:`~SequenceWindows.start` (the
+shared :class:`~longtail_workers.spot.trainer.SpotTrainer`, same spec settings) ->
+:meth:`~SequenceWindows.submit` (the quality gate of ``spot/trainer.py``, then the window's
+drafter goes to the registry, a directory or the trainer's HTTP exchange, as a candidate that
+the step driver merges with every other worker's).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from longtail_api.policies import DrafterTrainingSpec
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.engine.interface import GenerationResult
+from longtail_workers.spot.buffer import RolloutBuffer
+from longtail_workers.spot.publish import Candidate, DrafterStore
+from longtail_workers.spot.trainer import SpotTrainer
+
+log = logging.getLogger(__name__)
+
+
+class SampleTokens(Protocol):
+    """What a window needs of an answer (``rollout.wire.Sample`` and ``StepSequence`` have it)."""
+
+    @property
+    def request_id(self) -> str | None: ...
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def output_token_ids(self) -> Sequence[int]: ...
+
+
+@dataclass(frozen=True)
+class PendingAnswer:
+    """One answer waiting for its hidden states."""
+
+    request_id: str | None
+    """The generate request's id (kept in the buffer for tracing)."""
+    prompt: tuple[int, ...]
+    """Prompt token ids."""
+    output: tuple[int, ...]
+    """Generated token ids."""
+
+
+@torch.no_grad()
+def engine_hidden_states(
+    model: torch.nn.Module, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]
+) -> list[torch.Tensor]:
+    """Per ``(prompt, output)``: ``[len(output), H]`` last-layer states (post final norm) that
+    produced each output token, i.e. ``GenerationResult.hidden_states`` of the rollout engine.
+
+    One uncached forward of ``prompt + output[:-1]`` per row (right-padded batch): state ``i``
+    is the one at absolute position ``len(prompt) - 1 + i``.
+    """
+    if not sequences:
+        return []
+    if any(len(p) == 0 for p, _ in sequences):
+        raise ValueError("engine_hidden_states: every sequence needs at least one prompt token")
+    rows = [[*p, *o[:-1]] for p, o in sequences]
+    width = max(len(r) for r in rows)
+    device = next(model.parameters()).device
+    ids = torch.zeros((len(rows), width), dtype=torch.long, device=device)  # [B, L]
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)  # [B, L]
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    decoder: Any = model.get_decoder()  # type: ignore[operator]
+    hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    out = []
+    for i, (prompt, output) in enumerate(sequences):
+        start = len(prompt) - 1
+        out.append(hidden[i, start : start + len(output)].clone())  # [T_out, H]
+    return out
+
+
+class SequenceWindows:
+    """Capture -> train -> gate -> submit on answers given from outside (see the module text)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        drafter: EagleDrafter,
+        registry: DrafterStore,
+        *,
+        target_id: str,
+        training: DrafterTrainingSpec,
+        max_buffer_bytes: int = 8 << 30,
+        capture_batch: int = 8,
+        capture_tokens: int = 16384,
+    ) -> None:
+        if capture_batch < 1 or capture_tokens < 1:
+            raise ValueError(
+                f"capture_batch={capture_batch}, capture_tokens={capture_tokens}; both must be "
+                ">= 1 (sequences and padded tokens per capture forward)"
+            )
+        self.model, self.registry, self.target_id = model, registry, target_id
+        self.buffer = RolloutBuffer(training.buffer_tokens, max_buffer_bytes)
+        self.spot = SpotTrainer(drafter, self.buffer, training)
+        self.capture_batch, self.capture_tokens = capture_batch, capture_tokens
+        self._lock = threading.Lock()  # _pending and _step
+        self._pending: deque[PendingAnswer] = deque()
+        self._step = 0
+        self._submitted_at = 0  # spot.total_steps when the last candidate was submitted
+        self.captured_sequences = 0
+        """Answers whose hidden states went into the buffer, over the process's life."""
+        self.last_candidate: Candidate | None = None
+        """The newest candidate submitted."""
+
+    def set_samples(self, samples: Sequence[SampleTokens], step: int) -> None:
+        """The answers of RL ``step``: the data of the next capture (replaces any not taken)."""
+        pending = deque(
+            PendingAnswer(s.request_id, tuple(s.prompt_token_ids), tuple(s.output_token_ids))
+            for s in samples
+        )
+        with self._lock:
+            self._pending, self._step = pending, step
+
+    @property
+    def pending(self) -> int:
+        """Answers still waiting for their hidden states."""
+        with self._lock:
+            return len(self._pending)
+
+    def capture(self, policy_version: int, stop: threading.Event | None = None) -> int:
+        """Hidden states of the pending answers under the loaded policy (``policy_version``)
+        into the buffer, a batch at a time, checking ``stop`` between batches; returns the
+        answers captured."""
+        done = 0
+        while stop is None or not stop.is_set():
+            with self._lock:
+                batch, step = self._next_batch(), self._step
+            if not batch:
+                break
+            states = engine_hidden_states(self.model, [(b.prompt, b.output) for b in batch])
+            results = [
+                GenerationResult(b.request_id, list(b.prompt), list(b.output), [], "stop", h)
+                for b, h in zip(batch, states, strict=True)
+            ]
+            self.buffer.add_results(results, policy_version=policy_version, step=step)
+            done += len(batch)
+            self.captured_sequences += len(batch)
+        return done
+
+    def _next_batch(self) -> list[PendingAnswer]:
+        """Up to ``capture_batch`` pending answers whose padded batch stays within
+        ``capture_tokens`` (always at least one); call under ``_lock``."""
+        batch: list[PendingAnswer] = []
+        width = 0
+        while self._pending and len(batch) < self.capture_batch:
+            nxt = self._pending[0]
+            w = max(width, len(nxt.prompt) + len(nxt.output))
+            if batch and (len(batch) + 1) * w > self.capture_tokens:
+                break
+            batch.append(self._pending.popleft())
+            width = w
+        return batch
+
+    def sync_base(self) -> int | None:
+        """Train on top of the newest published version (keeps the optimizer's moments); returns
+        the base version. Raises what the registry raises (``DrafterExchangeError`` for the
+        trainer's HTTP exchange): the caller decides whether to go on from the old base."""
+        latest = self.registry.latest_version()
+        if latest is None or latest == self.spot.base_version:
+            return self.spot.base_version
+        drafter, _ = self.registry.load(self.model, target_id=self.target_id, version=latest)
+        self.spot.load_weights(drafter.trainable_state_dict(), base_version=latest)
+        self._submitted_at = self.spot.total_steps
+        return latest
+
+    def start(self, max_steps: int | None = None) -> int:
+        """Start a training window in the background; its step budget, 0 when the buffer holds
+        no answer long enough to train on (nothing started)."""
+        if len(self.buffer) == 0:
+            return 0
+        return self.spot.start(max_steps)
+
+    def submit(self, worker: str, policy_version: int, who: str) -> Candidate | None:
+        """Gate the drafter trained since the last submission and submit it as ``worker``'s
+        candidate (the spot trainer must be stopped). ``policy_version``: the version to tag it
+        with when the buffer names none; ``who``: the log lines' prefix. None: nothing new was
+        trained, or the gate dropped the window (the weights go back to the base)."""
+        spot = self.spot
+        if spot.pairs_since_base == 0 or spot.total_steps == self._submitted_at:
+            return None
+        verdict = spot.judge_against_base()
+        if not verdict.keep:
+            spot.revert_to_base()
+            self._submitted_at = spot.total_steps
+            log.info("%s: drafter window dropped, held-out top-1 %.3f < %.3f of base version %s",
+                     who, verdict.trained_top1, verdict.base_top1, spot.base_version)  # fmt: skip
+            return None
+        window = spot.last_window
+        cand = self.registry.submit_candidate(
+            spot.drafter_copy(),
+            worker=worker,
+            base_version=spot.base_version,
+            policy_version=max(spot.policy_versions_seen, default=policy_version),
+            tokens=spot.pairs_since_base,
+            steps=spot.total_steps,
+            train_loss=window.mean_loss if window is not None else None,
+            heldout_top1=verdict.trained_top1,
+        )
+        self._submitted_at = spot.total_steps
+        self.last_candidate = cand
+        log.info("%s: drafter candidate submitted (base %s, %d pairs, %d steps)",
+                 who, cand.base_version, cand.tokens, cand.steps)  # fmt: skip
+        return cand
+
+    def status(self) -> dict[str, Any]:
+        """Plain JSON (camelCase keys): buffer, spot trainer, pending and captured answers."""
+        return {
+            "buffer": self.buffer.stats(),
+            "trainer": self.spot.status().to_dict(),
+            "pendingSequences": self.pending,
+            "capturedSequences": self.captured_sequences,
+        }
