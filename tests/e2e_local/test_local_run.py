@@ -60,9 +60,22 @@ def ci_sized(example: Path, tmp_path: Path, **drafter_training: Any) -> Path:
     return job
 
 
+def _as_in_a_terminal() -> None:
+    """SIGHUP at its default in the child, as in a terminal session: when the suite itself runs
+    under ``nohup`` the child would inherit SIGHUP ignored, and ``longtail run`` then rightly
+    keeps ignoring it (``local/run.py::stop_signals``), which the SIGHUP test is not about."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def longtail_run(*args: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "longtail_cli.main", "run", *args]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_as_in_a_terminal,
+    )
 
 
 def finish(proc: subprocess.Popen[str], timeout_s: float = 240) -> tuple[int, str]:
