@@ -340,6 +340,7 @@ def test_job_labels_join_worker_and_operator_series(prometheus) -> None:
         "total": "4",
         "idle": "1",
         "harvested": "1",
+        "drafter": "0",  # no dedicated drafter pods in this job (spec.drafter unset)
     }
     down = query(prometheus, 'up{worker_role="rollout"} == 0')
     assert down == []  # the worker-down alert's expression stays quiet while it is up
