@@ -43,10 +43,10 @@ import torch
 
 from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.rollout.control import RolloutWorker
-from longtail_workers.spot.publish import DrafterRegistry
 from longtail_workers.tasks.arith import ArithConfig, generate
 
 RESULTS = Path(__file__).resolve().parent / "results" / "drafter.json"

@@ -45,13 +45,13 @@ import torch
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
-from longtail_workers.drafter.fit import collect_training_sequences, fit_drafter
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
 from longtail_workers.engine.stats import RolloutStats
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.models.loading import load_policy
 from longtail_workers.tasks import arith
+from longtail_workers.warmstart.fit import collect_training_sequences, fit_drafter
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -99,14 +99,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_drafter_export(args: argparse.Namespace) -> int:
     """Export a drafter for EAGLE-capable serving engines (see docs/drafter-export.md)."""
-    module = importlib.import_module("longtail_workers.spot.export")
+    module = importlib.import_module("longtail_workers.drafter.export")
     entry: Callable[[list[str]], int] = module.main
     return entry(list(args.forwarded))
 
 
 def cmd_drafter_fit(args: argparse.Namespace) -> int:
     """Fit a job's drafter offline, for spec.drafterTraining.initialDrafter (docs/local-mode.md)."""
-    module = importlib.import_module("longtail_workers.drafter.warmstart")
+    module = importlib.import_module("longtail_workers.warmstart.offline")
     entry: Callable[[list[str]], int] = module.main
     return entry(list(args.forwarded))
 

@@ -13,8 +13,8 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def built_tiny_model() -> None:
-    from longtail_workers.drafter.builtin import ensure_builtin_drafter
     from longtail_workers.models.builtin import ensure_tiny
+    from longtail_workers.warmstart.builtin import ensure_builtin_drafter
 
     ensure_tiny()
     ensure_builtin_drafter("builtin:tiny", "longtail")

@@ -1,7 +1,7 @@
 """Process plumbing shared by the rollout and trainer services (pods and ``longtail run`` alike).
 
-``rollout/service.py`` and ``trainer/service.py`` call :func:`load_job_spec` (the RLJob YAML,
-validated the same way ``longtail validate`` does), :func:`policy_and_drafter` (policy, initial
+``rollout/service.py``, ``trainer/service.py`` and ``drafter_worker/service.py`` call
+:func:`policy_and_drafter` (policy, initial
 drafter, drafter registry: a shared directory or the trainer's HTTP exchange),
 :func:`torch_threads` (torch's CPU threads from the role's ``resources.cpu``),
 :func:`make_weight_source` (HTTP pull or torch.distributed
@@ -18,36 +18,15 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from longtail_api.manifest import ManifestError, validate_file
 from longtail_api.spec import ResourcesSpec, RLJobSpec
 from longtail_workers.signals import install_stop_signals
 from longtail_workers.weights.sync import StateDict, WeightSource, WeightSyncError
 
 log = logging.getLogger(__name__)
-
-
-class JobSpecError(ValueError):
-    """The RLJob file is unreadable or invalid; the message lists every error."""
-
-
-def load_job_spec(path: str | Path) -> RLJobSpec:
-    """The validated spec of the single RLJob in ``path``."""
-    try:
-        results = validate_file(path)
-    except ManifestError as exc:
-        raise JobSpecError(str(exc)) from exc
-    if len(results) != 1:
-        raise JobSpecError(f"{path}: holds {len(results)} YAML documents; give one RLJob per file")
-    res = results[0]
-    if res.errors or res.spec is None:
-        listed = "\n  - ".join(str(e) for e in res.errors)
-        raise JobSpecError(f"{path}: {len(res.errors)} error(s):\n  - {listed}")
-    return res.spec
 
 
 def torch_threads(requested: int | None, resources: ResourcesSpec) -> int:
@@ -82,7 +61,7 @@ def policy_and_drafter(
     """(policy model in eval mode on ``device``, initial drafter, registry or None, target id).
 
     The registry is the shared directory ``registry_dir`` or the trainer's drafter exchange at
-    ``registry_url`` (``spot/remote.py``); give at most one.
+    ``registry_url`` (``drafter/exchange.py``); give at most one.
     """
     if registry_dir and registry_url:
         raise ValueError(
@@ -90,9 +69,9 @@ def policy_and_drafter(
             "given; use --drafters DIR for a shared directory or --drafters-url URL for the "
             "trainer's HTTP exchange, not both"
         )
+    from longtail_workers.drafter.exchange import RemoteDrafterRegistry
+    from longtail_workers.drafter.registry import DrafterRegistry
     from longtail_workers.models.loading import load_policy
-    from longtail_workers.spot.publish import DrafterRegistry
-    from longtail_workers.spot.remote import RemoteDrafterRegistry
 
     model, _ = load_policy(spec.model.path, dtype=spec.model.dtype, device=device)
     target_id = spec.model.path
@@ -110,12 +89,12 @@ def initial_drafter(spec: RLJobSpec, model: Any, target_id: str) -> Any:
     when set (a directory, or ``builtin:tiny``), else a fresh one in ``drafterTraining.layout``.
     Rollout workers and the trainer's own harvest (``trainer/harvest.py``) start from the same
     one."""
-    from longtail_workers.drafter.builtin import ensure_builtin_drafter, is_builtin
     from longtail_workers.drafter.checkpoint import load_drafter
     from longtail_workers.drafter.model import EagleDrafter, layout_options
+    from longtail_workers.warmstart.builtin import ensure_builtin_drafter, is_builtin
 
     initial = spec.drafter_training.initial_drafter
-    if initial and is_builtin(initial):  # fitted on first use, cached (drafter/builtin.py)
+    if initial and is_builtin(initial):  # fitted on first use, cached (warmstart/builtin.py)
         path = ensure_builtin_drafter(initial, spec.drafter_training.layout)
         drafter = load_drafter(path, model, target_id=target_id)
     elif initial:

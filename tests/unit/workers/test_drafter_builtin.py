@@ -1,5 +1,5 @@
-"""``initialDrafter: builtin:tiny`` (drafter/builtin.py): fitted for real on a micro built-in model,
-cached once per model recipe and layout, loaded by the same path rollout workers use."""
+"""``initialDrafter: builtin:tiny`` (warmstart/builtin.py): fitted for real on a micro built-in
+model, cached once per model recipe and layout, loaded by the same path rollout workers use."""
 
 from __future__ import annotations
 
@@ -11,19 +11,19 @@ from micro_models import MICRO
 
 from longtail_api.manifest import validate_manifest
 from longtail_api.rules import BUILTIN_DRAFTERS
-from longtail_workers.drafter import builtin
-from longtail_workers.drafter.builtin import (
+from longtail_workers.drafter.checkpoint import read_drafter_config
+from longtail_workers.models import loading
+from longtail_workers.models.builtin import ensure_tiny
+from longtail_workers.models.cache import CACHE_ENV
+from longtail_workers.runtime import initial_drafter
+from longtail_workers.warmstart import builtin
+from longtail_workers.warmstart.builtin import (
     BUILD_INFO_FILE,
     DrafterRecipe,
     builtin_drafter_dir,
     ensure_builtin_drafter,
 )
-from longtail_workers.drafter.checkpoint import read_drafter_config
-from longtail_workers.drafter.warmstart import OfflineFit
-from longtail_workers.models import loading
-from longtail_workers.models.builtin import ensure_tiny
-from longtail_workers.models.cache import CACHE_ENV
-from longtail_workers.runtime import initial_drafter
+from longtail_workers.warmstart.offline import OfflineFit
 
 # Seconds: 20 answers of at most 12 tokens, 4 fit steps.
 QUICK = DrafterRecipe(prompts=20, max_new_tokens=12, fit=OfflineFit(steps=4, batch_size=4))

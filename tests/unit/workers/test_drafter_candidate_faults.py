@@ -21,17 +21,17 @@ from safetensors.torch import save
 from test_spot_remote import post_candidate  # conftest.py puts this directory on sys.path
 
 from longtail_workers.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, save_drafter
-from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.testing import tiny_qwen2
-from longtail_workers.runtime import load_job_spec
-from longtail_workers.spot.publish import DrafterRegistry
-from longtail_workers.spot.remote import (
+from longtail_workers.drafter.exchange import (
     DrafterEndpoints,
     DrafterExchangeError,
     RemoteDrafterRegistry,
     pack_files,
 )
-from longtail_workers.spot.vetting import DrafterReference, NonFiniteDrafterError
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.registry import DrafterRegistry
+from longtail_workers.drafter.vetting import DrafterReference, NonFiniteDrafterError
+from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.jobspec import load_job_spec
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.trainer.setup import drafter_reference
 from longtail_workers.weights.checksum import sha256_hex

@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, SpeculativeSpec, StrategySpec
-from longtail_workers.drafter.fit import (
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.engine.testing import random_prompts, tiny_qwen2
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.warmstart.fit import (
     collect_training_sequences,
     fit_drafter,
     pair_batch,
     training_sequences,
 )
-from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import random_prompts, tiny_qwen2
-from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 
 VOCAB = 48
 

@@ -11,8 +11,8 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 from longtail_api.policies import LossWeightsSpec
 from longtail_workers.drafter.loss import drafter_loss
 from longtail_workers.drafter.model import EagleDrafter, layout_options
-from longtail_workers.engine.kv_cache import PaddedKVCache
 from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.kvcache.cache import PaddedKVCache
 
 
 @pytest.fixture

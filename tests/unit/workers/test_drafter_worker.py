@@ -25,24 +25,24 @@ import pytest
 import torch
 
 from longtail_api.policies import DrafterTrainingSpec
+from longtail_workers.drafter.exchange import DrafterEndpoints, RemoteDrafterRegistry
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter_worker.wire import (
+from longtail_workers.drafter.registry import DrafterRegistry
+from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
+from longtail_workers.engine.interface import GenerationRequest, GenerationResult
+from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.spot.sequences import SequenceWindows
+from longtail_workers.trainer.driver import DriverState
+from longtail_workers.trainer.service import TrainerApp
+from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
+from longtail_workers.wire.rollout import Sample, WireError
+from longtail_workers.wire.samples import (
     SampleFeed,
     StepSamples,
     StepSequence,
     parse_after,
 )
-from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
-from longtail_workers.engine.interface import GenerationRequest, GenerationResult
-from longtail_workers.engine.testing import tiny_qwen2
-from longtail_workers.engine.torch_engine import TorchEngine
-from longtail_workers.rollout.wire import Sample, WireError
-from longtail_workers.spot.publish import DrafterRegistry
-from longtail_workers.spot.remote import DrafterEndpoints, RemoteDrafterRegistry
-from longtail_workers.spot.sequences import SequenceWindows
-from longtail_workers.trainer.driver import DriverState
-from longtail_workers.trainer.service import TrainerApp
-from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
 
 SPEC = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=4)
 

@@ -6,8 +6,8 @@ import torch
 
 from longtail_workers.engine.batch import RunningBatch, SequenceState
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.kv_cache import PaddedKVCache
 from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.kvcache.cache import PaddedKVCache
 
 
 def _batch(requests: list[GenerationRequest]) -> RunningBatch:

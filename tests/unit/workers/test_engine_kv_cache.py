@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longtail_workers.engine.kv_cache import attention_mask
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.kvcache.cache import attention_mask
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from longtail_workers.engine.kv_layer import MIN_SPARE_SLOTS, GrowingLayer
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.kvcache.layer import MIN_SPARE_SLOTS, GrowingLayer
 
 
 def _kv(b: int, q: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
+from longtail_workers.drafter.export import ExportError, export_drafter, longtail_name, main
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.testing import tiny_qwen2
-from longtail_workers.spot.export import ExportError, export_drafter, longtail_name, main
 
 TID = "tiny-export"
 LAYER = [

@@ -28,13 +28,13 @@ from longtail_workers.data import Example
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.jobspec import load_job_spec
 from longtail_workers.models.builtin import TinyRecipe
 from longtail_workers.rollout.http import ControlConfig
 from longtail_workers.rollout.service import GeneratingWorker, RolloutServer
-from longtail_workers.rollout.wire import GENERATE_PATH
-from longtail_workers.runtime import load_job_spec
 from longtail_workers.trainer.dispatch import RolloutPool, RolloutRejected
 from longtail_workers.trainer.setup import check_context
+from longtail_workers.wire.rollout import GENERATE_PATH
 
 REPO = Path(__file__).resolve().parents[3]
 GOOD = {"id": "r0", "promptTokenIds": [1, 2, 3], "maxNewTokens": 4, "temperature": 1.0}

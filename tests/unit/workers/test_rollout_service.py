@@ -20,18 +20,18 @@ import pytest
 import torch
 
 from longtail_api.policies import DrafterTrainingSpec, HarvestSpec
+from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.local.coordinator import Coordinator
 from longtail_workers.rollout.http import ControlConfig
 from longtail_workers.rollout.service import GeneratingWorker, RolloutServer
-from longtail_workers.rollout.wire import GenerateCall, GenerateReply, Sample
-from longtail_workers.spot.publish import DrafterRegistry
 from longtail_workers.trainer.dispatch import RolloutFailed, RolloutPool, shard_round_robin
 from longtail_workers.trainer.driver import DriverState
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
+from longtail_workers.wire.rollout import GenerateCall, GenerateReply, Sample
 
 SPEC = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=100_000)
 

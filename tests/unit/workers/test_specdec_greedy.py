@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
-from longtail_workers.drafter.fit import collect_training_sequences, fit_drafter
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.warmstart.fit import collect_training_sequences, fit_drafter
 
 VOCAB = 48
 

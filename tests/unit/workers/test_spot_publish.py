@@ -9,14 +9,14 @@ import torch
 from safetensors.torch import load_file
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_workers.drafter.merge import merge_state_dicts
 from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.registry import DrafterRegistry, VersionConflictError
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.specdec import DraftTrace
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.rollout.control import RolloutWorker
-from longtail_workers.spot.merge import merge_state_dicts
-from longtail_workers.spot.publish import DrafterRegistry, VersionConflictError
 
 TID = "tiny-pub"
 

@@ -22,14 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
-from longtail_workers.engine.torch_engine import TorchEngine
-from longtail_workers.rollout.control import RolloutWorker
-from longtail_workers.rollout.service import build_parser as rollout_parser
-from longtail_workers.spot.publish import DrafterRegistry
-from longtail_workers.spot.remote import (
+from longtail_workers.drafter.exchange import (
     CANDIDATES_PATH,
     CHECKSUM_HEADER,
     DrafterEndpoints,
@@ -39,6 +32,13 @@ from longtail_workers.spot.remote import (
     RemoteDrafterRegistry,
     pack_files,
 )
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.registry import DrafterRegistry
+from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.engine.testing import tiny_qwen2
+from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.rollout.control import RolloutWorker
+from longtail_workers.rollout.service import build_parser as rollout_parser
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.weights.checksum import sha256_hex
 

@@ -11,7 +11,6 @@ import torch
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
-from longtail_workers.rollout.wire import Sample
 from longtail_workers.trainer.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -22,6 +21,7 @@ from longtail_workers.trainer.checkpoint import (
 from longtail_workers.trainer.grpo import sequence_logprobs
 from longtail_workers.trainer.optim import TrainConfig, build_optimizer
 from longtail_workers.trainer.rollout_batch import build_grpo_batch
+from longtail_workers.wire.rollout import Sample
 
 
 def _model(seed: int = 0) -> torch.nn.Module:

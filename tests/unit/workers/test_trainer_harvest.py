@@ -26,18 +26,18 @@ import torch
 from longtail_api.policies import DrafterTrainingSpec, HarvestSpec
 from longtail_api.workerapi import RoleAnswer, TrainerStatus
 from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.local.coordinator import Coordinator
 from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
-from longtail_workers.rollout.wire import Sample
 from longtail_workers.spot.buffer import RolloutBuffer
-from longtail_workers.spot.publish import DrafterRegistry
 from longtail_workers.spot.sequences import engine_hidden_states
 from longtail_workers.trainer.driver import DriverState
 from longtail_workers.trainer.harvest import TrainerHarvest
 from longtail_workers.trainer.service import TrainerApp
+from longtail_workers.wire.rollout import Sample
 
 SPEC = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=100_000)
 

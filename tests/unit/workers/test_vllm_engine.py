@@ -23,13 +23,13 @@ import yaml
 from lossless import chi_square, exact_distribution
 
 from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, SpeculativeSpec, StrategySpec
-from longtail_workers.drafter.fit import collect_training_sequences, fit_drafter
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.models.loading import load_policy, resolve_model_path
 from longtail_workers.trainer.grpo import sequence_logprobs
+from longtail_workers.warmstart.fit import collect_training_sequences, fit_drafter
 
 vllm_engine = pytest.importorskip(
     "longtail_workers.engine.vllm_engine", reason="vLLM is installed by make install"

@@ -21,22 +21,23 @@ import torch
 
 from longtail_api.auth import TOKEN_ENV, token_matches
 from longtail_api.policies import HarvestSpec
+from longtail_workers.drafter.exchange import (
+    DrafterEndpoints,
+    DrafterExchangeError,
+    RemoteDrafterRegistry,
+)
 from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.drafter_worker.service import main as drafter_main
 from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.httpclient import WorkerHTTPError, http_json
 from longtail_workers.local.coordinator import Coordinator
 from longtail_workers.local.launcher import Child
 from longtail_workers.rollout.http import ControlConfig
 from longtail_workers.rollout.service import GeneratingWorker, RolloutServer
 from longtail_workers.rollout.service import main as rollout_main
-from longtail_workers.spot.publish import DrafterRegistry
-from longtail_workers.spot.remote import (
-    DrafterEndpoints,
-    DrafterExchangeError,
-    RemoteDrafterRegistry,
-)
-from longtail_workers.trainer.dispatch import RolloutPool, WorkerHTTPError, http_json
+from longtail_workers.trainer.dispatch import RolloutPool
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.trainer.service import main as trainer_main
 from longtail_workers.verifier import VerifierClient, VerifierConfig, VerifierError, VerifierServer

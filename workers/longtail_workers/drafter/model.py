@@ -18,7 +18,7 @@ Llama-style models) built from a one-layer copy of the target config, with its o
 embedding; it is used unmodified (EAGLE-1 drops the layer's input norm; we keep it, since the
 fc output is not normalised and the layer class should stay the stock one). ``input_norm=False``
 and ``fc_bias=False`` give EAGLE-1's serving layout instead (what vLLM's and SGLang's EAGLE
-drafters compute; needed for an exact export, see ``spot/export.py``).
+drafters compute; needed for an exact export, see ``drafter/export.py``).
 
 The embedding and LM head are held as plain references, not registered submodules,
 so they are never in ``state_dict()``, never in ``parameters()`` (an optimizer cannot see them)
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longtail_workers.engine.kv_cache import attention_mask as build_mask
-from longtail_workers.engine.kv_cache import check_attention_implementation
+from longtail_workers.kvcache.cache import attention_mask as build_mask
+from longtail_workers.kvcache.cache import check_attention_implementation
 
 
 @dataclass(frozen=True)

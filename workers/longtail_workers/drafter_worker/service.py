@@ -33,18 +33,18 @@ from prometheus_client import generate_latest
 from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 from longtail_api.workerapi import STATUS_PATH
 from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
-from longtail_workers.drafter_worker.wire import SampleFeed
 from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, check_route
+from longtail_workers.jobspec import load_job_spec
 from longtail_workers.runtime import (
     ServiceRuntime,
-    load_job_spec,
     policy_and_drafter,
     role_device,
     torch_threads,
 )
 from longtail_workers.spot.sequences import SequenceWindows
 from longtail_workers.weights.http_sync import HttpWeightClient
+from longtail_workers.wire.samples import SampleFeed
 
 log = logging.getLogger(__name__)
 LISTENING_PREFIX = "longtail drafter listening on "

@@ -4,7 +4,7 @@
 in a thread; its HTTP surface reads :meth:`DrafterWorker.status`. One turn of the loop:
 
 1. wait for a step newer than the last one trained on (``GET /v1/samples/latest`` on the
-   trainer, :class:`~longtail_workers.drafter_worker.wire.SampleFeed`; bounded, with backoff);
+   trainer, :class:`~longtail_workers.wire.samples.SampleFeed`; bounded, with backoff);
 2. load the policy version published after that step from the trainer's weight server (the
    same :class:`~longtail_workers.weights.sync.WeightSource` a rollout worker pulls with), so
    the hidden states are the current policy's;
@@ -31,12 +31,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from longtail_api import metrics as names
-from longtail_workers.drafter_worker.wire import SampleFeed, StepSamples
-from longtail_workers.spot.publish import Candidate
+from longtail_workers.drafter.registry import Candidate
 from longtail_workers.spot.sequences import SequenceWindows
 from longtail_workers.spot.trainer import SpotTrainingError
 from longtail_workers.verifier.metrics import counter_from_spec, gauge_from_spec
 from longtail_workers.weights.sync import WeightSource, WeightSyncError
+from longtail_workers.wire.samples import SampleFeed, StepSamples
 
 log = logging.getLogger(__name__)
 

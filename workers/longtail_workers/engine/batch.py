@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from longtail_workers.engine.interface import FinishReason, GenerationRequest, GenerationResult
-from longtail_workers.engine.kv_cache import PaddedKVCache
+from longtail_workers.kvcache.cache import PaddedKVCache
 
 
 @dataclass

@@ -32,7 +32,6 @@ from torch.nn.utils.rnn import pad_sequence
 
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.batch import RunningBatch, SequenceState
-from longtail_workers.engine.kv_cache import PaddedKVCache
 from longtail_workers.engine.rejection import AcceptanceRule, rejection_sample
 from longtail_workers.engine.sampling import (
     STREAM_ACCEPT,
@@ -44,6 +43,7 @@ from longtail_workers.engine.sampling import (
     token_logprobs,
 )
 from longtail_workers.engine.target import TargetModel
+from longtail_workers.kvcache.cache import PaddedKVCache
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from longtail_workers.engine.kv_cache import PaddedKVCache, check_attention_implementation
+from longtail_workers.kvcache.cache import PaddedKVCache, check_attention_implementation
 
 
 class TargetModel:

@@ -42,13 +42,13 @@ from vllm.inputs import TokensPrompt
 
 from longtail_api.policies import SpeculativeSpec
 from longtail_workers.drafter.checkpoint import save_drafter
+from longtail_workers.drafter.export import engine_tensors, export_drafter
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult, RolloutEngine
 from longtail_workers.engine.sampling import token_logprobs
 from longtail_workers.engine.stats import RolloutMetrics, RolloutStats
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.engine.vllm_schedule import VllmSchedule, vllm_schedule
-from longtail_workers.spot.export import engine_tensors, export_drafter
 from longtail_workers.weights.checksum import serialize_state_dict
 
 log = logging.getLogger(__name__)

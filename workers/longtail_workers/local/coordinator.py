@@ -30,7 +30,7 @@ from longtail_api.harvest import DRAFTER_TRAIN, Activity, WorkerView, decide, de
 from longtail_api.policies import HarvestSpec
 from longtail_api.protocol import ProtocolError
 from longtail_api.workerapi import RolloutWorkerStatus, TrainerStatus
-from longtail_workers.trainer.dispatch import WorkerBusy, http_json
+from longtail_workers.httpclient import WorkerBusy, http_json
 
 log = logging.getLogger(__name__)
 TRAINER = "trainer"

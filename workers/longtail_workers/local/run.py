@@ -39,13 +39,13 @@ from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
 from longtail_workers.auth import export_run_token
+from longtail_workers.httpclient import http_json
+from longtail_workers.jobspec import JobSpecError, load_job_spec
 from longtail_workers.local.coordinator import Coordinator
 from longtail_workers.local.launcher import Child, ChildFailed, free_port, stop_all
 from longtail_workers.local.progress import Progress
 from longtail_workers.local.report import write_report
 from longtail_workers.local.restarts import Restarts
-from longtail_workers.runtime import JobSpecError, load_job_spec
-from longtail_workers.trainer.dispatch import http_json
 
 STOPPED = 130
 
@@ -233,7 +233,7 @@ def prepare_builtins(spec: RLJobSpec) -> None:
         resolve_model_path(spec.model.path)
     drafter = spec.drafter_training.initial_drafter
     if drafter and drafter.startswith("builtin:"):
-        from longtail_workers.drafter.builtin import ensure_builtin_drafter
+        from longtail_workers.warmstart.builtin import ensure_builtin_drafter
 
         print(f"preparing the {drafter} drafter (fitted once, then cached) ...", flush=True)
         ensure_builtin_drafter(drafter, spec.drafter_training.layout)

@@ -1,7 +1,7 @@
 """Longtail's build cache: where built-in artefacts live and how each is built exactly once.
 
 ``builtin:tiny`` (:mod:`longtail_workers.models.builtin`) and its drafter
-(:mod:`longtail_workers.drafter.builtin`) are built on first use by whichever process needs them
+(:mod:`longtail_workers.warmstart.builtin`) are built on first use by whichever process needs them
 first: in local mode the ``longtail run`` launcher, on a cluster every pod. :func:`build_once` is
 the one way to do that safely: concurrent callers serialise on a lock file next to the entry, the
 build goes to a temporary directory that is renamed into place only when complete, so a directory

@@ -6,8 +6,8 @@
 (``rollout/service.py``) calls :meth:`RolloutWorker.generate`. It owns the engine (torch or
 vLLM), the capture buffer (``spot/buffer.py``), the spot trainer (``spot/trainer.py``), the
 acceptance tracker and optionally a drafter registry
-(:class:`~longtail_workers.spot.publish.DrafterStore`: a shared directory, or the trainer's HTTP
-exchange in ``spot/remote.py``).
+(:class:`~longtail_workers.drafter.registry.DrafterStore`: a shared directory, or the trainer's HTTP
+exchange in ``drafter/exchange.py``).
 
 Role state machine (activity names from ``longtail_api.harvest``)::
 
@@ -40,13 +40,13 @@ from prometheus_client import CollectorRegistry
 from longtail_api.harvest import DRAFTER_TRAIN, Activity
 from longtail_api.policies import DrafterTrainingSpec
 from longtail_api.workerapi import RoleAck
+from longtail_workers.drafter.exchange import DrafterExchangeError
 from longtail_workers.drafter.model import EagleDrafter, layout_options
+from longtail_workers.drafter.registry import Candidate, DrafterStore
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult, RolloutEngine
 from longtail_workers.rollout.metrics import WorkerCollector, role_switch_histogram
 from longtail_workers.spot.acceptance import INITIAL_DRAFTER, AcceptanceTracker
 from longtail_workers.spot.buffer import RolloutBuffer
-from longtail_workers.spot.publish import Candidate, DrafterStore
-from longtail_workers.spot.remote import DrafterExchangeError
 from longtail_workers.spot.trainer import EmptyBufferError, SpotTrainer
 
 log = logging.getLogger(__name__)

@@ -8,14 +8,15 @@ builds the job's engine (``rollout.engine``: the adaptive-SD
 when vLLM cannot be imported, never falling back to torch) and a
 :class:`~longtail_workers.rollout.control.RolloutWorker` (capture buffer, spot trainer, role
 state machine, drafter registry), and serves the control surface of ``rollout/http.py`` plus
-``POST /v1/generate`` (``rollout/wire.py``; a request the model cannot run, e.g. a NaN
+``POST /v1/generate`` (``wire/rollout.py``; a request the model cannot run, e.g. a NaN
 temperature or more tokens than its positions, is answered 400 naming the field). Before each
 generate call it loads the policy version the call names from the weight source (HTTP pull from
 the trainer, or torch.distributed), so one call never mixes versions; the newest drafter is
 loaded by ``RolloutWorker.generate`` at the same point. When a drafter-train window ends (``PUT
 /v1/role rollout``) the trained drafter is submitted as a candidate before the answer is sent,
 so the step driver can merge it right away. Drafters are exchanged through the trainer's HTTP
-port (``--drafters-url``, ``spot/remote.py``; what pods and ``longtail run`` use) or a directory
+port (``--drafters-url``, ``drafter/exchange.py``;
+what pods and ``longtail run`` use) or a directory
 shared with the trainer (``--drafters``). Prints ``longtail rollout listening on URL`` once
 bound. Its write endpoints (``POST /v1/generate``, ``PUT /v1/role``) require the job's token
 and it refuses to start without one unless ``--insecure-no-auth`` (``longtail_workers.auth``);
@@ -37,13 +38,24 @@ from typing import Any
 from longtail_api.harvest import DRAFTER_TRAIN
 from longtail_api.workerapi import RoleAck
 from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
+from longtail_workers.drafter.exchange import DrafterExchangeError
 from longtail_workers.engine.interface import RolloutEngine
 from longtail_workers.engine.stats import RolloutMetrics
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.httpserver import BodyErrors, fail
+from longtail_workers.jobspec import load_job_spec
 from longtail_workers.rollout.control import RoleConflictError, RolloutWorker
 from longtail_workers.rollout.http import ControlConfig, ControlHandler, ControlServer
-from longtail_workers.rollout.wire import (
+from longtail_workers.runtime import (
+    ServiceRuntime,
+    add_weight_sync_args,
+    make_weight_source,
+    policy_and_drafter,
+    role_device,
+    torch_threads,
+)
+from longtail_workers.weights.sync import WeightSource, WeightSyncError, WeightVersionError
+from longtail_workers.wire.rollout import (
     GENERATE_PATH,
     GenerateCall,
     GenerateReply,
@@ -51,17 +63,6 @@ from longtail_workers.rollout.wire import (
     WireError,
     check_call,
 )
-from longtail_workers.runtime import (
-    ServiceRuntime,
-    add_weight_sync_args,
-    load_job_spec,
-    make_weight_source,
-    policy_and_drafter,
-    role_device,
-    torch_threads,
-)
-from longtail_workers.spot.remote import DrafterExchangeError
-from longtail_workers.weights.sync import WeightSource, WeightSyncError, WeightVersionError
 
 log = logging.getLogger(__name__)
 LISTENING_PREFIX = "longtail rollout listening on "

@@ -7,11 +7,11 @@ The pieces, in data-flow order:
 * ``windows``    cuts captured sequences into ~``window_tokens`` windows and packs several into
   one training row with a block-diagonal causal mask;
 * ``trainer``    the preemptible background trainer (start / request_stop / wait_stopped);
-* ``publish``    versioned, atomic publishing of drafter versions and the token-weighted merge of
-  several workers' candidates at the step boundary;
-* ``acceptance`` acceptance length per policy and per drafter version (stats and Prometheus);
-* ``export``     writes a drafter in the EAGLE-1 layout serving engines load;
-* ``metrics``    the metric specs of this package and of the worker control surface.
+* ``sequences``  windows trained on given answers, for the roles that do not generate;
+* ``acceptance`` acceptance length per policy and per drafter version (stats and Prometheus).
+
+Drafter versions, their exchange, merge, vetting and export live with the model in
+``longtail_workers.drafter``.
 
 The worker control surface that switches a worker between rollout and drafter training lives in
 ``longtail_workers.rollout``. Submodules are imported directly.

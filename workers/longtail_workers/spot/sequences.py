@@ -33,9 +33,9 @@ import torch
 
 from longtail_api.policies import DrafterTrainingSpec
 from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.registry import Candidate, DrafterStore
 from longtail_workers.engine.interface import GenerationResult
 from longtail_workers.spot.buffer import RolloutBuffer
-from longtail_workers.spot.publish import Candidate, DrafterStore
 from longtail_workers.spot.trainer import SpotTrainer
 
 log = logging.getLogger(__name__)

@@ -19,11 +19,9 @@ never waits longer than ``timeout_s`` per call. ``stop`` (Ctrl-C) aborts with
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -31,11 +29,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from longtail_api.auth import is_write
-from longtail_workers.auth import auth_headers
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.httpserver import error_text
-from longtail_workers.rollout.wire import GENERATE_PATH, GenerateCall, GenerateReply, Sample
+from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, http_json
+from longtail_workers.wire.rollout import GENERATE_PATH, GenerateCall, GenerateReply, Sample
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +47,6 @@ class RolloutAborted(RuntimeError):
 class RolloutRejected(RolloutFailed):
     """A worker refused a generate call as invalid (HTTP 4xx other than 409): a job
     configuration error, not a lost worker; the message is the worker's, naming the field."""
-
-
-class WorkerBusy(RuntimeError):
-    """HTTP 409 from a worker: it is not in the rollout role right now."""
-
-
-class WorkerHTTPError(OSError):
-    """A worker answered an HTTP error status ``code`` (its error text is in the message)."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def shard_round_robin(n: int, workers: int, group: int = 1) -> list[list[int]]:
@@ -93,27 +77,6 @@ class RolloutOutcome:
     """When the first worker ran out of work (start of the tail), from the start."""
     redispatched: int = 0
     failed_workers: dict[str, str] = field(default_factory=dict)
-
-
-def http_json(
-    url: str, body: dict[str, Any] | None, timeout_s: float, method: str, token: str | None = None
-) -> Any:
-    """One JSON request; raises :class:`WorkerBusy` on 409 and ``OSError`` family otherwise.
-
-    A write (not GET/HEAD) carries ``token``, by default this process's job token."""
-    data = None if body is None else json.dumps(body).encode()
-    headers = auth_headers(token) if is_write(method) else {}
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        text = error_text(exc.read())[:500]
-        if exc.code == 409:
-            raise WorkerBusy(text) from exc
-        raise WorkerHTTPError(exc.code, f"HTTP {exc.code} from {url}: {text}") from exc
 
 
 class RolloutPool:

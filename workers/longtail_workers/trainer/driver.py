@@ -43,9 +43,7 @@ import torch
 from longtail_api.acceptance import acceptance_collapsed
 from longtail_api.spec import RLJobSpec
 from longtail_workers.data import Example, format_example, iterate_batches
-from longtail_workers.drafter_worker.wire import StepSamples
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.rollout.wire import Sample
 from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.dispatch import RolloutAborted, RolloutOutcome, RolloutPool
 from longtail_workers.trainer.group import PolicyLeader
@@ -56,6 +54,8 @@ from longtail_workers.trainer.rollout_batch import build_grpo_batch
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient
 from longtail_workers.weights.sync import WeightPublisher
+from longtail_workers.wire.rollout import Sample
+from longtail_workers.wire.samples import StepSamples
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +333,7 @@ class StepDriver:
         }
 
     def _new_rejections(self) -> int:
-        """Drafter candidates the registry refused since the last row (``spot/vetting.py``)."""
+        """Drafter candidates the registry refused since the last row (``drafter/vetting.py``)."""
         total = 0 if self.registry is None else sum(self.registry.rejected.values())
         new, self._rejections_seen = total - self._rejections_seen, total
         return int(new)

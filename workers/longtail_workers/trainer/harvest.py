@@ -44,9 +44,9 @@ from longtail_api.policies import DrafterTrainingSpec
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TRAINER_ACTIVITIES, RoleAck, RoleState
 from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.registry import Candidate, DrafterRegistry
 from longtail_workers.rollout.control import RoleConflictError, check_activity
 from longtail_workers.spot.buffer import RolloutBuffer
-from longtail_workers.spot.publish import Candidate, DrafterRegistry
 from longtail_workers.spot.sequences import SampleTokens, SequenceWindows
 from longtail_workers.spot.trainer import SpotTrainer
 

@@ -23,8 +23,9 @@ import time
 from collections.abc import Mapping
 
 from longtail_api.rendezvous import LOCAL_RANK, RANK, TrainerRendezvous
+from longtail_workers.jobspec import load_job_spec
 from longtail_workers.parentwatch import ENV as PARENT_PID_ENV
-from longtail_workers.runtime import load_job_spec, role_device, torch_threads
+from longtail_workers.runtime import role_device, torch_threads
 from longtail_workers.signals import install_stop_signals
 from longtail_workers.trainer.group import CommandChannel, follow
 from longtail_workers.trainer.policy import build_policy

@@ -11,9 +11,9 @@ healthy, then runs :class:`~longtail_workers.trainer.driver.StepDriver`. Its own
 the same answers as a rollout worker's: 200/202 with the acknowledged role, 409 refused now, 400
 malformed), ``GET /metrics``, ``/healthz``, ``/readyz``, and with ``--drafters DIR`` the drafter
 exchange ``/v1/drafters/...``
-(``spot/remote.py``: rollout workers fetch published drafter versions and upload their
+(``drafter/exchange.py``: rollout workers fetch published drafter versions and upload their
 candidates, which the step driver merges from DIR), ``GET /v1/samples/latest[?after=N]`` (the
-last completed step's answers, for the dedicated drafter workers: ``drafter_worker/wire.py``).
+last completed step's answers, for the dedicated drafter workers: ``wire/samples.py``).
 Per-step rows go to
 ``RUN_DIR/metrics.jsonl``. Every write endpoint (``POST /v1/checkpoint``, ``PUT /v1/role``,
 candidate uploads) requires the job's token, and the trainer refuses to start without one
@@ -61,19 +61,17 @@ from longtail_api.workerapi import (
     TrainerStatus,
 )
 from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
-from longtail_workers.drafter_worker.wire import SAMPLES_PATH, StepSamples, parse_after
+from longtail_workers.drafter.exchange import DrafterEndpoints
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
+from longtail_workers.jobspec import load_job_spec
 from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
 from longtail_workers.rollout.http import ROLE_BODY_ERRORS, role_from_body
-from longtail_workers.rollout.wire import WireError
 from longtail_workers.runtime import (
     add_weight_sync_args,
-    load_job_spec,
     role_device,
     torch_threads,
 )
 from longtail_workers.signals import install_stop_signals
-from longtail_workers.spot.remote import DrafterEndpoints
 from longtail_workers.trainer.checkpoint import latest_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed
 from longtail_workers.trainer.driver import StepDriver
@@ -90,6 +88,8 @@ from longtail_workers.verifier.metrics import (
     gauge_from_spec,
     histogram_from_spec,
 )
+from longtail_workers.wire.rollout import WireError
+from longtail_workers.wire.samples import SAMPLES_PATH, StepSamples, parse_after
 
 log = logging.getLogger(__name__)
 LISTENING_PREFIX = "longtail trainer listening on "

@@ -5,8 +5,8 @@ datasets (``resolve_dataset``; :func:`check_context` fails at once when the long
 plus ``algorithm.maxNewTokens`` does not fit the model), the rollout pool and verifier client
 from the command line, the weight publisher (HTTP server, or torch.distributed rank 0 with
 ``--weight-sync dist``) and the drafter registry (``--drafters``; the trainer's HTTP port
-serves it to the rollout workers, ``spot/remote.py``; candidates are checked against the job's
-drafter, ``spot/vetting.py``) and, when the job makes the trainer a harvest target
+serves it to the rollout workers, ``drafter/exchange.py``; candidates are checked against the job's
+drafter, ``drafter/vetting.py``) and, when the job makes the trainer a harvest target
 (``trainer/harvest.py``), the trainer's own drafter training. Returns the driver and a function
 that stops the publisher. On a sharded trainer (``trainer/world.py``) this runs on rank 0 only,
 after the group is joined: the policy is loaded and sharded on every rank
@@ -27,9 +27,9 @@ from longtail_api.spec import RLJobSpec
 from longtail_workers.data import Example, format_example, resolve_dataset
 from longtail_workers.data.loader import DEFAULT_BUILTIN_TRAIN_SIZE
 from longtail_workers.drafter.checkpoint import DrafterMismatchError
+from longtail_workers.drafter.registry import DrafterRegistry
+from longtail_workers.drafter.vetting import DrafterReference
 from longtail_workers.runtime import init_dist, initial_drafter
-from longtail_workers.spot.publish import DrafterRegistry
-from longtail_workers.spot.vetting import DrafterReference
 from longtail_workers.trainer.dispatch import RolloutPool
 from longtail_workers.trainer.driver import DriverConfig, StepDriver
 from longtail_workers.trainer.group import CommandChannel, PolicyLeader
@@ -118,7 +118,7 @@ def build_driver(
 
 
 def drafter_reference(spec: RLJobSpec, model: Any) -> DrafterReference | None:
-    """The job's drafter, which every candidate must match (``spot/vetting.py``).
+    """The job's drafter, which every candidate must match (``drafter/vetting.py``).
 
     None, with a warning, when this trainer cannot read ``drafterTraining.initialDrafter`` (a
     path mounted on the rollout pods only): candidates are then checked against each other at

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from longtail_workers.rollout.wire import WireError, _get, _token_ids
-from longtail_workers.trainer.dispatch import http_json
+from longtail_workers.httpclient import http_json
+from longtail_workers.wire.rollout import WireError, _get, _token_ids
 
 log = logging.getLogger(__name__)
 

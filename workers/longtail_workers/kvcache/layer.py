@@ -1,6 +1,6 @@
 """One layer of the engine's KV cache that appends in place instead of concatenating.
 
-:class:`~longtail_workers.engine.kv_cache.PaddedKVCache` gives every attention layer of the target
+:class:`~longtail_workers.kvcache.cache.PaddedKVCache` gives every attention layer of the target
 and of the drafter a :class:`GrowingLayer`. Hugging Face's ``DynamicLayer`` appends a decode
 step's keys with ``torch.cat``, which copies the whole cache every step: O(L) per token, O(L^2)
 per answer. Profiling a 64-answer rollout of ``builtin:tiny`` on one CPU thread put a quarter of

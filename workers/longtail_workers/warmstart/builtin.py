@@ -5,7 +5,7 @@ A drafter trained from scratch online reaches an accepted length of only ~2 in e
 starts near 4 and, kept fresh by the online windows, stays above 3 (docs/performance.md, "The
 first run learns"). For a user's model that fit is ``longtail drafter fit``; for the built-in
 policy Longtail does it itself, as it builds the policy: on first use, the same offline fit
-(:func:`~longtail_workers.drafter.warmstart.fit_offline`) on ``builtin:arith`` training prompts
+(:func:`~longtail_workers.warmstart.offline.fit_offline`) on ``builtin:arith`` training prompts
 sampled at temperature 1, in the job's ``drafterTraining.layout``, cached under
 ``$LONGTAIL_CACHE_DIR/drafters/`` next to the model it belongs to (the directory name carries the
 model's recipe hash, the layout and the fit's own hash, so a rebuilt model gets a new drafter).
@@ -32,10 +32,10 @@ from tqdm.auto import tqdm
 from longtail_api.policies import DrafterLayout, LossWeightsSpec
 from longtail_api.spec import DatasetSpec
 from longtail_workers.drafter.checkpoint import save_drafter
-from longtail_workers.drafter.warmstart import OfflineFit, Sampling, fit_offline, sampling_requests
 from longtail_workers.models.builtin import DEFAULT_RECIPE, TinyRecipe
 from longtail_workers.models.cache import build_once, cache_root
 from longtail_workers.models.loading import load_policy
+from longtail_workers.warmstart.offline import OfflineFit, Sampling, fit_offline, sampling_requests
 
 log = logging.getLogger(__name__)
 BUILD_INFO_FILE = "longtail_build.json"

@@ -1,6 +1,6 @@
 """Token-weighted averaging of drafters trained by several workers in the same window.
 
-Called by :meth:`longtail_workers.spot.publish.DrafterRegistry.merge_candidates` at the step
+Called by :meth:`longtail_workers.drafter.registry.DrafterRegistry.merge_candidates` at the step
 boundary, when every harvested worker has submitted the drafter it trained from the same
 published version ``d``. The merged version ``d+1`` is::
 

@@ -1,7 +1,7 @@
 """Drafter exchange over the trainer's HTTP port, so rollout workers need no shared directory.
 
 On a cluster each pod has its own filesystem, and ``longtail run`` exercises the same path: the
-trainer keeps the :class:`~longtail_workers.spot.publish.DrafterRegistry` directory (merge and
+trainer keeps the :class:`~longtail_workers.drafter.registry.DrafterRegistry` directory (merge and
 publish are unchanged) and ``trainer/service.py``'s ``TrainerApp`` mounts
 :class:`DrafterEndpoints` on it; each rollout worker (``--drafters-url``) uses
 :class:`RemoteDrafterRegistry`, which has the registry's ``DrafterStore`` interface
@@ -19,7 +19,7 @@ A payload is an uncompressed tar of the files ``save_drafter`` writes (byte for 
 sha256 travels in ``X-Longtail-Drafter-Sha256``: the client checks it on every download and the
 trainer on every upload (400 on a mismatch), so a corrupted transfer is never loaded or merged.
 An upload that is not the job's drafter (tensor names, shapes, dtypes, target), holds no tensors
-or a NaN/infinity is refused with 400 naming the problem and not stored (``spot/vetting.py``).
+or a NaN/infinity is refused with 400 naming the problem and not stored (``drafter/vetting.py``).
 Every request has a bounded timeout; unreachable trainers, timeouts and 5xx answers (503 while
 the trainer is still loading) are retried with exponential backoff and jitter, then raised as
 :class:`DrafterExchangeError` naming the URL. Re-sending a candidate after a lost answer is
@@ -56,8 +56,7 @@ from longtail_api.auth import is_write
 from longtail_workers.auth import auth_headers
 from longtail_workers.drafter.checkpoint import DrafterMismatchError, load_drafter, save_drafter
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.httpserver import BodyErrors, JSONRequestHandler, error_text, fail
-from longtail_workers.spot.publish import (
+from longtail_workers.drafter.registry import (
     DRAFTER_FILES,
     META_FILE,
     Candidate,
@@ -65,6 +64,7 @@ from longtail_workers.spot.publish import (
     PublishedVersion,
     VersionMeta,
 )
+from longtail_workers.httpserver import BodyErrors, JSONRequestHandler, error_text, fail
 from longtail_workers.weights.checksum import sha256_hex
 
 log = logging.getLogger(__name__)
@@ -302,7 +302,7 @@ def _candidate_dict(cand: Candidate) -> dict[str, object]:
 
 
 class RemoteDrafterRegistry:
-    """A ``DrafterStore`` (``spot/publish.py``) over the trainer's HTTP port (``--drafters-url``).
+    """A ``DrafterStore`` (``registry.py``) over the trainer's HTTP port (``--drafters-url``).
 
     Downloaded versions are kept (verified) under ``cache_dir`` (default: a private temporary
     directory removed with this object), the newest ``keep_versions`` of them, so loading the

@@ -5,7 +5,7 @@ spot trainer gets a few worker-seconds per step). This command does before the r
 trainer does during it, in one go and with large batches: it samples the job's policy on the
 job's *training* prompts (the job's temperature, top-p and ``maxNewTokens``), records the target's
 hidden states, fits a drafter in the job's ``drafterTraining.layout`` with TLT's loss
-(:func:`longtail_workers.drafter.fit.fit_drafter`), reports its held-out top-1 agreement with the
+(:func:`longtail_workers.warmstart.fit.fit_drafter`), reports its held-out top-1 agreement with the
 target and writes it as a drafter directory. Point ``spec.drafterTraining.initialDrafter`` at that
 directory; rollout workers then speculate well from the first step, and the online trainer's
 quality gate (``spot/trainer.py``) keeps it from being replaced by anything worse.
@@ -33,17 +33,17 @@ from longtail_workers.data import resolve_dataset
 from longtail_workers.data.loader import DEFAULT_BUILTIN_TRAIN_SIZE
 from longtail_workers.data.prompts import format_example
 from longtail_workers.drafter.checkpoint import save_drafter
-from longtail_workers.drafter.fit import (
+from longtail_workers.drafter.model import EagleDrafter, layout_options
+from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.jobspec import JobSpecError, load_job_spec
+from longtail_workers.models.loading import load_policy
+from longtail_workers.spot.windows import Window, top1_over
+from longtail_workers.warmstart.fit import (
     TrainingSequence,
     collect_training_sequences,
     fit_drafter,
 )
-from longtail_workers.drafter.model import EagleDrafter, layout_options
-from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
-from longtail_workers.models.loading import load_policy
-from longtail_workers.runtime import JobSpecError, load_job_spec
-from longtail_workers.spot.windows import Window, top1_over
 
 HOLDOUT_EVERY = 10  # every 10th sampled answer is held out to measure the fit
 _SEED_BASE = 7_000_000  # sampling seeds apart from the RL run's answer seeds

@@ -2,7 +2,7 @@
 
 Used by the torch engine for the target model and by speculative decoding for the drafter. The
 keys/values live in a Hugging Face ``DynamicCache`` (so any HF decoder that appends to it works)
-whose layers append in place (:class:`~longtail_workers.engine.kv_layer.GrowingLayer`), shaped
+whose layers append in place (:class:`~longtail_workers.kvcache.layer.GrowingLayer`), shaped
 ``[B, heads, L, head_dim]`` per layer: all rows share the slot axis ``L``. Rows differ in how many
 of those slots hold real tokens, which is tracked in ``valid`` ``[B, L]``:
 
@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from longtail_workers.engine.kv_layer import GrowingLayer
+from longtail_workers.kvcache.layer import GrowingLayer
 
 MASKED_ATTENTION = ("sdpa", "eager")
 """Attention implementations that accept the engine's explicit 4D masks."""

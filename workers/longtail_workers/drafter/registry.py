@@ -22,8 +22,8 @@ POSIX-locking shared filesystem) never collide or move ``LATEST`` backwards. Old
 beyond ``keep_versions`` are deleted; a reader that lost that race retries with the new latest.
 
 Where the workers do not share the directory (pods on a cluster, and ``longtail run``'s rollout
-workers), the trainer keeps it and serves it over HTTP (``spot/remote.py``): rollout workers use
-:class:`~longtail_workers.spot.remote.RemoteDrafterRegistry`, which has the same
+workers), the trainer keeps it and serves it over HTTP (``exchange.py``): rollout workers use
+:class:`~longtail_workers.drafter.exchange.RemoteDrafterRegistry`, which has the same
 :class:`DrafterStore` interface, and the trainer stores their uploads with
 :meth:`DrafterRegistry.submit_candidate_files`.
 
@@ -59,9 +59,9 @@ from longtail_workers.drafter.checkpoint import (
     load_drafter,
     save_drafter,
 )
+from longtail_workers.drafter.merge import merge_state_dicts
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.spot.merge import merge_state_dicts
-from longtail_workers.spot.vetting import (
+from longtail_workers.drafter.vetting import (
     CandidateRejected,
     DrafterReference,
     check_candidate_dir,
@@ -135,7 +135,7 @@ class DrafterStore(Protocol):
     """What a rollout worker needs of a drafter registry (``rollout/control.py``).
 
     Implemented by :class:`DrafterRegistry` (a directory the trainer and the workers share) and
-    by :class:`~longtail_workers.spot.remote.RemoteDrafterRegistry` (the trainer's HTTP port).
+    by :class:`~longtail_workers.drafter.exchange.RemoteDrafterRegistry` (the trainer's HTTP port).
     """
 
     def latest_version(self) -> int | None: ...
@@ -182,7 +182,7 @@ def _base_dir_name(base_version: int | None) -> str:
 class DrafterRegistry:
     """Published drafter versions and pending candidates under one directory.
 
-    ``reference`` (the job's drafter, ``spot/vetting.py``): what stored and merged candidates
+    ``reference`` (the job's drafter, ``drafter/vetting.py``): what stored and merged candidates
     must match; without it a candidate is checked against the first usable one. Refused
     candidates are counted in :attr:`rejected` (by stage) and reported to ``on_rejected``.
     """

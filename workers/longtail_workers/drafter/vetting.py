@@ -1,7 +1,7 @@
 """Checks that a drafter candidate is the job's drafter, with finite weights, before it is used.
 
-Called by :class:`~longtail_workers.spot.publish.DrafterRegistry`: when a candidate is stored
-(``submit_candidate_files``, behind the trainer's upload endpoint in ``spot/remote.py``, which
+Called by :class:`~longtail_workers.drafter.registry.DrafterRegistry`: when a candidate is stored
+(``submit_candidate_files``, behind the trainer's upload endpoint in ``drafter/exchange.py``, which
 answers 400 with the message and stores nothing), when candidates are merged (one that fails is
 skipped and reported; the others are merged) and before any version is published (a drafter
 with a NaN or infinite weight is never published). The trainer builds the
