@@ -41,8 +41,9 @@ format: ## Apply ruff formatting and safe fixes
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-typecheck: ## mypy (strict) on the shared API, operator and CLI packages
-	$(VENV)/bin/mypy -p longtail_api -p longtail_operator -p longtail_cli
+typecheck: ## mypy (strict) on the shared API, operator, CLI, worker and chart-generator packages
+	$(VENV)/bin/mypy -p longtail_api -p longtail_operator -p longtail_cli -p longtail_workers \
+		-p longtail_chart
 
 contracts: ## Import-linter walls between the api, operator and workers packages
 	$(VENV)/bin/lint-imports
@@ -50,12 +51,12 @@ contracts: ## Import-linter walls between the api, operator and workers packages
 verify: ## Fail if generated files (CRD, RLJob reference, chart files, observability doc) drifted
 	$(PY) -m longtail_api.crdgen --check $(CRD_FILES)
 	$(PY) -m longtail_api.docgen --check $(REFERENCE)
-	$(PY) helm/chartgen.py --check
+	$(PY) -m longtail_chart.chartgen --check
 
 crds: ## Regenerate the CRD and the RLJob reference from the spec dataclasses
 	$(PY) -m longtail_api.crdgen --write $(CRD_FILES)
 	$(PY) -m longtail_api.docgen --write $(REFERENCE)
-	$(PY) helm/chartgen.py --write
+	$(PY) -m longtail_chart.chartgen --write
 
 unit: ## Unit tests (no control plane, no GPU)
 	$(VENV)/bin/pytest -m "not integration"
@@ -70,7 +71,7 @@ examples: ## Validate the numbered examples
 	$(VENV)/bin/longtail validate examples/*.yaml
 
 chart: ## Regenerate the chart's CRD/RBAC copies, dashboards, README and docs/observability.md tables
-	$(PY) helm/chartgen.py --write
+	$(PY) -m longtail_chart.chartgen --write
 	$(VENV)/bin/helm lint --strict helm/longtail
 
 images: ## Build the operator and worker images, or print the docker commands without an engine

@@ -88,7 +88,10 @@ def load_model(spec: str) -> tuple[torch.nn.Module, Any, str]:
         spec = "builtin:tiny" if (tiny_dir() / BUILD_INFO_FILE).is_file() else "random"
         print(f"--model auto: using {spec}", flush=True)
     if spec == "random":
-        from longtail_workers.engine.testing import tiny_qwen2
+        # The random tiny Qwen2 is the tests' double (tests/doubles/tiny_targets.py): bench/ and
+        # tests/ are both development trees, and no shipped code needs a random model.
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "doubles"))
+        from tiny_targets import tiny_qwen2
 
         model = tiny_qwen2(seed=0, vocab_size=RANDOM_VOCAB, hidden_size=128, sharpness=20.0)
         return model, None, "random"

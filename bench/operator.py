@@ -35,12 +35,14 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / p) for p in ("api", "operator")]
+# tests/doubles: the loopback FakeWorker (a test double, not shipped in the operator package).
+sys.path[:0] = [str(REPO / p) for p in ("api", "operator", "tests/doubles")]
+
+from fakeworker import FakeWorker  # noqa: E402
 
 from longtail_api.policies import HarvestSpec  # noqa: E402
 from longtail_operator.clients import WorkerClient  # noqa: E402
-from longtail_operator.fakeworker import FakeWorker  # noqa: E402
-from longtail_operator.harvest import Harvester  # noqa: E402
+from longtail_operator.harvester import Harvester  # noqa: E402
 from longtail_operator.metrics import OperatorMetrics  # noqa: E402
 from longtail_operator.reconcile import JobRuntime, Reconciler  # noqa: E402
 from longtail_operator.settings import Settings  # noqa: E402

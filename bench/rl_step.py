@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from longtail_api.steprow import METRICS_FILE, StepRow
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "rl_step.json"
 
@@ -44,7 +46,8 @@ def run_job(job: Path, out: Path, baseline: bool) -> dict[str, Any]:
     print(proc.stdout[-3000:], flush=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln]
+    lines = (out / METRICS_FILE).read_text().splitlines()
+    rows = [StepRow.from_dict(json.loads(ln)) for ln in lines if ln]
     summary = json.loads((out / "summary.json").read_text())
     return {"wall_s": wall, "rows": rows, "summary": summary, "dir": str(out)}
 
@@ -54,17 +57,17 @@ def mean(values: list[float]) -> float:
 
 
 def figures(run: dict[str, Any]) -> dict[str, float]:
-    rows = run["rows"]
-    later = [r for r in rows if r["step"] >= 2] or rows
+    rows: list[StepRow] = run["rows"]
+    later = [r for r in rows if r.step >= 2] or rows
     return {
-        "mean_step_s": mean([r["step_s"] for r in rows]),
-        "mean_step_s_from_2": mean([r["step_s"] for r in later]),
-        "mean_rollout_s": mean([r["rollout_s"] for r in rows]),
-        "mean_tail_s": mean([r["tail_s"] for r in rows]),
-        "mean_train_s": mean([r["train_s"] for r in rows]),
-        "rollout_share": sum(r["rollout_s"] for r in rows) / sum(r["step_s"] for r in rows),
-        "sd_fraction": mean([r["sd_fraction"] for r in rows]),
-        "accepted_length": mean([r["mean_accepted_length"] for r in later]),
+        "mean_step_s": mean([r.step_s for r in rows]),
+        "mean_step_s_from_2": mean([r.step_s for r in later]),
+        "mean_rollout_s": mean([r.rollout_s for r in rows]),
+        "mean_tail_s": mean([r.tail_s for r in rows]),
+        "mean_train_s": mean([r.train_s for r in rows]),
+        "rollout_share": sum(r.rollout_s for r in rows) / sum(r.step_s for r in rows),
+        "sd_fraction": mean([r.sd_fraction or 0.0 for r in rows]),
+        "accepted_length": mean([r.mean_accepted_length or 0.0 for r in later]),
         "idle_s": run["summary"]["idle_s_total"],
         "harvested_s": run["summary"]["harvested_s_total"],
         "start_eval": run["summary"]["start_eval_accuracy"],

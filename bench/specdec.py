@@ -189,8 +189,8 @@ def sweep(
 ) -> list[dict]:
     rows = []
     # Several batches' worth of prompts per batch size (admitted as rows finish, so the running
-    # batch stays at bs): one batch of one prompt is a ~0.3 s run, too short to time on a
-    # shared machine.
+    # batch stays at bs): one batch of one prompt runs for a fraction of a second, too short to
+    # time on a shared machine.
     items = arith.generate(max(sweep_prompts(bs) for bs in args.batch_sizes), seed=2, split="eval")
     for bs in args.batch_sizes:
         reqs = requests_for(

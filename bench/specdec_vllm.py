@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python bench/specdec_vllm.py`` (CPU, built-in tiny model, vLLM's CPU build).
 It prints a table and writes ``bench/results/specdec_vllm.json``; it asserts nothing (figures are
-read by people: the machines are shared and noisy). A quick look (~3 min on 2 cores):
+read by people: the machines are shared and noisy). A quick look (a few minutes on 2 cores):
 ``--fit-prompts 64 --fit-max-new 128 --fit-steps 50 --tail-batch 16 --tail-max-new 64
 --repeats 1 --tail-rounds 1``.
 
@@ -18,7 +18,7 @@ own, or loaded with ``--drafter DIR``.
   ``--tail-max-new`` tokens; SD as a job sets it (on once at most ``--threshold`` answers still
   run, depth ``--depth``); ``--tail-rounds`` rounds of different seeds, summed.
 
-vLLM starts in ~15 s, so there are two vLLM engines, built once: no-SD, and SD with the
+A vLLM engine is slow to start, so there are two, built once: no-SD, and SD with the
 long-tail spec (vLLM's depth is fixed at start; at batch sizes up to ``--threshold`` that spec
 speculates on every step, as forced SD does). vLLM ignores the spec's warm-up latch. vLLM's
 times include ``VllmEngine``'s torch forward over each answer (the log-probs of the contract).

@@ -1,8 +1,10 @@
 """Shared pytest fixtures and paths for the whole suite (and an environment without stray
-trainer-rank variables for every test)."""
+trainer-rank variables for every test); puts ``tests/doubles`` (the test doubles ``fakeworker``
+and ``tiny_targets``) on sys.path so tests import them by name under --import-mode=importlib."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,9 @@ import pytest
 from longtail_api import rendezvous
 
 REPO = Path(__file__).resolve().parents[1]
+DOUBLES = str(REPO / "tests" / "doubles")
+if DOUBLES not in sys.path:
+    sys.path.insert(0, DOUBLES)
 # The trainer-group variables (api/longtail_api/rendezvous.py), and the per-rank ones. vLLM's CPU
 # platform writes LOCAL_WORLD_SIZE into os.environ when an engine starts in-process (the vLLM
 # tests do that); a trainer process a later test starts would inherit it and refuse a partial

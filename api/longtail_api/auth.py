@@ -18,9 +18,11 @@ import hmac
 import secrets
 from collections.abc import Mapping
 
-TOKEN_ENV = "LONGTAIL_AUTH_TOKEN"
+from longtail_api import podenv
+
+TOKEN_ENV = podenv.AUTH_TOKEN
 """Environment variable holding the job's token in every worker process."""
-NO_AUTH_ENV = "LONGTAIL_INSECURE_NO_AUTH"
+NO_AUTH_ENV = podenv.INSECURE_NO_AUTH
 """Set to ``1``/``true`` to run a worker without a token (development only; same as the
 ``--insecure-no-auth`` option). Without either, a worker with no token refuses to start."""
 NO_AUTH_OPTION = "--insecure-no-auth"

@@ -234,23 +234,78 @@ WORKER_CONTROL_METRICS: tuple[MetricSpec, ...] = (
 """Everything the rollout worker's control surface exports."""
 
 # --- rollout engine -------------------------------------------------------------------------
-# Names of the engine's collectors (``longtail_workers.engine.stats`` builds them).
+# The engine's collectors (``longtail_workers.engine.stats.RolloutMetrics`` builds them).
 
-ROLLOUT_METRIC_NAMES: tuple[str, ...] = (
+LABEL_MODE = "mode"
+"""Kind of one engine step: ``sd`` (speculative), ``plain`` or ``prefill``."""
+
+ROLLOUT_DECODE_STEPS_TOTAL = MetricSpec(
     "longtail_rollout_decode_steps_total",
-    "longtail_rollout_generated_tokens_total",
-    "longtail_rollout_draft_tokens_total",
-    "longtail_rollout_accepted_draft_tokens_total",
-    "longtail_rollout_accepted_length",
-    "longtail_rollout_step_seconds",
-    "longtail_rollout_running_sequences",
-    "longtail_rollout_waiting_sequences",
-    "longtail_rollout_sd_active",
-    "longtail_rollout_draft_depth",
-    "longtail_rollout_tokens_per_second",
-    "longtail_rollout_acceptance_rate",
+    "counter",
+    "Engine steps by mode (sd, plain, prefill).",
+    labels=(LABEL_MODE,),
 )
-"""Every metric the rollout engine exports."""
+ROLLOUT_GENERATED_TOKENS_TOTAL = MetricSpec(
+    "longtail_rollout_generated_tokens_total", "counter", "Tokens generated (committed)."
+)
+ROLLOUT_DRAFT_TOKENS_TOTAL = MetricSpec(
+    "longtail_rollout_draft_tokens_total", "counter", "Draft tokens proposed by the drafter."
+)
+ROLLOUT_ACCEPTED_DRAFT_TOKENS_TOTAL = MetricSpec(
+    "longtail_rollout_accepted_draft_tokens_total",
+    "counter",
+    "Draft tokens accepted by the target.",
+)
+ROLLOUT_ACCEPTED_LENGTH = MetricSpec(
+    "longtail_rollout_accepted_length",
+    "histogram",
+    "Tokens gained per sequence per speculative step (accepted drafts + 1).",
+    buckets=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33),
+)
+ROLLOUT_STEP_SECONDS = MetricSpec(
+    "longtail_rollout_step_seconds",
+    "histogram",
+    "Latency of one engine step by mode.",
+    labels=(LABEL_MODE,),
+)
+ROLLOUT_RUNNING_SEQUENCES = MetricSpec(
+    "longtail_rollout_running_sequences", "gauge", "Sequences being decoded."
+)
+ROLLOUT_WAITING_SEQUENCES = MetricSpec(
+    "longtail_rollout_waiting_sequences", "gauge", "Sequences queued."
+)
+ROLLOUT_SD_ACTIVE = MetricSpec(
+    "longtail_rollout_sd_active", "gauge", "1 while speculative decoding is on."
+)
+ROLLOUT_DRAFT_DEPTH = MetricSpec(
+    "longtail_rollout_draft_depth", "gauge", "Draft depth of the last SD step."
+)
+ROLLOUT_TOKENS_PER_SECOND = MetricSpec(
+    "longtail_rollout_tokens_per_second", "gauge", "Tokens per second of the last step."
+)
+ROLLOUT_ACCEPTANCE_RATE = MetricSpec(
+    "longtail_rollout_acceptance_rate", "gauge", "Cumulative accepted / proposed draft tokens."
+)
+
+ROLLOUT_ENGINE_METRICS: tuple[MetricSpec, ...] = (
+    ROLLOUT_DECODE_STEPS_TOTAL,
+    ROLLOUT_GENERATED_TOKENS_TOTAL,
+    ROLLOUT_DRAFT_TOKENS_TOTAL,
+    ROLLOUT_ACCEPTED_DRAFT_TOKENS_TOTAL,
+    ROLLOUT_ACCEPTED_LENGTH,
+    ROLLOUT_STEP_SECONDS,
+    ROLLOUT_RUNNING_SEQUENCES,
+    ROLLOUT_WAITING_SEQUENCES,
+    ROLLOUT_SD_ACTIVE,
+    ROLLOUT_DRAFT_DEPTH,
+    ROLLOUT_TOKENS_PER_SECOND,
+    ROLLOUT_ACCEPTANCE_RATE,
+)
+"""Everything the rollout engine exports. Kept out of :data:`ALL_METRICS`: the generated
+observability reference lists them in a section of their own, read from the live collectors."""
+
+ROLLOUT_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in ROLLOUT_ENGINE_METRICS)
+"""The names of :data:`ROLLOUT_ENGINE_METRICS`."""
 
 # --- operator -------------------------------------------------------------------------------
 # The operator's own /metrics (longtail_operator.metrics builds the collectors from these).
@@ -463,4 +518,4 @@ ALL_METRICS: tuple[MetricSpec, ...] = (
     + DRAFTER_WORKER_METRICS
 )
 """Every Longtail metric declared as a spec; dashboards and tests check names against this
-(plus :data:`ROLLOUT_METRIC_NAMES`)."""
+(plus :data:`ROLLOUT_ENGINE_METRICS`)."""

@@ -9,21 +9,23 @@ environment (:func:`trainer_rendezvous`, ``longtail_api.rendezvous``) with pod 0
 name as ``MASTER_ADDR``, and labels naming its group and world (``trainergroup.py`` plans
 it). Every object carries the ``longtail.dev/*`` and ``app.kubernetes.io/*`` labels and a
 controller owner reference to the RLJob, so deleting the RLJob garbage-collects it. The worker
-contract (args, ``LONGTAIL_*`` env) is documented in docs/operator.md. Every
-pod gets the job's token as ``LONGTAIL_AUTH_TOKEN`` from the Secret ``<job>-auth``
+contract (args, the environment typed as ``longtail_api.podenv.PodEnv``, :func:`pod_env`) is
+documented in docs/operator.md. Every pod gets the job's token (``TOKEN_ENV``) from the Secret
+``<job>-auth``
 (:func:`token_env`); the Secret and the NetworkPolicy themselves are built in ``access.py``.
 """
 
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
 
 from longtail_api import API_VERSION, KIND
 from longtail_api.auth import TOKEN_ENV, TOKEN_KEY
+from longtail_api.podenv import FIELD_REFS, Peer, PodEnv
 from longtail_api.rendezvous import DEFAULT_PORT, TrainerRendezvous
 from longtail_api.spec import RLJobSpec, RoleSpec
 from longtail_operator.merge import deep_merge
@@ -94,10 +96,11 @@ def secret_name(job: str) -> str:
 
 
 def token_env(job: str) -> dict[str, Any]:
-    """``LONGTAIL_AUTH_TOKEN`` from the job's Secret: an environment variable rather than a
-    mounted file, so ``longtail run`` and pods hand it over the same way, the value never
-    appears in the pod spec, and no volume or file mode meets the user's template (a token
-    that never changes while the job exists gains nothing from a file's live updates)."""
+    """The token variable (``TOKEN_ENV``) from the job's Secret: an environment variable
+    rather than a mounted file, so ``longtail run`` and pods hand it over the same way, the
+    value never appears in the pod spec, and no volume or file mode meets the user's template
+    (a token that never changes while the job exists gains nothing from a file's live
+    updates)."""
     ref = {"name": secret_name(job), "key": TOKEN_KEY}
     return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}
 
@@ -192,49 +195,50 @@ def trainer_rendezvous(job: JobRef, spec: RLJobSpec, index: int) -> TrainerRende
     )
 
 
-def drafter_env(
-    job: JobRef, spec: RLJobSpec, settings: Settings, role: str
-) -> list[dict[str, Any]]:
-    """Where drafters are exchanged, when ``drafterTraining`` is enabled: the trainer keeps the
-    registry under its checkpoint volume (``LONGTAIL_DRAFTER_DIR``) and serves it on its HTTP
-    port, which rollout workers and dedicated drafter pods (``spec.drafter``) reach through
-    ``LONGTAIL_DRAFTER_URL``; no shared volume. (A spec with ``drafter`` but without
-    ``drafterTraining`` fails validation, so a drafter pod always gets the URL it needs.)"""
-    if not spec.drafter_training.enabled:
-        return []
-    if role == "trainer":
-        directory = posixpath.join(checkpoint_path(spec), DRAFTERS_SUBDIR)
-        return [{"name": "LONGTAIL_DRAFTER_DIR", "value": directory}]
-    if role in ("rollout", "drafter"):  # both pull the newest drafter and upload candidates
-        url = f"http://{trainer_host(job)}:{settings.trainer_port}"
-        return [{"name": "LONGTAIL_DRAFTER_URL", "value": url}]
-    return []
-
-
-def discovery_env(
-    job: JobRef, spec: RLJobSpec, settings: Settings, role: str, index: int
-) -> list[dict[str, Any]]:
-    """``LONGTAIL_*`` variables a worker reads to find its job, its config and its peers."""
+def pod_env(job: JobRef, spec: RLJobSpec, settings: Settings, role: str, index: int) -> PodEnv:
+    """What a worker pod is told about its job, its config and its peers (the variables are
+    named in ``longtail_api.podenv``; docs/operator.md documents them). With
+    ``drafterTraining`` enabled, the trainer keeps the drafter registry under its checkpoint
+    volume (``drafter_dir``) and serves it on its HTTP port, which rollout workers and
+    dedicated drafter pods (``spec.drafter``) reach through ``drafter_url``; no shared volume.
+    (A spec with ``drafter`` but without ``drafterTraining`` fails validation, so a drafter
+    pod always gets the URL it needs.)"""
     trainer = trainer_host(job)
-    env: list[dict[str, Any]] = [
-        {"name": "LONGTAIL_JOB_NAME", "value": job.name},
-        {"name": "LONGTAIL_NAMESPACE", "value": job.namespace},
-        {"name": "LONGTAIL_ROLE", "value": role},
-        {"name": "LONGTAIL_REPLICA_INDEX", "value": str(index)},
-        {"name": "LONGTAIL_REPLICAS", "value": str(role_specs(spec)[role].replicas)},
-        {"name": "LONGTAIL_CONFIG", "value": posixpath.join(CONFIG_DIR, CONFIG_FILE)},
-        {"name": "LONGTAIL_CHECKPOINT_DIR", "value": checkpoint_path(spec)},
-        {"name": "LONGTAIL_RESUME", "value": "true" if spec.checkpoint.resume else "false"},
-        {"name": "LONGTAIL_TRAINER_URL", "value": f"http://{trainer}:{settings.trainer_port}"},
-        {"name": "LONGTAIL_WEIGHTS_URL", "value": f"http://{trainer}:{settings.weights_port}"},
-        {"name": "LONGTAIL_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "LONGTAIL_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-    ]
-    for peer in role_specs(spec):
-        prefix = f"LONGTAIL_{peer.upper()}"
-        host = f"{service_name(job.name, peer)}.{job.namespace}.svc"
-        env.append({"name": f"{prefix}_SERVICE", "value": host})
-        env.append({"name": f"{prefix}_PORT", "value": str(role_port(settings, peer))})
+    drafters = spec.drafter_training.enabled
+    peers = {
+        peer: Peer(f"{service_name(job.name, peer)}.{job.namespace}.svc", role_port(settings, peer))
+        for peer in role_specs(spec)
+    }
+    return PodEnv(
+        job_name=job.name,
+        namespace=job.namespace,
+        role=role,
+        replica_index=index,
+        replicas=role_specs(spec)[role].replicas,
+        config=posixpath.join(CONFIG_DIR, CONFIG_FILE),
+        checkpoint_dir=checkpoint_path(spec),
+        resume=spec.checkpoint.resume,
+        trainer_url=f"http://{trainer}:{settings.trainer_port}",
+        weights_url=f"http://{trainer}:{settings.weights_port}",
+        peers=peers,
+        drafter_dir=(
+            posixpath.join(checkpoint_path(spec), DRAFTERS_SUBDIR)
+            if drafters and role == "trainer"
+            else None
+        ),
+        # Both pull the newest drafter and upload candidates.
+        drafter_url=(
+            f"http://{trainer}:{settings.trainer_port}"
+            if drafters and role in ("rollout", "drafter")
+            else None
+        ),
+    )
+
+
+def container_env(told: PodEnv) -> list[dict[str, Any]]:
+    """``told`` as a container's ``env``: its values, then the downward-API variables."""
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in told.to_env().items()]
+    env += [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in FIELD_REFS.items()]
     return env
 
 
@@ -250,12 +254,18 @@ def worker_pod(
     trainer_group: int = 0,
 ) -> dict[str, Any]:
     """One worker pod. ``min_*_version``: what the job has published so far; a (re)created
-    rollout pod gets them as LONGTAIL_MIN_*_VERSION; the trainer names the policy version in
-    every generate call, so the pod loads it (and the newest drafter) before it generates.
+    pod gets them as ``PodEnv.min_*_version`` (informational); the trainer names the policy
+    version in every generate call, so the pod loads it (and the newest drafter) before it
+    generates.
     ``trainer_group``: a trainer pod's group number (``status.trainer.restarts``)."""
     role_spec = role_specs(spec)[role]
     port = role_port(settings, role)
-    env = discovery_env(job, spec, settings, role, index) + drafter_env(job, spec, settings, role)
+    told = replace(
+        pod_env(job, spec, settings, role, index),
+        min_policy_version=min_policy_version,
+        min_drafter_version=min_drafter_version,
+    )
+    env = container_env(told)
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     rdzv_names: set[str] = set()
     if role == "trainer":
@@ -264,8 +274,6 @@ def worker_pod(
         env.extend({"name": k, "value": v} for k, v in rdzv.items())
         ports.append({"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"})
     env.append(token_env(job.name))
-    env.append({"name": "LONGTAIL_MIN_POLICY_VERSION", "value": str(min_policy_version)})
-    env.append({"name": "LONGTAIL_MIN_DRAFTER_VERSION", "value": str(min_drafter_version)})
     mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": configmap_name(job.name)}}

@@ -32,7 +32,7 @@ from longtail_api.status import Condition, RLJobStatus, RoleStatus
 from longtail_api.workerapi import TrainerStatus
 from longtail_operator import access, builders, trainergroup
 from longtail_operator.builders import JobRef
-from longtail_operator.harvest import HarvestSnapshot
+from longtail_operator.harvester import HarvestSnapshot
 from longtail_operator.observe import PodView, parse_time, rfc3339
 from longtail_operator.settings import Settings
 from longtail_operator.trainergroup import GroupPlan

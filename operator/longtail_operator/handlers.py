@@ -5,7 +5,7 @@ Run it with ``python -m longtail_operator`` (which calls ``kopf.run`` with the n
 Everything here is thin: each RLJob gets two daemons (``runtime.Operator.run_job`` reconciles,
 ``run_harvest`` reassigns idle GPUs), and watch events of the RLJob or of its pods only wake
 the job's reconcile loop. The decisions live in pure modules (``builders``, ``derive``,
-``longtail_api.harvest``).
+``longtail_api.harvestloop``).
 
 The Kubernetes client authenticates like kopf does: in-cluster service account, else the
 kubeconfig named by ``KUBECONFIG`` (its current context).

@@ -29,7 +29,7 @@ from longtail_operator import access, builders, derive, trainergroup
 from longtail_operator.builders import JobRef
 from longtail_operator.clients import TrainerClient
 from longtail_operator.derive import Event, Observed, Plan
-from longtail_operator.harvest import Harvester
+from longtail_operator.harvester import Harvester
 from longtail_operator.kube import Kube, KubeError
 from longtail_operator.metrics import OperatorMetrics
 from longtail_operator.observe import PodView, now_utc, parse_status, to_json
@@ -47,6 +47,9 @@ class JobRuntime:
     spec: RLJobSpec | None = None
     phase: str = "Pending"
     targets: list[WorkerTarget] = field(default_factory=list)
+    trainer_target: WorkerTarget | None = None
+    """Trainer pod 0, whose report gives the harvest loop the rollout state (a target too only
+    when ``trainer`` is in ``harvest.eligibleRoles``)."""
     counted: set[str] = field(default_factory=set)
     checkpoint_started: float | None = None
     checkpoint_done: bool = False
@@ -157,7 +160,7 @@ class Reconciler:
             if event not in failures:
                 self.kube.post_event(job, event)
         rt.phase = plan.status.phase
-        rt.targets = self._targets(rt.spec, pods, plan)
+        rt.targets, rt.trainer_target = self._targets(rt.spec, pods, plan)
         if self.metrics is not None:
             gpus = plan.status.gpus
             self.metrics.job_gpus(
@@ -252,10 +255,13 @@ class Reconciler:
 
     def _targets(
         self, spec: RLJobSpec | None, pods: list[PodView], plan: Plan
-    ) -> list[WorkerTarget]:
+    ) -> tuple[list[WorkerTarget], WorkerTarget | None]:
+        """The harvest targets, and trainer pod 0 (running) for its rollout report."""
         if spec is None:
-            return []
-        return harvest_targets(spec, pods, set(plan.delete_pods), self.settings)
+            return [], None
+        gone = set(plan.delete_pods)
+        trainer = harvest_targets(spec, pods, gone, self.settings, roles={"trainer"})
+        return harvest_targets(spec, pods, gone, self.settings), next(iter(trainer), None)
 
 
 def rank0(pods: Iterable[PodView], *, active: bool) -> PodView | None:
@@ -272,14 +278,19 @@ def rank0(pods: Iterable[PodView], *, active: bool) -> PodView | None:
 
 
 def harvest_targets(
-    spec: RLJobSpec, pods: Iterable[PodView], gone: set[str], settings: Settings
+    spec: RLJobSpec,
+    pods: Iterable[PodView],
+    gone: set[str],
+    settings: Settings,
+    roles: set[str] | None = None,
 ) -> list[WorkerTarget]:
     """Running pods the harvest loop polls and may reassign: the rollout workers always, and
     the pods of the other roles in ``harvest.eligibleRoles`` (the trainer, polled and switched
     on its own port, when ``trainer`` is eligible: pod 0 only, the one that serves HTTP).
     Dedicated drafter pods never: drafter training is their only activity (no ``PUT /v1/role``);
-    their GPUs are counted as ``status.gpus.drafter`` by the planner instead."""
-    eligible = set(spec.harvest.eligible_roles) | {"rollout"}
+    their GPUs are counted as ``status.gpus.drafter`` by the planner instead. ``roles``: the
+    running pods of these roles instead (the trainer's, read for the rollout state alone)."""
+    eligible = (set(spec.harvest.eligible_roles) | {"rollout"}) if roles is None else roles
     return [
         WorkerTarget(
             name=p.name,

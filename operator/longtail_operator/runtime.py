@@ -26,7 +26,7 @@ import kopf
 
 from longtail_api.spec import RLJobSpec
 from longtail_operator.clients import WorkerClient
-from longtail_operator.harvest import Harvester
+from longtail_operator.harvester import Harvester
 from longtail_operator.kube import Kube
 from longtail_operator.metrics import Health, OperatorMetrics
 from longtail_operator.observe import parse_status
@@ -151,7 +151,8 @@ class Operator:
                 try:
                     harvester = self._harvester(rt)
                     harvester.token = rt.token  # read from the job's Secret by the reconcile
-                    if harvester.step(spec.harvest, rt.targets, self._source(rt, spec, cache)):
+                    source = self._source(rt, spec, cache)
+                    if harvester.step(spec.harvest, rt.targets, source, rt.trainer_target):
                         self.wake(*key)
                 except (OSError, RuntimeError) as exc:  # API read of the initial status
                     log.warning("harvest step of %s/%s failed: %s", namespace, name, exc)

@@ -1,15 +1,18 @@
 """Idleness sources of the harvest loop: the workers' own reports, or Prometheus over DCGM.
 
-Both implement :class:`IdlenessSource`: given the job's worker targets they return an
-:class:`Observation` per worker that answered (busy or idle, for how long, which activity it
-reports). ``spec.harvest.source`` picks one (``handlers.py`` builds it):
+Both implement :class:`IdlenessSource`: given the job's worker targets they return a shared
+:class:`~longtail_api.harvest.Observation` per worker that answered (busy or idle, for how long,
+which activity it reports; status reports are converted by :mod:`longtail_api.harvestloop`,
+the loop ``harvester.py`` drives). ``spec.harvest.source`` picks one (``runtime.py`` builds it):
 
 - :class:`WorkerStatusSource` polls every worker's ``GET /v1/status`` concurrently (the trainer
   pod, a target when ``trainer`` is in ``harvest.eligibleRoles``, answers with its
-  ``TrainerStatus``: idle while it waits for a rollout, and whether a rollout is in progress)
-  and counts each worker's failed polls in a row: one that failed ``UNREACHABLE_AFTER`` polls
-  is reported by :meth:`~WorkerStatusSource.unreachable` (the RLJob's ``WorkersUnreachable``
-  condition and the ``longtail_operator_unreachable_workers`` gauge);
+  ``TrainerStatus``: idle while it waits for a rollout, and whether a rollout is in progress;
+  when it is not a target, :meth:`~WorkerStatusSource.trainer_report` reads that report for
+  the rollout state alone) and counts each worker's failed polls in a row: one that failed
+  ``UNREACHABLE_AFTER`` polls is reported by :meth:`~WorkerStatusSource.unreachable` (the
+  RLJob's ``WorkersUnreachable`` condition and the ``longtail_operator_unreachable_workers``
+  gauge);
 - :class:`PrometheusSource` runs ``spec.harvest.prometheus.query`` (per-pod GPU busy
   percentage, ``$namespace`` and ``$window`` substituted) against the Prometheus HTTP API and
   counts a pod idle while its value stays at or below ``idleUtilizationThreshold``; it tracks
@@ -29,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from longtail_api.harvest import Activity, is_idle_utilization
+from longtail_api.harvest import Observation, is_idle_utilization
+from longtail_api.harvestloop import observe_trainer, observe_worker
 from longtail_api.policies import HarvestSpec
-from longtail_api.workerapi import RolloutWorkerStatus, TrainerStatus
 from longtail_operator.clients import TrainerClient, WorkerClient
 from longtail_operator.metrics import OperatorMetrics
 
@@ -53,44 +56,8 @@ class WorkerTarget:
     """Pod UID: a recreated pod (same name, new UID) starts over in its role's own activity."""
 
 
-@dataclass(frozen=True)
-class Observation:
-    busy: bool
-    """The worker is generating (or its GPU is above the idle threshold)."""
-    idle_seconds: float | None
-    pending: bool = False
-    """It still holds unfinished work (waiting sequences)."""
-    observed: Activity | None = None
-    """Activity the worker reports doing; None when the source cannot tell."""
-    accepted_length: float | None = None
-    rollout_active: bool | None = None
-    """The trainer's own report that a step's rollout is in progress; None from workers and
-    from Prometheus."""
-
-
 class IdlenessSource(Protocol):
     def observe(self, targets: Sequence[WorkerTarget]) -> dict[str, Observation]: ...
-
-
-def from_worker_status(s: RolloutWorkerStatus) -> Observation:
-    return Observation(
-        busy=s.generating or s.running > 0,
-        idle_seconds=None if s.generating else s.idle_seconds,
-        pending=s.waiting > 0,
-        observed=s.role.observed,
-        accepted_length=s.mean_accepted_length,
-    )
-
-
-def from_trainer_status(s: TrainerStatus) -> Observation:
-    """The trainer as a harvest target: idle while it waits for the rollout, busy otherwise
-    (updating the policy, evaluating, checkpointing)."""
-    return Observation(
-        busy=s.idle_seconds is None,
-        idle_seconds=s.idle_seconds,
-        observed=None if s.role is None else s.role.observed,
-        rollout_active=s.rollout_active,
-    )
 
 
 @dataclass
@@ -100,6 +67,9 @@ class WorkerStatusSource:
     client: WorkerClient
     metrics: OperatorMetrics | None = None
     max_threads: int = 16
+    trainer_client: TrainerClient | None = None
+    """Client for the trainer pod's status; None: a :class:`TrainerClient` with the workers'
+    timeout (tests pass a fake)."""
     errors: dict[str, str] = field(default_factory=dict)
     """Last poll error per worker (cleared when it answers again)."""
     failures: dict[str, int] = field(default_factory=dict)
@@ -109,10 +79,20 @@ class WorkerStatusSource:
         if not t.ip:
             return "the pod has no IP yet"
         if t.role == "trainer":
-            trainer = TrainerClient(timeout=self.client.timeout).status(t.ip, t.port)
-            return trainer if isinstance(trainer, str) else from_trainer_status(trainer)
+            client = self.trainer_client or TrainerClient(timeout=self.client.timeout)
+            trainer = client.status(t.ip, t.port)
+            return trainer if isinstance(trainer, str) else observe_trainer(trainer)
         worker = self.client.status(t.ip, t.port)
-        return worker if isinstance(worker, str) else from_worker_status(worker)
+        return worker if isinstance(worker, str) else observe_worker(worker)
+
+    def trainer_report(self, t: WorkerTarget) -> Observation | None:
+        """The trainer pod's report when it is not a target (read for the rollout state only):
+        None when it cannot be read. Counted as a trainer status poll, never in ``errors`` or
+        ``failures`` (it is no worker of the harvest, so never ``unreachable``)."""
+        answer = self._poll(t)
+        if self.metrics is not None:
+            self.metrics.status_poll("trainer", not isinstance(answer, str))
+        return None if isinstance(answer, str) else answer
 
     def observe(self, targets: Sequence[WorkerTarget]) -> dict[str, Observation]:
         if not targets:

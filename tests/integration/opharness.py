@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from fakeworker import FakeTrainer
 
 from longtail_operator import handlers
-from longtail_operator.fakeworker import FakeTrainer
 from longtail_operator.settings import Settings
 
 if TYPE_CHECKING:

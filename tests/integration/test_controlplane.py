@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from longtail_chart.chartgen import dotted_get
+
 if TYPE_CHECKING:  # the fixture's class, for annotations only (conftest is not importable)
     from conftest import ControlPlane
 
@@ -62,16 +64,9 @@ def _apply_structural_defaults(obj: Any, schema: dict[str, Any]) -> Any:
     return obj
 
 
-def _get(obj: dict[str, Any], dotted: str) -> Any:
-    cur: Any = obj
-    for part in dotted.split("."):
-        cur = cur[part]
-    return cur
-
-
 def _has(obj: dict[str, Any], dotted: str) -> bool:
     try:
-        _get(obj, dotted)
+        dotted_get(obj, dotted)
     except (KeyError, TypeError):
         return False
     return True
@@ -160,9 +155,9 @@ def test_example_applies_and_server_fills_schema_defaults(
     live = _get_json(control_plane, "-n", namespace, "rljob", manifest["metadata"]["name"])
 
     for path in omitted:
-        assert _get(live, path) == _schema_default(path), path
+        assert dotted_get(live, path) == _schema_default(path), path
     # What the example sets is kept, not overwritten by a default.
-    assert _get(live, "spec.speculative.batchThreshold") == 8
+    assert dotted_get(live, "spec.speculative.batchThreshold") == 8
     assert _schema_default("spec.speculative.batchThreshold") != 8
     # And, in full: the stored spec is exactly the manifest with the schema's structural
     # defaults applied (nothing pruned, nothing else changed).

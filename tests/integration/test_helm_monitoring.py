@@ -14,9 +14,9 @@ Started on loopback, all in this test module:
   labels the chart's PodMonitor sets (namespace, pod, rljob, worker_role).
 
 Then every metric name referenced by a dashboard or alert must be in Prometheus' name index,
-except the DCGM names (``dashpanels.DCGM_METRICS``); if the trainer's HTTP surface cannot be
-imported, its names are checked against ``longtail_api.metrics`` only and the live trainer
-test is skipped naming what is missing. Every dashboard and alert
+except the DCGM names (``longtail_chart.dashpanels.DCGM_METRICS``); if the trainer's HTTP
+surface cannot be imported, its names are checked against ``longtail_api.metrics`` only and the
+live trainer test is skipped naming what is missing. Every dashboard and alert
 expression must also evaluate without error on that Prometheus, and every dashboard query
 that reads only live metrics must return data.
 """
@@ -39,13 +39,12 @@ from typing import Any
 import pytest
 import yaml
 
+from longtail_chart import metricrefs
+from longtail_chart.dashpanels import DCGM_METRICS
+from longtail_chart.monitoring import binaries_dir
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "helm"))
-
-import metricrefs  # noqa: E402  (lives in helm/, put on the path above)
-from dashpanels import DCGM_METRICS  # noqa: E402
 
 JOB_LABELS = {"namespace": "ml", "rljob": "tiny"}
 TRAINER_PREFIX = "longtail_trainer_"
@@ -85,11 +84,12 @@ def free_port() -> int:
 def rollout_worker() -> Iterator[str]:
     """A rollout worker that generated with SD, trained its drafter and went back; its URL."""
     torch = pytest.importorskip("torch")
+    from tiny_targets import tiny_qwen2
+
     from longtail_api.policies import DrafterTrainingSpec, SpeculativeSpec, StrategySpec
     from longtail_workers.drafter.model import EagleDrafter
     from longtail_workers.engine.interface import GenerationRequest
     from longtail_workers.engine.stats import RolloutMetrics
-    from longtail_workers.engine.testing import tiny_qwen2
     from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
     from longtail_workers.rollout.control import RolloutWorker
     from longtail_workers.rollout.http import ControlConfig, ControlServer
@@ -211,15 +211,10 @@ def _target(url: str) -> str:
 def prometheus(
     tmp_path_factory, rollout_worker, verifier, operator_metrics, trainer
 ) -> Iterator[str]:
-    proc = subprocess.run(
-        ["bash", str(REPO / "e2e" / "monitoring.sh"), "bin"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"e2e/monitoring.sh bin failed:\n{proc.stderr}")
-    binary = Path(proc.stdout.strip()) / "prometheus"
+    try:
+        binary = binaries_dir() / "prometheus"
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
     workdir = tmp_path_factory.mktemp("prometheus")
     pod = {"namespace": "ml", "rljob": "tiny"}
     workers = [

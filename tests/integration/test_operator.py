@@ -5,7 +5,7 @@ identity ``longtail-operator`` bound to exactly ``operator/rbac/clusterrole.yaml
 namespaces ``itop-*`` (fixtures and helpers: ``opharness.py``). ``fakekubelet.FakeKubelet``
 plays the kubelet (fake GPU Node, pods Running/Ready with loopback IPs, failures on demand).
 Trainer and worker HTTP endpoints are loopback servers bound to the pod IPs the kubelet hands
-out: the loopback ``FakeTrainer`` / ``FakeWorker`` from ``longtail_operator.fakeworker`` and,
+out: the loopback ``FakeTrainer`` / ``FakeWorker`` from ``tests/doubles/fakeworker.py`` and,
 for the harvest scenario, a real rollout worker (``longtail_workers.rollout.http.ControlServer``
 with a tiny torch model).
 """
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from fakeworker import FakeWorker
 from opharness import (
     IPS,
     apply,
@@ -32,7 +33,6 @@ from opharness import (
     wait_phase,
 )
 
-from longtail_operator.fakeworker import FakeWorker
 from longtail_operator.settings import Settings
 
 if TYPE_CHECKING:
@@ -349,9 +349,10 @@ def test_harvest_idle_real_worker_switches_and_status_shows_it(
     control_plane: ControlPlane, ns: str, kubelet: Any, settings: Settings, operator: Any
 ) -> None:
     torch = pytest.importorskip("torch")
+    from tiny_targets import tiny_qwen2
+
     from longtail_api.policies import DrafterTrainingSpec
     from longtail_workers.engine.interface import GenerationRequest
-    from longtail_workers.engine.testing import tiny_qwen2
     from longtail_workers.engine.torch_engine import TorchEngine
     from longtail_workers.rollout.control import RolloutWorker
     from longtail_workers.rollout.http import ControlConfig, ControlServer

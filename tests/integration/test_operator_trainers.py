@@ -6,7 +6,7 @@ naming their group and world, the headless Service with the rendezvous port and 
 NetworkPolicy between trainer pods. Deleting one trainer pod restarts the whole trainer group
 (the rollout and verifier pods stay), counts once against ``backoffLimit`` and the status says
 why; a failed one does the same, and past ``backoffLimit`` the job fails. The operator talks to
-pod 0 only: its ``FakeTrainer`` (``longtail_operator.fakeworker``) answers the status polls.
+pod 0 only: its ``FakeTrainer`` (``tests/doubles/fakeworker.py``) answers the status polls.
 Fixtures (the operator as its limited identity, the fake kubelet): ``opharness.py``.
 """
 

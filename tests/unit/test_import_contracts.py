@@ -1,7 +1,8 @@
 """The import walls hold, and the contracts really catch a violation.
 
-The negative test copies the packages into a temporary tree, adds an operator module that
-imports torch, and runs the real `lint-imports` with the project's own contracts on it.
+The negative tests copy the packages into a temporary tree, add one module that breaches a
+contract (an operator module importing torch, an upward import between worker layers, ...)
+and run the real `lint-imports` with the project's own contracts on it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = str(Path(sys.executable).parent / "lint-imports")
 PACKAGES = {
@@ -19,6 +22,7 @@ PACKAGES = {
     "operator": "longtail_operator",
     "workers": "longtail_workers",
     "cli": "longtail_cli",
+    "helm": "longtail_chart",
 }
 
 
@@ -45,20 +49,35 @@ def test_contracts_kept_on_the_real_tree() -> None:
     assert "0 broken" in out.stdout
 
 
-def test_operator_importing_torch_breaks_the_contract(tmp_path: Path) -> None:
-    env = _copy_tree(tmp_path)
-    bad = tmp_path / "operator" / "longtail_operator" / "sneaky.py"
-    bad.write_text('"""A module that must not exist."""\n\nimport torch  # noqa: F401\n')
-    out = _lint(tmp_path, env)
-    assert out.returncode != 0
-    assert "Operator never imports torch" in out.stdout and "BROKEN" in out.stdout
-    assert "longtail_operator.sneaky -> torch" in out.stdout, out.stdout
+BREACHES = [
+    # (file to add, what it imports, contract name that must break, offending import in the report)
+    ("operator/longtail_operator/sneaky.py", "torch", "Operator never imports torch",
+     "longtail_operator.sneaky -> torch"),
+    ("api/longtail_api/sneaky.py", "longtail_workers", "Shared API package is pure",
+     "longtail_api.sneaky -> longtail_workers"),
+    ("helm/longtail_chart/sneaky.py", "longtail_workers", "Chart generators import only",
+     "longtail_chart.sneaky -> longtail_workers"),
+    # an upward import between worker layers: the drafter library must not know the engine
+    ("workers/longtail_workers/drafter/sneaky.py", "longtail_workers.engine.torch_engine",
+     "Worker layers", "longtail_workers.drafter.sneaky -> longtail_workers.engine.torch_engine"),
+    # sibling programs never import each other
+    ("workers/longtail_workers/trainer/sneaky.py", "longtail_workers.rollout.control",
+     "Worker layers", "longtail_workers.trainer.sneaky -> longtail_workers.rollout.control"),
+    # a new worker subpackage must be placed in a layer (exhaustive)
+    ("workers/longtail_workers/unplaced/__init__.py", "longtail_workers.auth",
+     "Worker layers", "longtail_workers.unplaced"),
+]  # fmt: skip
 
 
-def test_api_importing_workers_breaks_the_contract(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("path", "imported", "contract", "reported"), BREACHES)
+def test_a_breach_breaks_its_contract(
+    tmp_path: Path, path: str, imported: str, contract: str, reported: str
+) -> None:
     env = _copy_tree(tmp_path)
-    bad = tmp_path / "api" / "longtail_api" / "sneaky.py"
-    bad.write_text('"""A module that must not exist."""\n\nimport longtail_workers  # noqa: F401\n')
+    bad = tmp_path / path
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    bad.write_text(f'"""A module that must not exist."""\n\nimport {imported}  # noqa: F401\n')
     out = _lint(tmp_path, env)
-    assert out.returncode != 0
-    assert "longtail_api.sneaky -> longtail_workers" in out.stdout, out.stdout
+    assert out.returncode != 0, out.stdout
+    assert contract in out.stdout and "BROKEN" in out.stdout, out.stdout
+    assert reported in out.stdout, out.stdout

@@ -29,7 +29,9 @@ import threading
 import time
 from collections.abc import Callable, MutableMapping
 
-ENV = "LONGTAIL_PARENT_PID"
+from longtail_api.podenv import PARENT_PID
+
+ENV = PARENT_PID  # named in longtail_api.podenv, with every other LONGTAIL_* variable
 PERIOD_S = 0.5
 GRACE_S = 30.0
 

@@ -6,7 +6,10 @@ drafter, drafter registry: a shared directory or the trainer's HTTP exchange),
 :func:`torch_threads` (torch's CPU threads from the role's ``resources.cpu``),
 :func:`make_weight_source` (HTTP pull or torch.distributed
 receive, by ``--weight-sync``) and :class:`ServiceRuntime` (bind, print the ``listening on URL``
-line a parent process reads, run until SIGTERM/SIGINT, stop cleanly).
+line a parent process reads, run until SIGTERM/SIGINT, stop cleanly); the rollout and drafter
+workers' ``main`` opens with :func:`start_service` (arguments from :func:`worker_parser`, logging,
+job token, job spec), and
+the trainer's and the drafter worker's HTTP handlers answer errors with :func:`answer_error`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
+from http import HTTPStatus
 from typing import Any, Protocol
 
 import torch
@@ -87,8 +92,8 @@ def policy_and_drafter(
 def initial_drafter(spec: RLJobSpec, model: Any, target_id: str) -> Any:
     """The job's starting drafter on ``model`` (eval mode): ``drafterTraining.initialDrafter``
     when set (a directory, or ``builtin:tiny``), else a fresh one in ``drafterTraining.layout``.
-    Rollout workers and the trainer's own harvest (``trainer/harvest.py``) start from the same
-    one."""
+    Rollout workers and the trainer's own harvest (``trainer/drafter_window.py``) start from the
+    same one."""
     from longtail_workers.drafter.checkpoint import load_drafter
     from longtail_workers.drafter.model import EagleDrafter, layout_options
     from longtail_workers.warmstart.builtin import ensure_builtin_drafter, is_builtin
@@ -186,7 +191,8 @@ def make_weight_source(args: _WeightArgs) -> WeightSource | None:
 
 
 class _Server(Protocol):
-    url: str
+    @property
+    def url(self) -> str: ...
 
     def start(self) -> Any: ...
 
@@ -225,3 +231,58 @@ def add_weight_sync_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dist-init", default=None, help="tcp://HOST:PORT of the dist group")
     ap.add_argument("--dist-rank", type=int, default=None)
     ap.add_argument("--dist-world", type=int, default=None)
+
+
+@dataclass(frozen=True)
+class ServiceStart:
+    """What a worker process's common prelude (:func:`start_service`) hands its ``main``."""
+
+    args: argparse.Namespace
+    """The parsed command line (with ``--job``, ``--name``, ``--log-level`` and the auth flags)."""
+    token: str | None
+    """The job's token its write endpoints require (None: ``--insecure-no-auth``)."""
+    spec: RLJobSpec
+    """The job's spec, loaded from ``--job``."""
+
+
+def worker_parser(prog: str, description: str, name: str) -> argparse.ArgumentParser:
+    """The arguments the rollout and drafter workers share: ``--job``, ``--name`` (default
+    ``name``), ``--host``, ``--port``, ``--log-level`` and the auth flags (what
+    :func:`start_service` reads); the caller adds its own."""
+    from longtail_workers.auth import add_auth_args
+
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--job", required=True, help="RLJob YAML file (the job's spec)")
+    ap.add_argument("--name", default=name, help="worker name (default %(default)s)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8200, help="0 picks a free port")
+    ap.add_argument("--log-level", default="INFO")
+    add_auth_args(ap)
+    return ap
+
+
+def start_service(ap: argparse.ArgumentParser, argv: list[str], role: str) -> ServiceStart | None:
+    """The prelude of ``rollout/service.py`` and ``drafter_worker/service.py``: parse ``argv``,
+    log lines prefixed with the worker's ``--name``, the job token ``role`` serves with, the job
+    spec. None when there is no token (the error, naming the fix, is printed: exit 2)."""
+    from longtail_workers.auth import AuthConfigError, server_token
+    from longtail_workers.jobspec import load_job_spec
+
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format=f"%(asctime)s {args.name} %(message)s")
+    try:
+        token = server_token(role, args.insecure_no_auth)
+    except AuthConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    return ServiceStart(args, token, load_job_spec(args.job))
+
+
+def answer_error(handler: Any, exc: Exception, who: str, method: str, path: str) -> None:
+    """The HTTP boundary of the trainer's and the drafter worker's handlers: answer ``exc`` as
+    ``{"error": ...}`` with its ``status`` (a ``RequestError``), else log it and answer 500."""
+    status = getattr(exc, "status", HTTPStatus.INTERNAL_SERVER_ERROR)
+    message = getattr(exc, "message", f"{type(exc).__name__}: {exc}")
+    if status == HTTPStatus.INTERNAL_SERVER_ERROR:
+        log.exception("%s HTTP %s %s failed", who, method, path)
+    handler.send_json(status, {"error": message}, getattr(exc, "headers", None))

@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
+from longtail_chart.monitoring import binaries_dir
+
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "longtail"
 CI_VALUES = CHART / "ci"
-sys.path.insert(0, str(REPO / "helm"))  # metricrefs, dashgen, dashpanels, chartgen
 
 Render = Callable[..., list[dict[str, Any]]]
 
@@ -40,15 +41,10 @@ def helm_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def promtool() -> Path:
-    proc = subprocess.run(
-        ["bash", str(REPO / "e2e" / "monitoring.sh"), "bin"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"e2e/monitoring.sh bin failed (exit {proc.returncode}):\n{proc.stderr}")
-    return Path(proc.stdout.strip()) / "promtool"
+    try:
+        return binaries_dir() / "promtool"
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def run_helm(helm_bin: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

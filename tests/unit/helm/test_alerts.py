@@ -8,15 +8,11 @@ must stay quiet.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "helm"))
-
-import metricrefs  # noqa: E402  (lives in helm/, put on the path above)
+from longtail_chart import metricrefs
 
 HERE = Path(__file__).resolve().parent
 REQUIRED_ALERTS = {

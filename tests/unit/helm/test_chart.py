@@ -19,7 +19,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "longtail"
-sys.path.insert(0, str(REPO / "helm"))  # chartgen
 
 VALUE_FILES = {
     "default": (),
@@ -299,7 +298,7 @@ def test_bad_values_rejected_by_schema_naming_each_field(helm, tmp_path) -> None
 def test_every_value_documented_and_in_the_schema() -> None:
     import json
 
-    from chartgen import value_docs
+    from longtail_chart.chartgen import value_docs
 
     text = (CHART / "values.yaml").read_text()
     documented = {d.path for d in value_docs(text)}
@@ -346,7 +345,7 @@ def test_disabled_alerts_enum_lists_every_alert() -> None:
 def test_chart_crd_is_the_generated_crd_and_generated_files_are_current() -> None:
     assert (CHART / "crds" / "rljob.yaml").read_text() == (REPO / "crds" / "rljob.yaml").read_text()
     proc = subprocess.run(
-        [sys.executable, str(REPO / "helm" / "chartgen.py"), "--check"],
+        [sys.executable, "-m", "longtail_chart.chartgen", "--check"],
         capture_output=True,
         text=True,
         timeout=60,

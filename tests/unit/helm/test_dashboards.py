@@ -11,17 +11,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "helm"))
-
-import metricrefs  # noqa: E402  (lives in helm/, put on the path above)
+from longtail_chart import metricrefs
 
 BOARDS = metricrefs.dashboards()
 REQUIRED = {

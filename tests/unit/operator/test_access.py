@@ -8,14 +8,14 @@ import base64
 from typing import Any
 
 import pytest
+from fakeworker import FakeTrainer, FakeWorker
 from optest import JOB, all_pods, example, observed, spec_of
 
 from longtail_api.auth import TOKEN_ENV
 from longtail_api.policies import HarvestSpec
 from longtail_operator import access, builders, derive
 from longtail_operator.clients import TrainerClient, WorkerClient
-from longtail_operator.fakeworker import FakeTrainer, FakeWorker
-from longtail_operator.harvest import Harvester
+from longtail_operator.harvester import Harvester
 from longtail_operator.kube import KubeError
 from longtail_operator.reconcile import Reconciler
 from longtail_operator.settings import Settings, SettingsError, from_env

@@ -10,12 +10,12 @@ from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fakeworker import FakeTrainer, FakeWorker
 from optest import all_pods, example, spec_of
 
 from longtail_api.policies import HarvestSpec, PrometheusSourceSpec
 from longtail_operator.clients import WorkerClient
-from longtail_operator.fakeworker import FakeTrainer, FakeWorker
-from longtail_operator.harvest import Harvester
+from longtail_operator.harvester import Harvester
 from longtail_operator.metrics import OperatorMetrics
 from longtail_operator.reconcile import harvest_targets
 from longtail_operator.settings import Settings
@@ -140,7 +140,7 @@ def test_a_worker_failing_its_status_polls_is_logged_and_shown_unreachable(
     for _ in range(2):  # a blip or two is not "unreachable"
         h.step(SPEC, ts, src)
         assert h.snapshot().unreachable == ()
-    with caplog.at_level("WARNING", logger="longtail_operator.harvest"):
+    with caplog.at_level("WARNING", logger="longtail_operator.harvester"):
         h.step(SPEC, ts, src)
     [line] = h.snapshot().unreachable
     assert line.startswith("w9: ") and "ConnectionRefused" in line
@@ -261,3 +261,27 @@ def test_trainer_not_harvested_unless_eligible(
     trainer.set_rollout(True)
     h.step(spec, ts, WorkerStatusSource(WorkerClient()))
     assert trainer.role_requests == []
+
+
+def test_trainer_pod_read_for_the_rollout_state_when_not_a_target(
+    workers: list[FakeWorker], trainer: FakeTrainer
+) -> None:
+    settings = Settings(trainer_port=8300, worker_port=8200)
+    default = spec_of(example())  # eligibleRoles: [rollout]
+    (pod0,) = harvest_targets(default, all_pods(default), set(), settings, roles={"trainer"})
+    assert (pod0.name, pod0.role, pod0.port) == ("tiny-trainer-0", "trainer", 8300)
+    h = Harvester("job", WorkerClient(), clock=Clock())
+    src = WorkerStatusSource(WorkerClient())
+    tt = WorkerTarget("tiny-trainer-0", "trainer", trainer.host, trainer.port, 4, uid="t")
+    spec = HarvestSpec(idle_seconds=0.0)
+    # Nobody generates but the trainer says a rollout runs: the idle worker is harvested.
+    trainer.set_rollout(True)
+    h.step(spec, targets(workers[:1], gpus=1), src, tt)
+    assert workers[0].role_requests == ["drafter-train"] and trainer.role_requests == []
+    # The trainer says it ended while the other worker still generates: back to rollout.
+    trainer.set_rollout(False)
+    workers[1].set_generating(True)
+    h.step(spec, targets(workers[:2], gpus=1), src, tt)
+    assert workers[0].role_requests == ["drafter-train", "rollout"]
+    assert trainer.role_requests == [] and "tiny-trainer-0" not in h.assignments
+    assert [w.name for w in h.snapshot().workers] == ["w0", "w1"]

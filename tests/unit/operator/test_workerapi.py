@@ -29,9 +29,10 @@ from longtail_api.workerapi import (
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
     torch = pytest.importorskip("torch")
+    from tiny_targets import tiny_qwen2
+
     from longtail_api.policies import DrafterTrainingSpec
     from longtail_workers.engine.interface import GenerationRequest
-    from longtail_workers.engine.testing import tiny_qwen2
     from longtail_workers.engine.torch_engine import TorchEngine
     from longtail_workers.rollout import http
     from longtail_workers.rollout.control import RolloutWorker

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from longtail_api.rendezvous import TrainerRendezvous
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.group import CommandChannel, PolicyLeader, follow
 from longtail_workers.trainer.optim import TrainConfig
@@ -32,6 +31,10 @@ CFG = TrainConfig(learning_rate=1e-3, adam_eps=1e-3, kl_coef=0.1, micro_batch_to
 
 
 def tiny_policy(world: TrainerWorld) -> Policy:
+    # tests/doubles is on sys.path through tests/conftest.py in the test, through __main__ below
+    # when run as a script.
+    from tiny_targets import tiny_qwen2
+
     model = tiny_qwen2(seed=7, vocab_size=32, hidden_size=32, intermediate_size=64)
     return Policy(shard_policy(model, world, activation_checkpointing=False), CFG, world)
 
@@ -96,5 +99,6 @@ def main(scenario: str, rank: int, world_size: int, port: int, out: Path) -> int
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "doubles"))
     scenario, rank, world_size, port, out = sys.argv[1:6]
     sys.exit(main(scenario, int(rank), int(world_size), int(port), Path(out)))

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import DrafterTrainingSpec
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.rollout.control import RoleConflictError, RolloutWorker
 from longtail_workers.rollout.http import ControlConfig, ControlServer

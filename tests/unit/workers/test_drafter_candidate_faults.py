@@ -19,18 +19,18 @@ import pytest
 import torch
 from safetensors.torch import save
 from test_spot_remote import post_candidate  # conftest.py puts this directory on sys.path
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.drafter.checkpoint import CONFIG_FILE, WEIGHTS_FILE, save_drafter
 from longtail_workers.drafter.exchange import (
     DrafterEndpoints,
     DrafterExchangeError,
     RemoteDrafterRegistry,
-    pack_files,
 )
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.registry import DrafterRegistry
+from longtail_workers.drafter.payload import pack_files
+from longtail_workers.drafter.registry import CandidateInfo, DrafterRegistry
 from longtail_workers.drafter.vetting import DrafterReference, NonFiniteDrafterError
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.jobspec import load_job_spec
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.trainer.setup import drafter_reference
@@ -93,10 +93,8 @@ def test_an_all_nan_candidate_is_refused_at_upload(target, trainer, tmp_path) ->
     app, registry = trainer
     client = RemoteDrafterRegistry(app.url, cache_dir=tmp_path / "cache", retries=0)
     with pytest.raises(DrafterExchangeError, match="HTTP 400") as err:
-        client.submit_candidate(
-            filled(target, float("nan")), worker="w0", base_version=None, policy_version=1,
-            tokens=5, steps=1,
-        )  # fmt: skip
+        info = CandidateInfo(worker="w0", base_version=None, policy_version=1, tokens=5, steps=1)
+        client.submit_candidate(filled(target, float("nan")), info)
     assert "non-finite weights" in str(err.value) and "fc.weight" in str(err.value)
     assert registry.candidates(None) == [] and registry.rejected["upload"] == 1
 
@@ -123,10 +121,13 @@ def test_the_merge_skips_bad_candidates_and_publishes_the_good_one(target, tmp_p
     refused: list[tuple[str, str]] = []
     reg = DrafterRegistry(tmp_path, on_rejected=lambda stage, w, why: refused.append((w, why)))
     base = reg.publish(filled(target, 0.0), policy_version=0)
-    info = {"base_version": base.version, "policy_version": 1, "tokens": 10, "steps": 1}
-    reg.submit_candidate(filled(target, 0.5), worker="a-good", **info)
-    reg.submit_candidate(filled(target, float("nan")), worker="b-nan", **info)
-    empty = reg.submit_candidate(filled(target, 0.5), worker="c-empty", **info)
+
+    def info(worker: str) -> CandidateInfo:
+        return CandidateInfo(worker, base.version, policy_version=1, tokens=10, steps=1)
+
+    reg.submit_candidate(filled(target, 0.5), info("a-good"))
+    reg.submit_candidate(filled(target, float("nan")), info("b-nan"))
+    empty = reg.submit_candidate(filled(target, 0.5), info("c-empty"))
     (empty.path / WEIGHTS_FILE).write_bytes(save({}))  # bypassed the upload check
     merged = reg.merge_candidates(target, target_id=TID)
     assert merged is not None and merged.meta.merged_from == ("a-good",)
@@ -139,8 +140,8 @@ def test_the_merge_skips_bad_candidates_and_publishes_the_good_one(target, tmp_p
 def test_an_all_nan_merge_is_never_published(target, tmp_path) -> None:
     reg = DrafterRegistry(tmp_path)
     base = reg.publish(filled(target, 0.0), policy_version=0)
-    info = {"base_version": base.version, "policy_version": 1, "tokens": 10, "steps": 1}
-    reg.submit_candidate(filled(target, float("nan")), worker="w0", **info)
+    info = CandidateInfo("w0", base.version, policy_version=1, tokens=10, steps=1)
+    reg.submit_candidate(filled(target, float("nan")), info)
     assert reg.merge_candidates(target, target_id=TID) is None
     assert reg.latest_version() == base.version and reg.versions() == [base.version]
     with pytest.raises(NonFiniteDrafterError, match="non-finite"):

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.drafter.checkpoint import (
     DrafterMismatchError,
@@ -15,7 +16,6 @@ from longtail_workers.drafter.checkpoint import (
     save_drafter,
 )
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.testing import tiny_qwen2
 
 
 @pytest.fixture(scope="module")

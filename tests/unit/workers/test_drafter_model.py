@@ -6,12 +6,12 @@ import copy
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from longtail_api.policies import LossWeightsSpec
 from longtail_workers.drafter.loss import drafter_loss
 from longtail_workers.drafter.model import EagleDrafter, layout_options
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.kvcache.cache import PaddedKVCache
 
 

@@ -30,7 +30,6 @@ from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.spot.sequences import SequenceWindows
 from longtail_workers.trainer.driver import DriverState
@@ -45,12 +44,6 @@ from longtail_workers.wire.samples import (
 )
 
 SPEC = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=4)
-
-
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=5, vocab_size=32, hidden_size=32, intermediate_size=64, sharpness=8.0)
 
 
 @pytest.fixture(scope="module")

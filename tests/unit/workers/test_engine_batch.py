@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.engine.batch import RunningBatch, SequenceState
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.kvcache.cache import PaddedKVCache
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.sampling import sampling_probs
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 
 VOCAB = 40

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.engine.target import TargetModel
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.kvcache.cache import attention_mask
 
 

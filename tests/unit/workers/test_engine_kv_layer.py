@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
+from tiny_targets import tiny_qwen2
 from transformers.cache_utils import DynamicLayer
 
 from longtail_workers.engine.target import TargetModel
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.kvcache.layer import MIN_SPARE_SLOTS, GrowingLayer
 
 

@@ -11,11 +11,11 @@ import itertools
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.engine.batch import SequenceState
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.scheduler import Scheduler, length_groups
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
+from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine import stats as stats_mod
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.stats import RolloutMetrics, RolloutStats, StepRecord, batch_bucket
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
 from longtail_workers.drafter.export import ExportError, export_drafter, longtail_name, main
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.testing import tiny_qwen2
 
 TID = "tiny-export"
 LAYER = [

@@ -22,11 +22,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_api.context import BUILTIN_MODEL_POSITIONS, model_positions, spec_context_error
 from longtail_workers.data import Example
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.jobspec import load_job_spec
 from longtail_workers.models.builtin import TinyRecipe

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import DrafterTrainingSpec, HarvestSpec
 from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.local.coordinator import Coordinator
 from longtail_workers.rollout.http import ControlConfig

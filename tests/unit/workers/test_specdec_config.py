@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 
 

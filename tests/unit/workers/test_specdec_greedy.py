@@ -14,11 +14,11 @@ from collections import Counter
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.warmstart.fit import collect_training_sequences, fit_drafter
 

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 import pytest
 import torch
 from lossless import chi_square, exact_distribution
+from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.rejection import AcceptanceRule, Verdict, rejection_sample
 from longtail_workers.engine.sampling import sample_from_probs
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 
 VOCAB = 8

@@ -7,10 +7,10 @@ import time
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.drafter.pairs import sequence_from_result
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.spot.buffer import CapturedSequence, RolloutBuffer
 

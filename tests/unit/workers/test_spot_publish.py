@@ -7,14 +7,14 @@ import threading
 import pytest
 import torch
 from safetensors.torch import load_file
+from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.merge import merge_state_dicts
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.registry import DrafterRegistry, VersionConflictError
+from longtail_workers.drafter.registry import CandidateInfo, DrafterRegistry, VersionConflictError
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.specdec import DraftTrace
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.rollout.control import RolloutWorker
 
@@ -102,16 +102,8 @@ def test_merge_two_workers_candidates(target, tmp_path) -> None:
     reg = DrafterRegistry(tmp_path)
     base = reg.publish(constant(target, 0.0), policy_version=1)
     for worker, value, tokens, acc in (("w-a", 1.0, 100, 0.5), ("w-b", 4.0, 300, 0.7)):
-        reg.submit_candidate(
-            constant(target, value),
-            worker=worker,
-            base_version=base.version,
-            policy_version=2,
-            tokens=tokens,
-            steps=5,
-            train_loss=1.0,
-            heldout_top1=acc,
-        )
+        info = CandidateInfo(worker, base.version, 2, tokens, 5, train_loss=1.0, heldout_top1=acc)
+        reg.submit_candidate(constant(target, value), info)
     merged = reg.merge_candidates(target, target_id=TID)
     assert merged is not None and merged.version == 1 and merged.meta.parent_version == 0
     weights = load_file(str(merged.path / "model.safetensors"))

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.drafter.exchange import (
     CANDIDATES_PATH,
@@ -30,12 +31,11 @@ from longtail_workers.drafter.exchange import (
     DrafterIntegrityError,
     DrafterNotFoundError,
     RemoteDrafterRegistry,
-    pack_files,
 )
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.registry import DrafterRegistry
+from longtail_workers.drafter.payload import pack_files
+from longtail_workers.drafter.registry import CandidateInfo, DrafterRegistry
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.rollout.control import RolloutWorker
 from longtail_workers.rollout.service import build_parser as rollout_parser
@@ -85,10 +85,8 @@ CANDIDATES = (("w-a", 1.0, 100, 0.5, 1.5), ("w-b", 4.0, 300, 0.7, None))
 
 def submit_all(store: DrafterRegistry | RemoteDrafterRegistry, target, base: int | None) -> None:
     for worker, value, tokens, acc, loss in CANDIDATES:
-        store.submit_candidate(
-            constant(target, value), worker=worker, base_version=base, policy_version=2,
-            tokens=tokens, steps=5, train_loss=loss, heldout_top1=acc,
-        )  # fmt: skip
+        info = CandidateInfo(worker, base, 2, tokens, 5, train_loss=loss, heldout_top1=acc)
+        store.submit_candidate(constant(target, value), info)
 
 
 def test_submit_merge_latest_load_round_trip_matches_the_directory_registry(
@@ -211,7 +209,7 @@ def test_an_upload_with_a_wrong_checksum_is_refused_and_not_stored(
         ("policy_version=1&tokens=5&steps=1", None, "worker: is required"),
         ("worker=w0&policy_version=one&tokens=5&steps=1", None, "policy_version: 'one' is not"),
         ("worker=w0&policy_version=1&tokens=5&steps=1&color=red", None, "color: not a candidate"),
-        ("worker=w0&policy_version=1&tokens=5&steps=1", b"not a tar", "not a tar archive"),
+        ("worker=w0&policy_version=1&tokens=5&steps=1", b"not a drafter", "not a drafter payload"),
         (
             "worker=w0&policy_version=1&tokens=5&steps=1",
             pack_files({"config.json": b"{}", "model.safetensors": b"x"}),

@@ -6,11 +6,11 @@ import time
 
 import pytest
 import torch
+from tiny_targets import random_prompts, tiny_qwen2
 
 from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import random_prompts, tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.spot.buffer import CapturedSequence, RolloutBuffer
 from longtail_workers.spot.trainer import (

@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.pairs import build_training_pairs
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.spot.buffer import CapturedSequence
 from longtail_workers.spot.windows import (
     block_causal_allowed,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.trainer.checkpoint import (
     CheckpointError,

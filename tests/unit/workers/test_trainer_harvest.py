@@ -1,4 +1,4 @@
-"""The trainer's own drafter training while it waits for a rollout (``trainer/harvest.py``).
+"""The trainer's own drafter training while it waits for a rollout (``trainer/drafter_window.py``).
 
 Real objects throughout: a tiny random Qwen2 policy, the real rollout engine (for the capture
 it must reproduce), a real ``RolloutBuffer``, ``SpotTrainer`` and ``DrafterRegistry``, the real
@@ -24,28 +24,22 @@ import pytest
 import torch
 
 from longtail_api.policies import DrafterTrainingSpec, HarvestSpec
+from longtail_api.steprow import StepRow
 from longtail_api.workerapi import RoleAnswer, TrainerStatus
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.local.coordinator import Coordinator
-from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
 from longtail_workers.spot.buffer import RolloutBuffer
-from longtail_workers.spot.sequences import engine_hidden_states
+from longtail_workers.spot.cycle import InvalidRoleError, RoleConflictError
+from longtail_workers.spot.sequences import SequenceWindows, engine_hidden_states
+from longtail_workers.trainer.drafter_window import TrainerHarvest
 from longtail_workers.trainer.driver import DriverState
-from longtail_workers.trainer.harvest import TrainerHarvest
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.wire.rollout import Sample
 
 SPEC = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=100_000)
-
-
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=5, vocab_size=32, hidden_size=32, intermediate_size=64, sharpness=8.0)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +60,8 @@ def samples(results: list[GenerationResult]) -> list[Sample]:
 def harvest_on(model: torch.nn.Module, tmp_path: Path, **kwargs: Any) -> TrainerHarvest:
     drafter = EagleDrafter(model, target_id="tiny").eval()
     registry = DrafterRegistry(tmp_path / "drafters")
-    return TrainerHarvest(model, drafter, registry, target_id="tiny", training=SPEC, **kwargs)
+    windows = SequenceWindows(model, drafter, registry, target_id="tiny", training=SPEC, **kwargs)
+    return TrainerHarvest(windows)
 
 
 def wait_until(cond: Any, timeout_s: float = 30.0) -> None:
@@ -260,11 +255,11 @@ def test_coordinator_harvests_the_trainer_only_when_eligible(app, results, eligi
     assert [c.worker for c in harvest.registry.candidates(None)] == ["trainer"]
 
 
-def _step_row(step: int, **extra: float) -> dict[str, Any]:
-    """A driver metrics row (the keys ``TrainerMetrics.observe`` reads)."""
+def _step_row(step: int, **extra: float) -> StepRow:
+    """A driver metrics row (what ``TrainerMetrics.observe`` reads)."""
     row: dict[str, Any] = {"step": step, "step_s": 2.0, "rollout_s": 1.0, "tail_s": 0.25}
     row.update(train_s=0.5, sync_s=0.1, reward_mean=0.5, accuracy=0.5, policy_version=step)
-    return {**row, **extra}
+    return StepRow.from_dict({**row, "drafter_version": -1, **extra})
 
 
 def test_trainer_metrics_count_harvested_seconds() -> None:

@@ -21,11 +21,11 @@ import pytest
 import torch
 import yaml
 from lossless import chi_square, exact_distribution
+from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.models.loading import load_policy, resolve_model_path
 from longtail_workers.trainer.grpo import sequence_logprobs

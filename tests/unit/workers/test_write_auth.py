@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_targets import tiny_qwen2
 
 from longtail_api.auth import TOKEN_ENV, token_matches
 from longtail_api.policies import HarvestSpec
@@ -27,9 +28,8 @@ from longtail_workers.drafter.exchange import (
     RemoteDrafterRegistry,
 )
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.registry import DrafterRegistry
+from longtail_workers.drafter.registry import CandidateInfo, DrafterRegistry
 from longtail_workers.drafter_worker.service import main as drafter_main
-from longtail_workers.engine.testing import tiny_qwen2
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.httpclient import WorkerHTTPError, http_json
 from longtail_workers.local.coordinator import Coordinator
@@ -161,14 +161,13 @@ def test_trainer_writes_need_the_token(trainer) -> None:
 
 def test_drafter_uploads_carry_the_token(trainer, model, tmp_path) -> None:
     drafter = EagleDrafter(model, target_id=TID)
-    fields: dict[str, Any] = {"worker": "w", "base_version": None, "policy_version": 0}
-    fields.update(tokens=8, steps=1)
+    info = CandidateInfo(worker="w", base_version=None, policy_version=0, tokens=8, steps=1)
     opts: dict[str, Any] = {"retries": 0, "timeout_s": 10.0}
     ok = RemoteDrafterRegistry(trainer.url, cache_dir=tmp_path / "a", token=TOKEN, **opts)
-    assert ok.submit_candidate(drafter, **fields).worker == "w"
+    assert ok.submit_candidate(drafter, info).worker == "w"
     bad = RemoteDrafterRegistry(trainer.url, cache_dir=tmp_path / "b", token="wrong", **opts)
     with pytest.raises(DrafterExchangeError, match="HTTP 401"):
-        bad.submit_candidate(drafter, **fields)
+        bad.submit_candidate(drafter, info)
     assert ok.latest_version() is None  # downloads are reads: no token needed, none refused
 
 

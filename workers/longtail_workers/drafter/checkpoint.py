@@ -1,8 +1,10 @@
 """Save and load a drafter's own weights, bound to the target they were trained for.
 
 Used by the drafter trainers (publish a version) and by rollout engines (load the newest
-version). A drafter directory holds ``model.safetensors`` (only the trainable weights: ``fc``
-and the decoder layer; never the target's embedding or LM head, so publishing a drafter can
+version); the drafter exchange (``drafter/exchange.py``) sends the same config and weight bytes
+in memory (:func:`drafter_config`, :func:`drafter_weights_bytes`, :func:`build_drafter`). A
+drafter directory holds ``model.safetensors`` (only the trainable weights: ``fc`` and the
+decoder layer; never the target's embedding or LM head, so publishing a drafter can
 never overwrite the shared weights) and ``config.json`` naming the target: architecture,
 identifier, and the shapes the weights depend on. Loading onto a different target is refused
 with an error that lists every mismatching field.
@@ -12,12 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from safetensors.torch import load_file, save_file
+import torch
+from safetensors.torch import load_file, save
 from torch import nn
 
 from longtail_workers.drafter.model import EagleDrafter, TargetInfo
+from longtail_workers.weights.checksum import canonical_tensors
 
 DRAFTER_FORMAT = "longtail-eagle-drafter"
 DRAFTER_FORMAT_VERSION = 1
@@ -33,9 +39,21 @@ def save_drafter(drafter: EagleDrafter, directory: str | Path, version: int | No
     """Write ``drafter``'s trainable weights and its target's identity into ``directory``."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in drafter.trainable_state_dict().items()}
-    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": DRAFTER_FORMAT})
-    config = {
+    (path / WEIGHTS_FILE).write_bytes(drafter_weights_bytes(drafter))
+    (path / CONFIG_FILE).write_text(config_text(drafter_config(drafter, version)))
+    return path
+
+
+def drafter_weights_bytes(drafter: EagleDrafter) -> bytes:
+    """``model.safetensors`` of ``drafter`` as bytes: what :func:`save_drafter` writes and the
+    drafter exchange (``drafter/exchange.py``) sends."""
+    tensors = canonical_tensors(drafter.trainable_state_dict())
+    return save(tensors, metadata={"format": DRAFTER_FORMAT})
+
+
+def drafter_config(drafter: EagleDrafter, version: int | None = None) -> dict[str, Any]:
+    """``config.json`` of ``drafter``: format, its target's identity, its layout."""
+    return {
         "format": DRAFTER_FORMAT,
         "format_version": DRAFTER_FORMAT_VERSION,
         "target": dataclasses.asdict(drafter.info),
@@ -49,8 +67,11 @@ def save_drafter(drafter: EagleDrafter, directory: str | Path, version: int | No
         "dtype": str(drafter.fc.weight.dtype).removeprefix("torch."),
         "version": version,
     }
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return path
+
+
+def config_text(config: Mapping[str, Any]) -> str:
+    """``config.json``'s text for ``config`` (one spelling, so saved files compare equal)."""
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 
 def read_drafter_config(directory: str | Path) -> dict[str, object]:
@@ -62,15 +83,20 @@ def read_drafter_config(directory: str | Path) -> dict[str, object]:
         config = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DrafterMismatchError(f"{path}: not JSON ({exc}); not a drafter directory") from exc
+    return check_drafter_config(config, str(path))
+
+
+def check_drafter_config(config: object, where: str) -> dict[str, object]:
+    """``config`` (a parsed ``config.json`` from ``where``) if it is a drafter's of this format."""
     if not isinstance(config, dict):
-        raise DrafterMismatchError(f"{path}: holds a {type(config).__name__}, not a JSON object")
+        raise DrafterMismatchError(f"{where}: holds a {type(config).__name__}, not a JSON object")
     if config.get("format") != DRAFTER_FORMAT:
         raise DrafterMismatchError(
-            f"{path}: format {config.get('format')!r}, expected {DRAFTER_FORMAT!r}"
+            f"{where}: format {config.get('format')!r}, expected {DRAFTER_FORMAT!r}"
         )
     if config.get("format_version") != DRAFTER_FORMAT_VERSION:
         raise DrafterMismatchError(
-            f"{path}: format_version {config.get('format_version')!r}, this code reads "
+            f"{where}: format_version {config.get('format_version')!r}, this code reads "
             f"{DRAFTER_FORMAT_VERSION}"
         )
     return dict(config)
@@ -83,10 +109,24 @@ def load_drafter(directory: str | Path, target: nn.Module, *, target_id: str) ->
     (architecture, identifier or shapes) or the weight file does not match the module.
     """
     config = read_drafter_config(directory)
+    weights = load_file(str(Path(directory) / WEIGHTS_FILE))
+    return build_drafter(config, weights, target, target_id=target_id, where=str(directory))
+
+
+def build_drafter(
+    config: Mapping[str, object],
+    weights: Mapping[str, torch.Tensor],
+    target: nn.Module,
+    *,
+    target_id: str,
+    where: str,
+) -> EagleDrafter:
+    """A drafter on ``target`` from a checked ``config`` and its ``weights`` (from a directory or
+    from the drafter exchange's payload, ``where`` names which in errors)."""
     saved = config.get("target")
     actual = dataclasses.asdict(TargetInfo.of(target, target_id))
     if not isinstance(saved, dict):
-        raise DrafterMismatchError(f"{directory}/{CONFIG_FILE}: no 'target' object")
+        raise DrafterMismatchError(f"{where}/{CONFIG_FILE}: no 'target' object")
     diffs = [
         f"{key}: drafter was trained for {saved.get(key)!r}, this target has {value!r}"
         for key, value in actual.items()
@@ -94,7 +134,7 @@ def load_drafter(directory: str | Path, target: nn.Module, *, target_id: str) ->
     ]
     if diffs:
         raise DrafterMismatchError(
-            f"drafter in {directory} does not belong to this target ({'; '.join(diffs)}); "
+            f"drafter in {where} does not belong to this target ({'; '.join(diffs)}); "
             "load a drafter trained for this model or start from a fresh one"
         )
     layout = config.get("drafter")
@@ -105,14 +145,14 @@ def load_drafter(directory: str | Path, target: nn.Module, *, target_id: str) ->
         input_norm=bool(layout.get("input_norm", True)),
         fc_bias=bool(layout.get("fc_bias", True)),
     )
-    weights = load_file(str(Path(directory) / WEIGHTS_FILE), device=str(drafter.fc.weight.device))
     expected = drafter.trainable_state_dict()
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     bad_shapes = [k for k in expected if k in weights and weights[k].shape != expected[k].shape]
     if missing or unexpected or bad_shapes:
         raise DrafterMismatchError(
-            f"{directory}/{WEIGHTS_FILE} does not fit the drafter module: missing {missing}, "
+            f"{where}/{WEIGHTS_FILE} does not fit the drafter module: missing {missing}, "
             f"unexpected {unexpected}, wrong shapes {bad_shapes}"
         )
-    drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in weights.items()})
+    device = drafter.fc.weight.device
+    drafter.load_state_dict({k: v.to(device, expected[k].dtype) for k, v in weights.items()})
     return drafter

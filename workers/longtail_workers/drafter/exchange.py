@@ -9,60 +9,71 @@ publish are unchanged) and ``trainer/service.py``'s ``TrainerApp`` mounts
 which one it holds::
 
     GET  /v1/drafters/latest       -> 200 {"version": n | null}
-    GET  /v1/drafters/{n}          -> 200 tar of config.json, model.safetensors, version.json;
-                                      headers X-Longtail-Drafter-Version, -Sha256; 404 not kept
+    GET  /v1/drafters/{n}          -> 200 the version as one payload; headers
+                                      X-Longtail-Drafter-Version, -Sha256; 404 not kept
     POST /v1/drafters/candidates?worker=W&base_version=B&policy_version=P&tokens=T&steps=S
-         [&train_loss=L&heldout_top1=A]   body: tar of config.json and model.safetensors,
+         [&train_loss=L&heldout_top1=A]   body: the candidate as one payload,
                                       header X-Longtail-Drafter-Sha256 -> 201 {candidate}
 
-A payload is an uncompressed tar of the files ``save_drafter`` writes (byte for byte), and its
-sha256 travels in ``X-Longtail-Drafter-Sha256``: the client checks it on every download and the
-trainer on every upload (400 on a mismatch), so a corrupted transfer is never loaded or merged.
+A payload is one drafter as one body built and read in memory (``payload.py``), like the
+policy weights' (``weights/http_sync.py``). The whole body's sha256 travels in
+``X-Longtail-Drafter-Sha256``: the client checks it on every download and the trainer on every
+upload (400 on a mismatch), so a corrupted transfer is never loaded or merged. Only the
+trainer's registry keeps drafters as files (its durable store); a rollout worker keeps each
+downloaded body as one file in its cache.
 An upload that is not the job's drafter (tensor names, shapes, dtypes, target), holds no tensors
 or a NaN/infinity is refused with 400 naming the problem and not stored (``drafter/vetting.py``).
-Every request has a bounded timeout; unreachable trainers, timeouts and 5xx answers (503 while
-the trainer is still loading) are retried with exponential backoff and jitter, then raised as
-:class:`DrafterExchangeError` naming the URL. Re-sending a candidate after a lost answer is
-harmless: the merge takes each worker's newest candidate. Uploads carry the job's token
-(``Authorization: Bearer``; the trainer's server answers 401 without it, ``httpserver.py``);
-downloads are reads and need none.
+Requests go through ``httpclient.request``: a bounded timeout on each; unreachable trainers,
+timeouts and 5xx answers (503 while the trainer is still loading) are retried with exponential
+backoff and jitter, then raised as :class:`DrafterExchangeError` naming the URL. Re-sending a
+candidate after a lost answer is harmless: the merge takes each worker's newest candidate.
+Uploads carry the job's token (``Authorization: Bearer``; the trainer's server answers 401
+without it, ``httpserver.py``); downloads are reads and need none.
 """
 
 from __future__ import annotations
 
-import http.client
-import io
 import json
 import logging
-import random
+import os
 import re
 import shutil
-import tarfile
 import tempfile
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections import OrderedDict
-from collections.abc import Mapping
-from email.message import Message
 from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode
 
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
 from torch import nn
 
-from longtail_api.auth import is_write
-from longtail_workers.auth import auth_headers
-from longtail_workers.drafter.checkpoint import DrafterMismatchError, load_drafter, save_drafter
+from longtail_workers.drafter.checkpoint import (
+    DrafterMismatchError,
+    build_drafter,
+    check_drafter_config,
+    drafter_config,
+    drafter_weights_bytes,
+)
 from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.payload import DrafterPayload, pack_files, read_files
 from longtail_workers.drafter.registry import (
     DRAFTER_FILES,
     META_FILE,
     Candidate,
+    CandidateInfo,
     DrafterRegistry,
     PublishedVersion,
     VersionMeta,
+)
+from longtail_workers.httpclient import (
+    ChecksumMismatch,
+    HTTPCallError,
+    Response,
+    Retry,
+    WorkerBusy,
+    request,
 )
 from longtail_workers.httpserver import BodyErrors, JSONRequestHandler, error_text, fail
 from longtail_workers.weights.checksum import sha256_hex
@@ -75,7 +86,7 @@ VERSION_PATH = PREFIX + "/{version}"
 CANDIDATES_PATH = f"{PREFIX}/candidates"
 VERSION_HEADER = "X-Longtail-Drafter-Version"
 CHECKSUM_HEADER = "X-Longtail-Drafter-Sha256"
-CONTENT_TYPE = "application/x-tar"
+CONTENT_TYPE = "application/octet-stream"
 VERSION_FILES = (*DRAFTER_FILES, META_FILE)
 MAX_CANDIDATE_BYTES = 4 << 30
 """Largest candidate upload the trainer reads (a drafter is ``fc`` plus one decoder layer)."""
@@ -92,46 +103,6 @@ class DrafterIntegrityError(DrafterExchangeError):
 
 class DrafterNotFoundError(DrafterExchangeError, FileNotFoundError):
     """The version asked for is not published (any more), or nothing is published yet."""
-
-
-# --- payload: a tar of the drafter's files ----------------------------------------------------
-
-
-def pack_files(files: Mapping[str, bytes]) -> bytes:
-    """An uncompressed tar of ``{name: bytes}`` (sorted, no timestamps or owners)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(files):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(files[name]), 0o644
-            tar.addfile(info, io.BytesIO(files[name]))
-    return buf.getvalue()
-
-
-def unpack_files(data: bytes, expected: tuple[str, ...], source: str) -> dict[str, bytes]:
-    """The files of a payload; ``ValueError`` (naming ``source``) unless exactly ``expected``."""
-    files: dict[str, bytes] = {}
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            for member in tar:
-                if not member.isfile() or member.name not in expected or member.name in files:
-                    raise ValueError(
-                        f"{source}: unexpected entry {member.name!r} in the drafter payload; "
-                        f"it holds exactly {', '.join(expected)}"
-                    )
-                fh = tar.extractfile(member)
-                assert fh is not None  # a regular file
-                files[member.name] = fh.read()
-    except tarfile.TarError as exc:
-        raise ValueError(f"{source}: the drafter payload is not a tar archive ({exc})") from exc
-    missing = [name for name in expected if name not in files]
-    if missing:
-        raise ValueError(f"{source}: the drafter payload lacks {', '.join(missing)}")
-    return files
-
-
-def read_files(directory: Path, names: tuple[str, ...]) -> dict[str, bytes]:
-    return {name: (directory / name).read_bytes() for name in names}
 
 
 # --- server side: mounted on the trainer's HTTP surface ----------------------------------------
@@ -151,7 +122,7 @@ class DrafterEndpoints:
 
     ``TrainerApp`` calls :meth:`handle` from its request handler threads; errors are raised as
     ``RequestError`` (``httpserver.fail``) for the handler to answer. Packed versions are
-    cached (they are immutable), so N workers fetching one version cost one tar.
+    cached (they are immutable), so N workers fetching one version cost one packing.
     """
 
     def __init__(
@@ -203,7 +174,7 @@ class DrafterEndpoints:
         except FileNotFoundError:
             kept = self.registry.versions()
             fail(HTTPStatus.NOT_FOUND, f"drafter version {version} is not kept; kept: {kept}")
-        data = pack_files(files)
+        data = pack_files(files)  # a version is immutable: packed once, cached
         entry = (data, sha256_hex(data))
         with self._lock:
             self._cache[version] = entry
@@ -223,10 +194,13 @@ class DrafterEndpoints:
                 f"candidate body hashes to sha256 {actual}, but {CHECKSUM_HEADER} says {sent}: "
                 "the upload was corrupted; nothing was stored, send it again",
             )
-        info = _parse_candidate_query(query)
         try:
-            files = unpack_files(body, DRAFTER_FILES, CANDIDATES_PATH)
-            cand = self.registry.submit_candidate_files(files, **info)  # type: ignore[arg-type]
+            info = CandidateInfo(**_parse_candidate_query(query))  # type: ignore[arg-type]
+            payload = DrafterPayload.unpack(body, CANDIDATES_PATH)
+            if payload.meta is not None:
+                raise ValueError("a candidate carries no version meta (send meta: null)")
+            files = payload.files()
+            cand = self.registry.submit_candidate_files(files, info)
         except ValueError as exc:
             fail(HTTPStatus.BAD_REQUEST, f"candidate refused: {exc}")
         log.info(
@@ -304,9 +278,11 @@ def _candidate_dict(cand: Candidate) -> dict[str, object]:
 class RemoteDrafterRegistry:
     """A ``DrafterStore`` (``registry.py``) over the trainer's HTTP port (``--drafters-url``).
 
-    Downloaded versions are kept (verified) under ``cache_dir`` (default: a private temporary
-    directory removed with this object), the newest ``keep_versions`` of them, so loading the
-    same version for generation and for training downloads it once.
+    Downloaded versions are kept (verified, one payload file per version, named by the version)
+    under ``cache_dir`` (default: a private temporary directory removed with this object), the
+    newest ``keep_versions`` of them, so loading the same version for generation and for
+    training downloads it once. A download is loaded from memory; the cache file is only read
+    when the version is loaded again.
     """
 
     def __init__(
@@ -329,8 +305,8 @@ class RemoteDrafterRegistry:
                 f"{retries}, {backoff_s}, {timeout_s}, {keep_versions}"
             )
         self.base_url = base_url.rstrip("/")
-        self.timeout_s, self.retries = timeout_s, retries
-        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.timeout_s = timeout_s
+        self.retry = Retry(retries, backoff_s, max_backoff_s)
         self.keep_versions = keep_versions
         self.token = token
         """The job's token for uploads (None: the process's ``LONGTAIL_AUTH_TOKEN``)."""
@@ -349,8 +325,9 @@ class RemoteDrafterRegistry:
 
     def latest_version(self) -> int | None:
         """The trainer's newest published version, or None before anything was published."""
-        status, _, body = self._request("GET", LATEST_PATH)
-        if status == HTTPStatus.NOT_FOUND:
+        answer = self._request("GET", LATEST_PATH)
+        body = answer.body
+        if answer.status == HTTPStatus.NOT_FOUND:
             raise DrafterExchangeError(
                 f"GET {self.base_url}{LATEST_PATH} answered 404 ({error_text(body)}); is "
                 f"{self.base_url} the trainer's HTTP port (--port), started with --drafters?"
@@ -375,90 +352,83 @@ class RemoteDrafterRegistry:
                     "trainer merged the first candidates"
                 )
         with self._lock:
-            directory = self._fetch(version)
-            meta = VersionMeta.from_dict(json.loads((directory / META_FILE).read_text()))
-            try:
-                drafter = load_drafter(directory, target, target_id=target_id)
-            except DrafterMismatchError as exc:
-                raise DrafterMismatchError(
-                    f"drafter version {version} from {self.base_url}: {exc}"
-                ) from exc
-        return drafter.eval(), PublishedVersion(version, directory, meta)
+            payload, path = self._fetch(version)
+        source = f"drafter version {version} from {self.base_url}"
+        if payload.meta is None:
+            raise DrafterExchangeError(f"{source}: the payload carries no version meta")
+        try:
+            meta = VersionMeta.from_dict(payload.meta)
+            config = check_drafter_config(payload.config, source)
+            weights = load_safetensors(payload.weights)
+        except (TypeError, SafetensorError) as exc:
+            raise DrafterExchangeError(f"{source}: unreadable payload ({exc})") from exc
+        try:
+            drafter = build_drafter(config, weights, target, target_id=target_id, where=source)
+        except DrafterMismatchError as exc:
+            raise DrafterMismatchError(f"{source}: {exc}") from exc
+        return drafter.eval(), PublishedVersion(version, path, meta)
 
-    def _fetch(self, version: int) -> Path:
-        """The verified local copy of ``version`` (downloaded unless cached); under the lock."""
+    def _fetch(self, version: int) -> tuple[DrafterPayload, Path]:
+        """The verified payload of ``version`` and its cache file (downloaded unless cached);
+        called under the lock."""
         final = self.cache_dir / f"{version:06d}"
-        if final.is_dir():
-            return final
+        if final.is_file():
+            try:
+                return DrafterPayload.unpack(final.read_bytes(), str(final)), final
+            except ValueError as exc:  # damaged on disk: download it again
+                log.warning("cached drafter %s is unusable (%s); downloading again", final, exc)
         path = VERSION_PATH.format(version=version)
         url = self.base_url + path
-        status, headers, body = self._request("GET", path)
-        if status == HTTPStatus.NOT_FOUND:
-            raise DrafterNotFoundError(f"GET {url}: {error_text(body)}")
-        got = headers.get(VERSION_HEADER)
+        answer = self._request("GET", path)
+        if answer.status == HTTPStatus.NOT_FOUND:
+            raise DrafterNotFoundError(f"GET {url}: {error_text(answer.body)}")
+        got = answer.headers.get(VERSION_HEADER)
         if got != str(version):
             raise DrafterExchangeError(
                 f"GET {url} answered drafter version {got!r}, not {version}; nothing was loaded"
             )
-        advertised, actual = (headers.get(CHECKSUM_HEADER) or "").lower(), sha256_hex(body)
-        if advertised != actual:
-            raise DrafterIntegrityError(
-                f"GET {url}: the payload hashes to sha256 {actual}, but {CHECKSUM_HEADER} says "
-                f"{advertised or '(missing)'}; a corrupted transfer: nothing was loaded (the "
-                "worker keeps its drafter); it is fetched again at the next refresh"
-            )
         try:
-            files = unpack_files(body, VERSION_FILES, url)
+            answer.check_sha256(CHECKSUM_HEADER)
+        except ChecksumMismatch as exc:
+            raise DrafterIntegrityError(
+                f"GET {url}: the payload hashes to sha256 {exc.actual}, but {CHECKSUM_HEADER} "
+                f"says {exc.expected or '(missing)'}; a corrupted transfer: nothing was loaded "
+                "(the worker keeps its drafter); it is fetched again at the next refresh"
+            ) from exc
+        try:
+            payload = DrafterPayload.unpack(answer.body, url)
         except ValueError as exc:
             raise DrafterExchangeError(str(exc)) from exc
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.cache_dir))
-        for name, data in files.items():
-            (staging / name).write_bytes(data)
-        staging.rename(final)
+        _remove(final)  # a directory left by an older cache layout
+        part = final.with_name(final.name + ".part")
+        part.write_bytes(answer.body)
+        os.replace(part, final)  # readers never see half a file
         self._prune()
-        return final
+        return payload, final
 
     def _prune(self) -> None:
         kept = sorted(p for p in self.cache_dir.iterdir() if p.name.isdigit())
         for old in kept[: -self.keep_versions]:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
 
     # --- publishing -------------------------------------------------------------------------
 
-    def submit_candidate(
-        self,
-        drafter: EagleDrafter,
-        *,
-        worker: str,
-        base_version: int | None,
-        policy_version: int,
-        tokens: int,
-        steps: int,
-        train_loss: float | None = None,
-        heldout_top1: float | None = None,
-    ) -> Candidate:
-        """Upload one worker's trained drafter for the merge of ``base_version``'s window."""
-        if not worker or "/" in worker:
-            raise ValueError(f"worker={worker!r}; must be a non-empty name without '/'")
-        with tempfile.TemporaryDirectory(prefix="candidate-", dir=self.cache_dir) as tmp:
-            save_drafter(drafter, tmp, version=base_version)
-            body = pack_files(read_files(Path(tmp), DRAFTER_FILES))
-        fields = {
-            "worker": worker, "base_version": base_version, "policy_version": policy_version,
-            "tokens": tokens, "steps": steps, "train_loss": train_loss,
-            "heldout_top1": heldout_top1,
-        }  # fmt: skip
+    def submit_candidate(self, drafter: EagleDrafter, info: CandidateInfo) -> Candidate:
+        """Upload one worker's trained drafter for the merge of ``info.base_version``'s window."""
+        config = drafter_config(drafter, version=info.base_version)
+        body = DrafterPayload(config, drafter_weights_bytes(drafter)).pack()
+        fields = info.to_dict()
         query = urlencode({k: v for k, v in fields.items() if v is not None})
         path = f"{CANDIDATES_PATH}?{query}"
         headers = {CHECKSUM_HEADER: sha256_hex(body), "Content-Type": CONTENT_TYPE}
-        status, _, answer = self._request("POST", path, body, headers)
-        if status == HTTPStatus.NOT_FOUND:
+        answer = self._request("POST", path, body, headers)
+        if answer.status == HTTPStatus.NOT_FOUND:
             raise DrafterExchangeError(
-                f"POST {self.base_url}{CANDIDATES_PATH} answered 404 ({error_text(answer)}); "
+                f"POST {self.base_url}{CANDIDATES_PATH} answered 404 ({error_text(answer.body)}); "
                 "is the trainer started with --drafters?"
             )
         try:
-            data = json.loads(answer)
+            data = answer.json()
             return Candidate(
                 path=Path(data["path"]), **{k: data[k] for k in (*fields, "created_unix")}
             )
@@ -475,34 +445,24 @@ class RemoteDrafterRegistry:
         path: str,
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
-    ) -> tuple[int, Message, bytes]:
-        """One request with retries; returns 2xx and 404 answers, raises on anything else."""
-        url = self.base_url + path
-        if is_write(method):
-            headers = {**(headers or {}), **auth_headers(self.token)}
-        last = "no attempt made"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-                time.sleep(delay * random.uniform(0.5, 1.0))  # jitter: workers ask together
-            req = urllib.request.Request(url, data=body, headers=headers or {}, method=method)
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return resp.status, resp.headers, resp.read()
-            except urllib.error.HTTPError as exc:
-                text = error_text(exc.read())
-                if exc.code == HTTPStatus.NOT_FOUND:
-                    return exc.code, exc.headers, json.dumps({"error": text}).encode()
-                last = f"HTTP {exc.code}: {text}"
-                if exc.code < 500:
-                    break  # the request itself is wrong: asking again does not help
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-            log.warning(
-                "%s %s failed (attempt %d/%d): %s", method, url, attempt + 1, self.retries + 1, last
-            )
-        raise DrafterExchangeError(
-            f"{method} {url} failed after {attempt + 1} attempt(s); last error: {last} (is the "
-            "trainer running and reachable at that URL? rollout workers take it from "
-            "--drafters-url / LONGTAIL_DRAFTER_URL)"
-        )
+    ) -> Response:
+        """One request with retries (``httpclient.request``); returns 2xx and 404 answers."""
+        try:
+            return request(
+                method, self.base_url + path, timeout_s=self.timeout_s, body=body,
+                headers=headers, retry=self.retry, token=self.token,
+                accept=(HTTPStatus.NOT_FOUND,),
+            )  # fmt: skip
+        except (HTTPCallError, WorkerBusy) as exc:
+            raise DrafterExchangeError(
+                f"{exc} (is the trainer running and reachable at that URL? rollout workers "
+                "take it from --drafters-url / LONGTAIL_DRAFTER_URL)"
+            ) from exc
+
+
+def _remove(path: Path) -> None:
+    """Delete a cache entry: a payload file, or a directory from an older cache layout."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

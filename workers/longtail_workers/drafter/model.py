@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +70,7 @@ def _architecture(target: nn.Module) -> str:
     FSDP2's generated subclass ``FSDP<Name>``: the model is the same, so its drafters are too."""
     from torch.distributed.fsdp import FSDPModule
 
-    cls = type(target)
+    cls: type[object] = type(target)
     if isinstance(target, FSDPModule):
         cls = next(c for c in cls.__mro__ if not issubclass(c, FSDPModule))
     return cls.__name__
@@ -88,21 +88,30 @@ class _SharedParts:
         return self
 
 
-LAYOUTS: dict[str, dict[str, bool]] = {
+class LayoutOptions(TypedDict):
+    """The :class:`EagleDrafter` keyword arguments a named layout fixes."""
+
+    input_norm: bool
+    """Keep the decoder layer's input norm (False: EAGLE-1's serving layout)."""
+    fc_bias: bool
+    """Give the ``fc`` projection a bias (False: EAGLE-1's serving layout)."""
+
+
+LAYOUTS: dict[str, LayoutOptions] = {
     "longtail": {"input_norm": True, "fc_bias": True},
     "eagle1": {"input_norm": False, "fc_bias": False},
 }
 """``drafterTraining.layout`` values -> :class:`EagleDrafter` keyword arguments."""
 
 
-def layout_options(layout: str) -> dict[str, bool]:
+def layout_options(layout: str) -> LayoutOptions:
     """The :class:`EagleDrafter` arguments of a named layout (see ``DrafterTrainingSpec``)."""
     if layout not in LAYOUTS:
         raise ValueError(
             f"unknown drafter layout {layout!r}; use one of {sorted(LAYOUTS)} "
             "(spec field drafterTraining.layout)"
         )
-    return dict(LAYOUTS[layout])
+    return LAYOUTS[layout].copy()
 
 
 def _layer_config(target: nn.Module, attn_implementation: str) -> Any:
@@ -221,7 +230,8 @@ class EagleDrafter(nn.Module):
             use_cache=cache is not None,
             position_embeddings=position_embeddings,
         )
-        return out[0] if isinstance(out, tuple) else out  # older layers return a tuple
+        features: torch.Tensor = out[0] if isinstance(out, tuple) else out  # older: a tuple
+        return features
 
     def mask(self, past_valid: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
         """Attention mask in the form this drafter's attention implementation takes."""

@@ -22,7 +22,7 @@ Context (what the drafter attends over): the **response** pairs only, from pair 
 (``sequence_from_result`` starts at ``x_{P-1}``; ``spot/windows.py`` windows start there) and the
 engine's drafter cache holds the same ones (``engine/specdec.py``); the prompt reaches the drafter
 only through the target states ``h_t``. Feeding the prompt's pairs too, which the drafter never
-saw in training, cost a third of the long-tail speedup (docs/performance.md), and would make
+saw in training, cost much of the long-tail speedup (docs/performance.md), and would make
 every switch-on re-read the prompt.
 """
 

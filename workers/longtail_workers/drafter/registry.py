@@ -117,6 +117,36 @@ class PublishedVersion:
 
 
 @dataclass(frozen=True)
+class CandidateInfo:
+    """What a worker says about the drafter it submits (one window's work): the one argument of
+    every ``submit_candidate`` (directory registry, the trainer's HTTP exchange, their callers);
+    ``candidate.json`` stores it with ``created_unix``."""
+
+    worker: str
+    """The submitting worker's name (it names a directory: non-empty, no ``/``)."""
+    base_version: int | None
+    """The published drafter version the window trained from (None: the initial drafter)."""
+    policy_version: int
+    """The newest policy version whose samples the window trained on."""
+    tokens: int
+    """Training pairs since the base version: the candidate's weight in the merge."""
+    steps: int
+    """The spot trainer's optimizer steps over its life when the window ended."""
+    train_loss: float | None = None
+    """The window's mean training loss (None: unknown)."""
+    heldout_top1: float | None = None
+    """Held-out top-1 accuracy of the trained drafter (None: not judged)."""
+
+    def __post_init__(self) -> None:
+        if not self.worker or "/" in self.worker:
+            raise ValueError(f"worker={self.worker!r}; must be a non-empty name without '/'")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain JSON (``candidate.json`` and the exchange's upload query)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class Candidate:
     """A worker's drafter trained from ``base_version`` in one window (``candidate.json``)."""
 
@@ -144,18 +174,7 @@ class DrafterStore(Protocol):
         self, target: nn.Module, *, target_id: str, version: int | None = None
     ) -> tuple[EagleDrafter, PublishedVersion]: ...
 
-    def submit_candidate(
-        self,
-        drafter: EagleDrafter,
-        *,
-        worker: str,
-        base_version: int | None,
-        policy_version: int,
-        tokens: int,
-        steps: int,
-        train_loss: float | None = None,
-        heldout_top1: float | None = None,
-    ) -> Candidate: ...
+    def submit_candidate(self, drafter: EagleDrafter, info: CandidateInfo) -> Candidate: ...
 
 
 def _fsync_file(path: Path) -> None:
@@ -344,35 +363,15 @@ class DrafterRegistry:
 
     # --- candidates and merge ---------------------------------------------------------------
 
-    def submit_candidate(
-        self,
-        drafter: EagleDrafter,
-        *,
-        worker: str,
-        base_version: int | None,
-        policy_version: int,
-        tokens: int,
-        steps: int,
-        train_loss: float | None = None,
-        heldout_top1: float | None = None,
-    ) -> Candidate:
-        """Store one worker's trained drafter for the merge of ``base_version``'s window."""
-        info = _candidate_info(
-            worker, base_version, policy_version, tokens, steps, train_loss, heldout_top1
-        )
-        return self._add_candidate(lambda d: save_drafter(drafter, d, version=base_version), info)
+    def submit_candidate(self, drafter: EagleDrafter, info: CandidateInfo) -> Candidate:
+        """Store one worker's trained drafter for the merge of ``info.base_version``'s window."""
+        base = info.base_version
+        return self._add_candidate(lambda d: save_drafter(drafter, d, version=base), info)
 
     def submit_candidate_files(
         self,
         files: Mapping[str, bytes],
-        *,
-        worker: str,
-        base_version: int | None,
-        policy_version: int,
-        tokens: int,
-        steps: int,
-        train_loss: float | None = None,
-        heldout_top1: float | None = None,
+        info: CandidateInfo,
     ) -> Candidate:
         """:meth:`submit_candidate` for a drafter already saved by ``save_drafter`` elsewhere.
 
@@ -387,10 +386,7 @@ class DrafterRegistry:
                 f"a candidate consists of exactly {', '.join(DRAFTER_FILES)} (as save_drafter "
                 f"writes them); got {', '.join(sorted(files)) or 'no files'}"
             )
-        info = _candidate_info(
-            worker, base_version, policy_version, tokens, steps, train_loss, heldout_top1
-        )
-        source = f"candidate of {worker} (base {base_version})"
+        source = f"candidate of {info.worker} (base {info.base_version})"
 
         def write(directory: Path) -> None:
             for name in DRAFTER_FILES:
@@ -400,17 +396,18 @@ class DrafterRegistry:
         try:
             return self._add_candidate(write, info)
         except DrafterMismatchError as exc:
-            self._reject("upload", worker, str(exc))
+            self._reject("upload", info.worker, str(exc))
             raise
 
-    def _add_candidate(self, write: Callable[[Path], object], info: dict[str, Any]) -> Candidate:
-        staging = self._stage(write, info, CANDIDATE_FILE)
-        parent = self.root / "candidates" / _base_dir_name(info["base_version"])
+    def _add_candidate(self, write: Callable[[Path], object], info: CandidateInfo) -> Candidate:
+        meta = {**info.to_dict(), "created_unix": time.time()}
+        staging = self._stage(write, meta, CANDIDATE_FILE)
+        parent = self.root / "candidates" / _base_dir_name(info.base_version)
         parent.mkdir(parents=True, exist_ok=True)
-        final = parent / f"{info['worker']}-{uuid.uuid4().hex[:8]}"
+        final = parent / f"{info.worker}-{uuid.uuid4().hex[:8]}"
         os.rename(staging, final)
         _fsync_dir(parent)
-        return Candidate(path=final, **info)
+        return Candidate(path=final, **meta)
 
     def candidates(self, base_version: int | None) -> list[Candidate]:
         """The newest candidate of each worker for ``base_version``."""
@@ -481,25 +478,6 @@ class DrafterRegistry:
         log.warning("drafter candidate of %s refused at %s: %s", worker, stage, reason)
         if self.on_rejected is not None:
             self.on_rejected(stage, worker, reason)
-
-
-def _candidate_info(
-    worker: str,
-    base_version: int | None,
-    policy_version: int,
-    tokens: int,
-    steps: int,
-    train_loss: float | None,
-    heldout_top1: float | None,
-) -> dict[str, Any]:
-    """``candidate.json``'s fields (``worker`` checked: it names a directory)."""
-    if not worker or "/" in worker:
-        raise ValueError(f"worker={worker!r}; must be a non-empty name without '/'")
-    return {
-        "worker": worker, "base_version": base_version, "policy_version": policy_version,
-        "tokens": tokens, "steps": steps, "train_loss": train_loss,
-        "heldout_top1": heldout_top1, "created_unix": time.time(),
-    }  # fmt: skip
 
 
 def _weighted(values: list[tuple[float | None, int]]) -> float | None:

@@ -31,29 +31,25 @@ from urllib.parse import urlsplit
 from prometheus_client import generate_latest
 
 from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
-from longtail_api.workerapi import STATUS_PATH
-from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
 from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, check_route
-from longtail_workers.jobspec import load_job_spec
 from longtail_workers.runtime import (
     ServiceRuntime,
+    answer_error,
     policy_and_drafter,
     role_device,
+    start_service,
     torch_threads,
+    worker_parser,
 )
+from longtail_workers.spot.cycle import STATUS_ROUTES
 from longtail_workers.spot.sequences import SequenceWindows
 from longtail_workers.weights.http_sync import HttpWeightClient
 from longtail_workers.wire.samples import SampleFeed
 
 log = logging.getLogger(__name__)
 LISTENING_PREFIX = "longtail drafter listening on "
-ROUTES: dict[str, tuple[str, ...]] = {
-    HEALTHZ_PATH: ("GET", "HEAD"),
-    READYZ_PATH: ("GET", "HEAD"),
-    METRICS_PATH: ("GET", "HEAD"),
-    STATUS_PATH: ("GET",),
-}
+ROUTES = STATUS_ROUTES
 
 
 class DrafterServer(BackgroundHTTPServer):
@@ -88,23 +84,16 @@ class DrafterServer(BackgroundHTTPServer):
                     self.send_body(HTTPStatus.OK, body, "text/plain; version=0.0.4")
                 else:
                     self.send_json(HTTPStatus.OK, app.worker.status())
-            except Exception as exc:  # HTTP boundary: answer with the error, keep serving
-                status = getattr(exc, "status", HTTPStatus.INTERNAL_SERVER_ERROR)
-                message = getattr(exc, "message", f"{type(exc).__name__}: {exc}")
-                if status == HTTPStatus.INTERNAL_SERVER_ERROR:
-                    log.exception("drafter worker HTTP %s %s failed", method, path)
-                self.send_json(status, {"error": message}, getattr(exc, "headers", None))
+            except Exception as exc:  # noqa: BLE001 - HTTP boundary: answer_error logs a 500
+                answer_error(self, exc, "drafter worker", method, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="longtail worker drafter",
-        description="Dedicated drafter worker: trains the drafter on every step's answers.",
+    ap = worker_parser(
+        "longtail worker drafter",
+        "Dedicated drafter worker: trains the drafter on every step's answers.",
+        "drafter-0",
     )
-    ap.add_argument("--job", required=True, help="RLJob YAML file (the job's spec)")
-    ap.add_argument("--name", default="drafter-0", help="worker name (default %(default)s)")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8200, help="0 picks a free port")
     ap.add_argument(
         "--trainer-url", required=True, help="trainer's base URL (its --port): step samples"
     )
@@ -123,20 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=600.0,
         help="seconds without any answer from the trainer before a wait is reported failed",
     )
-    ap.add_argument("--log-level", default="INFO")
-    add_auth_args(ap)
     return ap
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=f"%(asctime)s {args.name} %(message)s")
-    try:
-        token = server_token("drafter", args.insecure_no_auth)
-    except AuthConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    started = start_service(build_parser(), argv, "drafter")
+    if started is None:
         return 2
-    spec = load_job_spec(args.job)
+    args, spec, token = started.args, started.spec, started.token
     if spec.drafter is None or not spec.drafter_training.enabled:
         print(
             f"error: {args.job}: a drafter worker needs spec.drafter (the dedicated drafter "

@@ -9,7 +9,8 @@ in a thread; its HTTP surface reads :meth:`DrafterWorker.status`. One turn of th
    same :class:`~longtail_workers.weights.sync.WeightSource` a rollout worker pulls with), so
    the hidden states are the current policy's;
 3. one window of the shared :class:`~longtail_workers.spot.sequences.SequenceWindows` (capture,
-   train on top of the newest published drafter, quality gate), then submit the window's drafter
+   then the window cycle every harvested worker runs, ``spot/cycle.py``: train on top of the
+   newest published drafter, quality gate), then submit the window's drafter
    to the trainer's drafter exchange as this worker's candidate; the step driver merges it with
    the rollout workers' candidates at the end of the step being rolled out, exactly as theirs.
 

@@ -28,6 +28,10 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import torch
 
+    from longtail_workers.engine.specdec import SpeculativeDecoder
+    from longtail_workers.engine.stats import RolloutMetrics, RolloutStats
+    from longtail_workers.engine.target import TargetModel
+
 FinishReason = Literal["stop", "length"]
 """``stop``: the last output token is one of the request's stop tokens; ``length``:
 ``max_new_tokens`` were generated."""
@@ -124,7 +128,29 @@ class GenerationResult:
 
 
 class RolloutEngine(abc.ABC):
-    """A batched generation backend. Implementations: TorchEngine (native), VllmEngine."""
+    """A batched generation backend. Implementations: TorchEngine (native), VllmEngine.
+
+    Besides the methods, the rollout worker reads these attributes, which every implementation
+    sets in its constructor (declared here so the worker is typed against the contract, not one
+    backend)."""
+
+    target: TargetModel
+    """The torch copy of the policy: the worker loads weight versions into ``target.model``, and
+    drafters are built on it (its embedding and LM head)."""
+    sd: SpeculativeDecoder | None
+    """The torch engine's speculative decoder (its ``drafter`` is the one in use); ``None`` when
+    SD is off or the backend drafts inside itself (vLLM)."""
+    stats: RolloutStats
+    """Counters of every :meth:`generate` so far (a worker's status and metrics)."""
+    metrics: RolloutMetrics | None
+    """Prometheus instruments the engine updates as it runs; the worker sets them, or ``None``."""
+    running: int
+    """Sequences being generated right now (a worker's status endpoint)."""
+
+    @property
+    def waiting(self) -> int:
+        """Sequences queued behind the running ones; 0 for a backend that queues internally."""
+        return 0
 
     @abc.abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:

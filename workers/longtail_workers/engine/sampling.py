@@ -36,7 +36,8 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64 finaliser: a bijective 64-bit mixer (uint64 arithmetic wraps by definition)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    mixed: np.ndarray = x ^ (x >> np.uint64(31))
+    return mixed
 
 
 def counter_uniforms(

@@ -148,7 +148,9 @@ class SpeculativeDecoder:
         m = ids_pad.shape[1]
         valid = torch.arange(m, device=dev)[None, :] >= (m - lengths)[:, None]  # [B, m]
         mask = kv.mask_for(valid, self.target.dtype)
-        feats = self.drafter(ids_pad, hid_pad, pos_pad, attention_mask=mask, cache=kv.cache)
+        feats: torch.Tensor = self.drafter(
+            ids_pad, hid_pad, pos_pad, attention_mask=mask, cache=kv.cache
+        )
         kv.commit(valid)
         for seq in batch.seqs:
             seq.drafter_done = seq.num_pairs

@@ -6,45 +6,29 @@ was given, into :class:`RolloutMetrics`. "Accepted length" is the number of toke
 gains in one speculative step: accepted draft tokens plus the correction/bonus token (so 1 means
 every draft was rejected); acceptance rate is accepted drafts / proposed drafts.
 
-Metric names are module constants so the shared metrics module and dashboards can refer to them.
+The metrics' names, help texts, labels and buckets are the shared specs in
+``longtail_api.metrics`` (the rollout engine section), which dashboards and alerts refer to.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram
-from prometheus_client import Counter as PromCounter
+from prometheus_client import CollectorRegistry
 
-METRIC_DECODE_STEPS = "longtail_rollout_decode_steps_total"
-METRIC_GENERATED_TOKENS = "longtail_rollout_generated_tokens_total"
-METRIC_DRAFT_TOKENS = "longtail_rollout_draft_tokens_total"
-METRIC_ACCEPTED_DRAFT_TOKENS = "longtail_rollout_accepted_draft_tokens_total"
-METRIC_ACCEPTED_LENGTH = "longtail_rollout_accepted_length"
-METRIC_STEP_SECONDS = "longtail_rollout_step_seconds"
-METRIC_RUNNING_SEQUENCES = "longtail_rollout_running_sequences"
-METRIC_WAITING_SEQUENCES = "longtail_rollout_waiting_sequences"
-METRIC_SD_ACTIVE = "longtail_rollout_sd_active"
-METRIC_DRAFT_DEPTH = "longtail_rollout_draft_depth"
-METRIC_TOKENS_PER_SECOND = "longtail_rollout_tokens_per_second"
-METRIC_ACCEPTANCE_RATE = "longtail_rollout_acceptance_rate"
+from longtail_api import metrics as names
+from longtail_workers.metricspec import counter_from_spec, gauge_from_spec, histogram_from_spec
 
-ALL_METRICS = (
-    METRIC_DECODE_STEPS,
-    METRIC_GENERATED_TOKENS,
-    METRIC_DRAFT_TOKENS,
-    METRIC_ACCEPTED_DRAFT_TOKENS,
-    METRIC_ACCEPTED_LENGTH,
-    METRIC_STEP_SECONDS,
-    METRIC_RUNNING_SEQUENCES,
-    METRIC_WAITING_SEQUENCES,
-    METRIC_SD_ACTIVE,
-    METRIC_DRAFT_DEPTH,
-    METRIC_TOKENS_PER_SECOND,
-    METRIC_ACCEPTANCE_RATE,
-)
+# Short names of the shared specs' exposition names (tests and benchmarks read samples by them).
+METRIC_DECODE_STEPS = names.ROLLOUT_DECODE_STEPS_TOTAL.name
+METRIC_GENERATED_TOKENS = names.ROLLOUT_GENERATED_TOKENS_TOTAL.name
+METRIC_DRAFT_TOKENS = names.ROLLOUT_DRAFT_TOKENS_TOTAL.name
+METRIC_ACCEPTED_DRAFT_TOKENS = names.ROLLOUT_ACCEPTED_DRAFT_TOKENS_TOTAL.name
+METRIC_ACCEPTED_LENGTH = names.ROLLOUT_ACCEPTED_LENGTH.name
+METRIC_ACCEPTANCE_RATE = names.ROLLOUT_ACCEPTANCE_RATE.name
+ALL_METRICS = names.ROLLOUT_METRIC_NAMES
 
 StepMode = Literal["sd", "plain", "prefill"]
 
@@ -91,7 +75,9 @@ class RolloutStats:
     sd_cut_by_stop: int = 0
     sd_cut_by_length: int = 0
     accepted_length_hist: Counter[int] = field(default_factory=Counter)
-    bucket_seconds: Counter[tuple[StepMode, int]] = field(default_factory=Counter)
+    bucket_seconds: defaultdict[tuple[StepMode, int], float] = field(
+        default_factory=lambda: defaultdict(float)
+    )
     """Step seconds by (mode, :func:`batch_bucket` of the running batch); prefill under 0.
     Where the time goes as the batch drains: what ``bench/specdec.py`` breaks down."""
     bucket_tokens: Counter[tuple[StepMode, int]] = field(default_factory=Counter)
@@ -186,51 +172,22 @@ class RolloutStats:
 
 
 class RolloutMetrics:
-    """Prometheus view of the same numbers, registered in the registry passed in."""
+    """Prometheus view of the same numbers, registered in the registry passed in (one collector
+    per spec of ``longtail_api.metrics.ROLLOUT_ENGINE_METRICS``)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.steps = PromCounter(
-            METRIC_DECODE_STEPS,
-            "Engine steps by mode (sd, plain, prefill).",
-            ["mode"],
-            registry=registry,
-        )
-        self.tokens = PromCounter(
-            METRIC_GENERATED_TOKENS, "Tokens generated (committed).", registry=registry
-        )
-        self.drafted = PromCounter(
-            METRIC_DRAFT_TOKENS, "Draft tokens proposed by the drafter.", registry=registry
-        )
-        self.accepted = PromCounter(
-            METRIC_ACCEPTED_DRAFT_TOKENS, "Draft tokens accepted by the target.", registry=registry
-        )
-        self.accepted_length = Histogram(
-            METRIC_ACCEPTED_LENGTH,
-            "Tokens gained per sequence per speculative step (accepted drafts + 1).",
-            buckets=[1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33],
-            registry=registry,
-        )
-        self.step_seconds = Histogram(
-            METRIC_STEP_SECONDS, "Latency of one engine step by mode.", ["mode"], registry=registry
-        )
-        self.running = Gauge(
-            METRIC_RUNNING_SEQUENCES, "Sequences being decoded.", registry=registry
-        )
-        self.waiting = Gauge(METRIC_WAITING_SEQUENCES, "Sequences queued.", registry=registry)
-        self.sd_active = Gauge(
-            METRIC_SD_ACTIVE, "1 while speculative decoding is on.", registry=registry
-        )
-        self.draft_depth = Gauge(
-            METRIC_DRAFT_DEPTH, "Draft depth of the last SD step.", registry=registry
-        )
-        self.tokens_per_second = Gauge(
-            METRIC_TOKENS_PER_SECOND, "Tokens per second of the last step.", registry=registry
-        )
-        self.acceptance_rate = Gauge(
-            METRIC_ACCEPTANCE_RATE,
-            "Cumulative accepted / proposed draft tokens.",
-            registry=registry,
-        )
+        self.steps = counter_from_spec(names.ROLLOUT_DECODE_STEPS_TOTAL, registry)
+        self.tokens = counter_from_spec(names.ROLLOUT_GENERATED_TOKENS_TOTAL, registry)
+        self.drafted = counter_from_spec(names.ROLLOUT_DRAFT_TOKENS_TOTAL, registry)
+        self.accepted = counter_from_spec(names.ROLLOUT_ACCEPTED_DRAFT_TOKENS_TOTAL, registry)
+        self.accepted_length = histogram_from_spec(names.ROLLOUT_ACCEPTED_LENGTH, registry)
+        self.step_seconds = histogram_from_spec(names.ROLLOUT_STEP_SECONDS, registry)
+        self.running = gauge_from_spec(names.ROLLOUT_RUNNING_SEQUENCES, registry)
+        self.waiting = gauge_from_spec(names.ROLLOUT_WAITING_SEQUENCES, registry)
+        self.sd_active = gauge_from_spec(names.ROLLOUT_SD_ACTIVE, registry)
+        self.draft_depth = gauge_from_spec(names.ROLLOUT_DRAFT_DEPTH, registry)
+        self.tokens_per_second = gauge_from_spec(names.ROLLOUT_TOKENS_PER_SECOND, registry)
+        self.acceptance_rate = gauge_from_spec(names.ROLLOUT_ACCEPTANCE_RATE, registry)
 
     def observe_sequences(
         self,

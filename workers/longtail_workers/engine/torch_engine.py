@@ -57,11 +57,11 @@ class EngineConfig:
     """Padded prompt tokens prefilled in one admission group."""
     prefill_split_cost: int = 64
     """What one more prefill forward is worth, in padded prompt tokens. An admitted group is
-    split by prompt length where that saves more padding than this (``length_groups``): a
-    64-prompt batch of the built-in task (11-83 tokens) pads 5,312 tokens as one group and about
-    1,300 split (685 -> 224 ms on one CPU thread). 0 prefills every distinct length apart; a
-    very large value never splits. Tuned on CPU only: on a GPU, where padding is nearly free
-    until a forward is compute-bound, a larger value (thousands) is likely better."""
+    split by prompt length where that saves more padding than this (``length_groups``); for a
+    batch of the built-in task's prompts that removes most of the padding and most of the
+    prefill time (docs/performance.md, "Prefill by length groups"). 0 prefills every distinct
+    length apart; a very large value never splits. Tuned on CPU only: on a GPU, where padding is
+    nearly free until a forward is compute-bound, a larger value (thousands) is likely better."""
     drafter_context_window: int | None = None
     """Sliding window of the drafter's own context, in pairs (None: the whole context). When SD
     switches on, the drafter is re-prefilled with at most this many recent pairs per row, and

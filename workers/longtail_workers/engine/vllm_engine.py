@@ -19,9 +19,9 @@ What vLLM does and what stays Longtail's:
   (its embedding and LM head), and one forward of it over each finished answer gives what
   vLLM does not return exactly: the last-layer hidden states for drafter training and the
   log-probs of the interface's contract (temperature T, before top-p). vLLM's own
-  ``processed_logprobs`` are post-top-p and, on speculative steps, were measured off by up to
-  1e-4 (0.0 for a token of log-prob -1.3e-4), so GRPO's old log-probs come from the policy, as
-  veRL recomputes them with its actor (docs/vllm.md).
+  ``processed_logprobs`` are post-top-p and, on speculative steps, not exactly the policy's
+  (docs/performance.md, vLLM section), so GRPO's old log-probs come from the policy, as veRL
+  recomputes them with its actor (docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -44,7 +44,12 @@ from longtail_api.policies import SpeculativeSpec
 from longtail_workers.drafter.checkpoint import save_drafter
 from longtail_workers.drafter.export import engine_tensors, export_drafter
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.interface import GenerationRequest, GenerationResult, RolloutEngine
+from longtail_workers.engine.interface import (
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+)
 from longtail_workers.engine.sampling import token_logprobs
 from longtail_workers.engine.stats import RolloutMetrics, RolloutStats
 from longtail_workers.engine.target import TargetModel
@@ -53,7 +58,12 @@ from longtail_workers.weights.checksum import serialize_state_dict
 
 log = logging.getLogger(__name__)
 EXTENSION = "longtail_workers.engine.vllm_ext.LongtailWorkerExtension"
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+VllmDtype = Literal["float32", "bfloat16", "float16"]
+DTYPE_NAMES: dict[torch.dtype, VllmDtype] = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+}
 
 
 @dataclass
@@ -93,13 +103,12 @@ class VllmEngine(RolloutEngine):
         self.target = TargetModel(model)
         self.spec = speculative or SpeculativeSpec(enabled=False)
         self.model_dir = Path(model_dir)
-        self.sd: Any = None  # the torch engine's decoder; the drafter lives inside vLLM here
+        self.sd = None  # the drafter lives inside vLLM here, not in a torch decoder
         self.drafter = drafter
         self.schedule: VllmSchedule | None = None
         self.stats = RolloutStats()
         self.metrics: RolloutMetrics | None = None
         self.running = 0
-        self.waiting = 0
         self._tmp = tempfile.TemporaryDirectory(prefix="longtail-vllm-")
         speculative_config = None
         if self.spec.enabled:
@@ -304,7 +313,7 @@ def _sampling_params(r: GenerationRequest) -> SamplingParams:
 
 def _result(r: GenerationRequest, out: Any) -> GenerationResult:
     tokens = [int(t) for t in out.token_ids]
-    finish = "stop" if tokens and tokens[-1] in set(r.stop_token_ids) else "length"
+    finish: FinishReason = "stop" if tokens and tokens[-1] in set(r.stop_token_ids) else "length"
     return GenerationResult(
         request_id=r.request_id,
         prompt_token_ids=[int(t) for t in r.prompt_token_ids],

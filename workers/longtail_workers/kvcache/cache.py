@@ -19,11 +19,16 @@ right (one gather), which keeps memory and attention cost proportional to the lo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from longtail_workers.kvcache.layer import GrowingLayer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 MASKED_ATTENTION = ("sdpa", "eager")
 """Attention implementations that accept the engine's explicit 4D masks."""
@@ -80,7 +85,7 @@ def _allowed(past_valid: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
 class PaddedKVCache:
     """Keys/values of a running batch plus which slots are real; see the module text."""
 
-    def __init__(self, config: object, batch_size: int, device: torch.device) -> None:
+    def __init__(self, config: PreTrainedConfig, batch_size: int, device: torch.device) -> None:
         self.config = config
         self.attn_implementation = check_attention_implementation(config)
         self.cache = DynamicCache(config=config)
@@ -113,7 +118,11 @@ class PaddedKVCache:
         return self.valid.sum(dim=1)
 
     def _layers(self) -> list[GrowingLayer]:
-        return [layer for layer in self.cache.layers if layer.is_initialized]
+        return [layer for layer in self._all_layers() if layer.is_initialized]
+
+    def _all_layers(self) -> list[GrowingLayer]:
+        # __init__ made every layer (and the class HF replicates for new ones) a GrowingLayer.
+        return cast("list[GrowingLayer]", self.cache.layers)
 
     def mask_for(self, new_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Attention mask for a forward that appends ``new_valid.shape[1]`` slots."""
@@ -218,7 +227,7 @@ class PaddedKVCache:
 
     def _materialise_like(self, layers: list[GrowingLayer]) -> None:
         """Give an uninitialised cache zero tensors shaped like ``layers`` for our rows/slots."""
-        for mine, ref in zip(self.cache.layers, layers, strict=True):
+        for mine, ref in zip(self._all_layers(), layers, strict=True):
             _, h, _, d = ref.keys.shape
             empty = ref.keys.new_zeros(self.batch_size, h, self.num_slots, d)
             mine.lazy_initialization(empty, empty)

@@ -3,8 +3,8 @@
 :class:`~longtail_workers.kvcache.cache.PaddedKVCache` gives every attention layer of the target
 and of the drafter a :class:`GrowingLayer`. Hugging Face's ``DynamicLayer`` appends a decode
 step's keys with ``torch.cat``, which copies the whole cache every step: O(L) per token, O(L^2)
-per answer. Profiling a 64-answer rollout of ``builtin:tiny`` on one CPU thread put a quarter of
-the decode time in that copy. Here keys and values live in a buffer with spare slots; an append
+per answer, a large share of the decode time in a profile (docs/performance.md, "In-place
+KV-cache appends"). Here keys and values live in a buffer with spare slots; an append
 writes into the spare slots and grows the buffer geometrically (by half) only when it is full, so
 appends cost O(new tokens) amortised, as in a paged engine.
 
@@ -55,7 +55,8 @@ class GrowingLayer(DynamicLayer):
     def __init__(self, **kwargs: Any) -> None:
         self._bufs: dict[str, torch.Tensor | None] = {"keys": None, "values": None}
         self._fill: dict[str, int] = {"keys": 0, "values": 0}
-        super().__init__(**kwargs)  # sets keys/values to None through the slots
+        # Sets keys/values to None through the slots. transformers leaves __init__ unannotated.
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         # DynamicLayer starts from 1-D empty tensors to concatenate onto; here the first append

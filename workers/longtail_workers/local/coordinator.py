@@ -1,19 +1,19 @@
-"""The local harvest coordinator: the operator's harvest loop, for ``longtail run``.
+"""The local harvest transport: the operator's harvest loop, for ``longtail run``.
 
-Runs in the ``longtail run`` parent. Every ``harvest.pollPeriodSeconds`` it reads the trainer's
-status (is a rollout in progress, which workers still hold requests) and each rollout worker's
-``GET /v1/status`` (idle since when, observed role), builds one
-:class:`~longtail_api.harvest.WorkerView` per worker and calls the shared, pure
-:func:`longtail_api.harvest.decide` (exactly what the operator calls), then sends each change
-with ``PUT /v1/role``. A 409 (the worker cannot train yet, e.g. nothing captured) leaves it
-assigned to its own activity so the next poll may try again. With ``trainer`` in
-``harvest.eligibleRoles`` the trainer is one more view (role ``trainer``, idle while it waits
-for the rollout, from its own status) and gets its changes on its ``PUT /v1/role``. Role
-changes carry the run's token (``longtail_workers.auth``).
+Runs in the ``longtail run`` parent. Every ``harvest.pollPeriodSeconds`` it runs the shared
+:class:`longtail_api.harvestloop.HarvestLoop` (exactly what the operator runs: views of the
+step, trainer rule, just-in-time re-check, 409 policy with backoff) over this transport: it
+reads the trainer's status (is a rollout in progress, which workers still hold requests) and
+each rollout worker's ``GET /v1/status``, re-reads the trainer's status for the re-check, and
+sends each change with ``PUT /v1/role`` carrying the run's token (``longtail_workers.auth``).
+With ``trainer`` in ``harvest.eligibleRoles`` the trainer is one more target (role ``trainer``,
+idle while it waits for the rollout, from its own status) and gets its changes on its
+``PUT /v1/role``.
 
 It also keeps the run's books: idle worker-seconds during rollouts (a worker without requests
 while others still generate) and harvested worker-seconds (observed ``drafter-train``), per
-step, and the trainer's harvested seconds apart, which the progress line and the report show.
+step, and the trainer's harvested seconds apart, which the progress line and the report show,
+plus counts of switches sent and refused.
 """
 
 from __future__ import annotations
@@ -22,19 +22,28 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from longtail_api.harvest import DRAFTER_TRAIN, Activity, WorkerView, decide, default_activity
+from longtail_api.harvest import DRAFTER_TRAIN, Activity, NamedTarget, Observation, RolloutState
+from longtail_api.harvestloop import (
+    HarvestLoop,
+    Reports,
+    RoleReply,
+    observe_trainer,
+    observe_worker,
+)
 from longtail_api.policies import HarvestSpec
 from longtail_api.protocol import ProtocolError
-from longtail_api.workerapi import RolloutWorkerStatus, TrainerStatus
-from longtail_workers.httpclient import WorkerBusy, http_json
+from longtail_api.workerapi import RoleAnswer, RolloutWorkerStatus, TrainerStatus
+from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, http_json
 
 log = logging.getLogger(__name__)
 TRAINER = "trainer"
 """The trainer's name in the views and the assignments (role ``trainer``)."""
+HttpJson = Callable[..., Any]
+"""``http_json(url, body, timeout_s, method, token)`` (tests pass a fake)."""
 
 
 @dataclass
@@ -74,21 +83,27 @@ class Coordinator:
         *,
         clock: Callable[[], float] = time.monotonic,
         token: str | None = None,
+        http: HttpJson = http_json,
     ) -> None:
         self.spec, self.trainer_url, self.workers = spec, trainer_url, dict(workers)
         self.token = token
         """The run's token for ``PUT /v1/role`` (None: this process's ``LONGTAIL_AUTH_TOKEN``)."""
-        self.assigned: dict[str, Activity] = {name: "rollout" for name in workers}
         self.harvest_trainer = spec.enabled and "trainer" in spec.eligible_roles
-        if self.harvest_trainer:
-            self.assigned[TRAINER] = default_activity("trainer")
         self.books = HarvestBooks(trainer_tracked=self.harvest_trainer)
         self.trainer: TrainerStatus | None = None
         self.statuses: dict[str, RolloutWorkerStatus] = {}
         self.clock = clock
+        self.loop = HarvestLoop(clock=clock)
+        """The shared loop: assignments, decisions, re-check, re-sends."""
+        self._http = http
         self._last: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def assigned(self) -> dict[str, Activity]:
+        """The activity last assigned to each worker (acknowledged or not)."""
+        return {name: a.activity for name, a in self.loop.assignments.items()}
 
     def start(self) -> Coordinator:
         self._thread = threading.Thread(target=self._loop, name="harvest", daemon=True)
@@ -108,58 +123,68 @@ class Coordinator:
                 log.debug("harvest poll failed: %s", exc)  # a child restarting or stopping
 
     def poll_once(self) -> dict[str, Activity]:
-        """One poll: read statuses, account, decide, assign; returns the changes sent."""
+        """One poll of the shared loop; returns the new decisions (sent at once). Raises
+        OSError/ValueError/ProtocolError when the trainer's status cannot be read."""
+        return dict(self.loop.step(self.spec, self).decided)
+
+    # The transport (longtail_api.harvestloop.Transport).
+
+    def read(self) -> Reports:
         trainer = self._trainer_status()
         self.trainer = trainer
-        views: list[WorkerView] = []
+        targets = [NamedTarget(name, "rollout") for name in self.workers]
+        obs: dict[str, Observation] = {}
         for name, url in self.workers.items():
             try:
-                status = RolloutWorkerStatus.from_dict(
-                    http_json(url + "/v1/status", None, 5.0, "GET")
-                )
+                raw = self._http(url + "/v1/status", None, 5.0, "GET")
+                status = RolloutWorkerStatus.from_dict(raw)
             except (OSError, ValueError, ProtocolError):
-                self.statuses.pop(name, None)  # dead or restarting: not harvestable
+                self.statuses.pop(name, None)  # dead or restarting: its idleness is unknown
                 continue
             self.statuses[name] = status
-            idle = None if status.generating else status.idle_seconds
-            views.append(WorkerView(name, "rollout", self.assigned[name], idle,
-                                    pending_work=name in trainer.pending_workers))  # fmt: skip
+            obs[name] = observe_worker(status)
+        report = observe_trainer(trainer)
         if self.harvest_trainer and trainer.role is not None:
-            idle = trainer.idle_seconds  # waiting for the rollout; None outside one
-            views.append(WorkerView(TRAINER, "trainer", self.assigned[TRAINER], idle))
+            targets.append(NamedTarget(TRAINER, "trainer"))
+            obs[TRAINER] = report
         self._account(trainer)
-        changes = decide(self.spec, trainer.rollout_active, views)
-        if any(role == DRAFTER_TRAIN for role in changes.values()) and not self._still(trainer):
-            # The rollout ended while we polled the workers: harvesting now would train through
-            # the policy update. Drop the harvest changes; the next poll decides afresh.
-            changes = {n: r for n, r in changes.items() if r != DRAFTER_TRAIN}
-        for name, role in changes.items():
-            self._assign(name, role)
-        return changes
+        return Reports(targets, obs, report)
 
-    def _still(self, before: TrainerStatus) -> bool:
-        """Whether the rollout seen in ``before`` is still running (re-read, just in time)."""
-        now = self._trainer_status()
-        return now.rollout_active and now.step == before.step
+    def recheck(self) -> RolloutState | None:
+        """The trainer's status, re-read just before the harvest changes are sent."""
+        try:
+            now = self._trainer_status()
+        except (OSError, ValueError, ProtocolError) as exc:
+            log.debug("harvest re-check failed: %s", exc)
+            return None
+        return RolloutState(now.rollout_active, now.step)
+
+    def send(self, orders: Sequence[tuple[str, Activity]]) -> list[RoleReply]:
+        return [self._assign(name, role) for name, role in orders]
 
     def _trainer_status(self) -> TrainerStatus:
-        return TrainerStatus.from_dict(http_json(self.trainer_url + "/v1/status", None, 5.0, "GET"))
+        raw = self._http(self.trainer_url + "/v1/status", None, 5.0, "GET")
+        return TrainerStatus.from_dict(raw)
 
-    def _assign(self, name: str, role: Activity) -> None:
+    def _assign(self, name: str, role: Activity) -> RoleReply:
+        """One ``PUT /v1/role``; counts switches and refusals."""
         url = self.trainer_url if name == TRAINER else self.workers[name]
         try:
-            answer: Any = http_json(url + "/v1/role", {"role": role}, 30.0, "PUT", self.token)
+            answer = self._http(url + "/v1/role", {"role": role}, 30.0, "PUT", self.token)
+            ack = RoleAnswer.from_dict(answer).role
         except WorkerBusy as exc:
             self.books.refusals += 1
             log.debug("%s refused %s: %s", name, role, exc)
-            self.assigned[name] = default_activity("trainer" if name == TRAINER else "rollout")
-            return
-        except OSError as exc:
+            return RoleReply(409, None, f"HTTP 409: {exc}")
+        except WorkerHTTPError as exc:
             log.info("could not assign %s to %s: %s", name, role, exc)
-            return
-        self.assigned[name] = role
+            return RoleReply(exc.code, None, str(exc))
+        except (OSError, ValueError, ProtocolError) as exc:
+            log.info("could not assign %s to %s: %s", name, role, exc)
+            return RoleReply(None, None, f"{type(exc).__name__}: {exc}")
         self.books.switches += 1
-        log.info("harvest: %s -> %s (%s)", name, role, answer.get("role", {}).get("observed"))
+        log.info("harvest: %s -> %s (%s)", name, role, ack.observed)
+        return RoleReply(202 if ack.pending else 200, ack, None)
 
     def _account(self, trainer: TrainerStatus) -> None:
         now = self.clock()

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from longtail_workers.parentwatch import ENV as PARENT_PID_ENV
+from longtail_api.podenv import PARENT_PID as PARENT_PID_ENV
 
 
 def free_port() -> int:

@@ -1,20 +1,28 @@
 """What ``longtail run`` prints while it runs: a progress bar per step and a live line.
 
 :class:`Progress` is fed the trainer's status and the coordinator's books every poll by
-``local/run.py``. On a terminal it redraws one line in place: the current step's rollout bar
-(answers done / total) and the live figures (reward, accuracy, eval accuracy, share of tokens
-from speculative steps, mean accepted length, drafter version, idle and harvested
-worker-seconds, and the trainer's harvested seconds when it is a harvest target); when a step
-completes, a permanent line with that step's figures is printed.
-Off a terminal (CI logs, tests) only the permanent lines are printed. Once a write fails (the
-terminal was closed: SIGHUP, then EIO), nothing more is written, so the run still stops
-cleanly and writes its report.
+``local/run.py`` (``supervise`` calls :meth:`Progress.update`; every other line, from the run
+directory to the summary, goes through :meth:`Progress.message`). On a terminal a ``rich``
+live display redraws one line in place: the current step's rollout bar (answers done / total)
+and the live figures (reward, accuracy, eval accuracy, share of tokens from speculative steps,
+mean accepted length, drafter version, idle and harvested worker-seconds, and the trainer's
+harvested seconds when it is a harvest target), cropped to the terminal's width; when a step
+completes, a permanent line with that step's figures is printed above it. Off a terminal (CI
+logs, pipes, tests) only the permanent lines are printed, as plain unwrapped text without
+escape codes. Once a write fails (the terminal was closed: SIGHUP, then EIO or EPIPE), nothing
+more is written, so the run still stops cleanly and writes its report.
 """
 
 from __future__ import annotations
 
+import errno
 import sys
+from collections.abc import Callable
 from typing import TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
 from longtail_api.workerapi import TrainerStatus
 from longtail_workers.local.coordinator import HarvestBooks
@@ -52,22 +60,40 @@ def live_line(status: TrainerStatus, books: HarvestBooks) -> str:
     return "  ".join(parts)
 
 
+class _Console(Console):
+    """A console whose closed pipe is an ordinary write error: rich's default answer to EPIPE
+    is ``SystemExit(1)``, which would skip the run's clean stop and its report."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the terminal or pipe was closed")
+
+
 class Progress:
     """Renders statuses to ``out`` (see the module text)."""
 
     def __init__(self, out: TextIO | None = None) -> None:
         self.out = out or sys.stdout
         self.tty = bool(getattr(self.out, "isatty", lambda: False)())
+        # Decided by isatty() alone (not FORCE_COLOR / TTY_COMPATIBLE): a CI log gets plain lines.
+        self.console = _Console(
+            file=self.out, force_terminal=self.tty, force_interactive=self.tty,
+            color_system="auto" if self.tty else None, highlight=False, markup=False, emoji=False,
+        )  # fmt: skip
+        # No auto-refresh thread (a redraw happens on update) and no stdout/stderr capture:
+        # output written by others stays where it went before.
+        self._live = Live(
+            console=self.console, auto_refresh=False, transient=True,
+            redirect_stdout=False, redirect_stderr=False,
+        )  # fmt: skip
         self._printed_step = -1
-        self._width = 0
         self.lost = False
         """A write failed (the terminal is gone); later output is dropped."""
 
     def update(self, status: TrainerStatus, books: HarvestBooks) -> None:
         if status.step != self._printed_step and status.step > 0:
-            self._clear()
-            self._write(f"step {status.step:>4}/{status.total_steps}  {live_line(status, books)}"
-                        f"{self._times(status)}\n")  # fmt: skip
+            self._print(f"step {status.step:>4}/{status.total_steps}  {live_line(status, books)}"
+                        f"{self._times(status)}")  # fmt: skip
             self._printed_step = status.step
         if self.tty:
             current = min(status.step + 1, status.total_steps)
@@ -76,28 +102,32 @@ class Progress:
                 f"step {current:>4}/{status.total_steps} {bar(done, total)} {done}/{total}  "
                 f"{live_line(status, books)}"
             )
-            self._clear()
-            self._write(text)
-            self._width = len(text)
-        self._write("")
+            self._guarded(self._redraw, text)
 
     def message(self, text: str) -> None:
-        self._clear()
-        self._write(text + "\n")
+        """A permanent line (the live line, if shown, is cleared first and comes back on the
+        next :meth:`update`)."""
+        self._guarded(self._live.stop)
+        self._print(text)
 
-    def _clear(self) -> None:
-        if self.tty and self._width:
-            self._write("\r" + " " * self._width + "\r")
-            self._width = 0
+    def _redraw(self, text: str) -> None:
+        self._live.update(Text(text, no_wrap=True, overflow="ellipsis"))
+        if not self._live.is_started:
+            self._live.start()
+        self._live.refresh()
 
-    def _write(self, text: str) -> None:
+    def _print(self, text: str) -> None:
+        # soft_wrap: the line goes out whole (the terminal wraps it, a log keeps one line).
+        self._guarded(lambda: self.console.print(Text(text), soft_wrap=True))
+
+    def _guarded(self, write: Callable[..., None], *args: str) -> None:
         if self.lost:
             return
         try:
-            self.out.write(text)
-            self.out.flush()
+            write(*args)
         except (OSError, ValueError):  # EIO/EPIPE after a hang-up; ValueError: stream closed
             self.lost = True
+            self.console.quiet = True
 
     @staticmethod
     def _times(status: TrainerStatus) -> str:

@@ -1,10 +1,11 @@
 """The run report of ``longtail run``: CSV, PNG plots and a Markdown/HTML summary.
 
 Called by ``local/run.py`` when the run ends (complete, stopped or failed) with the run
-directory; reads ``metrics.jsonl`` (one row per step, written by the trainer) and the harvest
-books, and writes ``metrics.csv``, ``report/*.png`` (reward and accuracy per step, step time
-split rollout/tail/train, mean accepted length per step; matplotlib's Agg backend, no display
-needed), ``report/summary.md``, ``report/summary.html`` and ``summary.json``.
+directory; reads ``metrics.jsonl`` (one :class:`~longtail_api.steprow.StepRow` per step, written
+by the trainer) and the harvest books, and writes ``metrics.csv``, ``report/*.png`` (reward
+and accuracy per step, step time split rollout/tail/train, mean accepted length per step;
+matplotlib's Agg backend, no display needed), ``report/summary.md``, ``report/summary.html``
+and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 import csv
 import html
 import json
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from longtail_api.steprow import METRICS_FILE, StepRow
 from longtail_workers.local.coordinator import HarvestBooks
 
 CSV_COLUMNS = (
@@ -26,63 +30,66 @@ CSV_COLUMNS = (
 LAST_STEPS = 5  # the "last steps" window of the summary's accepted length
 
 
-def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
+def read_rows(run_dir: Path) -> list[StepRow]:
+    """The trainer's rows (``metrics.jsonl``); a malformed line raises naming its number."""
+    path = run_dir / METRICS_FILE
     if not path.is_file():
         return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    return [StepRow.from_dict(json.loads(ln), f"{path.name}:{i}") for i, ln in enumerate(lines, 1)]
 
 
-def merge_books(rows: list[dict[str, Any]], books: HarvestBooks | None) -> None:
+def merge_books(rows: list[StepRow], books: HarvestBooks | None) -> None:
+    if books is None:
+        return
     for row in rows:
-        step = row["step"]
-        if books is not None and (step in books.idle or "idle_s" not in row):
-            row["idle_s"] = books.idle.get(step, 0.0)
-            row["harvested_s"] = books.harvested.get(step, 0.0)
-        if books is not None and books.trainer_tracked and "trainer_harvested_s" not in row:
-            row["trainer_harvested_s"] = books.trainer_harvested.get(step, 0.0)
+        if row.step in books.idle or row.idle_s is None:
+            row.idle_s = books.idle.get(row.step, 0.0)
+            row.harvested_s = books.harvested.get(row.step, 0.0)
+        if books.trainer_tracked and row.trainer_harvested_s is None:
+            row.trainer_harvested_s = books.trainer_harvested.get(row.step, 0.0)
 
 
-def summarize(rows: list[dict[str, Any]], info: dict[str, Any]) -> dict[str, Any]:
-    final_eval = _last(rows, "eval_accuracy")
-    final_sampled = _last(rows, "eval_sampled_accuracy")
-    step_times = [r["step_s"] for r in rows]
-    trainer = [r["trainer_harvested_s"] for r in rows if "trainer_harvested_s" in r]
+def summarize(rows: list[StepRow], info: dict[str, Any]) -> dict[str, Any]:
+    final_eval = _last(rows, lambda r: r.eval_accuracy)
+    final_sampled = _last(rows, lambda r: r.eval_sampled_accuracy)
+    step_times = [r.step_s for r in rows]
+    trainer = [r.trainer_harvested_s for r in rows if r.trainer_harvested_s is not None]
     return {
         **info,
-        "steps_completed": rows[-1]["step"] if rows else 0,
+        "steps_completed": rows[-1].step if rows else 0,
         "final_eval_accuracy": final_eval,
         "eval_gain_points": _gain(info.get("start_eval_accuracy"), final_eval),
         "final_eval_sampled_accuracy": final_sampled,
         "eval_sampled_gain_points": _gain(info.get("start_eval_sampled_accuracy"), final_sampled),
         "mean_step_s": sum(step_times) / len(step_times) if step_times else None,
-        "mean_reward_first": rows[0]["reward_mean"] if rows else None,
-        "mean_reward_last": rows[-1]["reward_mean"] if rows else None,
-        "sd_fraction_mean": _mean([r.get("sd_fraction") for r in rows]),
-        "accepted_length_mean": _mean([r.get("mean_accepted_length") or None for r in rows]),
+        "mean_reward_first": rows[0].reward_mean if rows else None,
+        "mean_reward_last": rows[-1].reward_mean if rows else None,
+        "sd_fraction_mean": _mean([r.sd_fraction for r in rows]),
+        "accepted_length_mean": _mean([r.mean_accepted_length or None for r in rows]),
         # The online drafter keeping up with the policy (issue #19's figure): the last 5 steps.
         "accepted_length_last5": _mean(
-            [r.get("mean_accepted_length") or None for r in rows[-LAST_STEPS:]]
+            [r.mean_accepted_length or None for r in rows[-LAST_STEPS:]]
         ),
-        "rollout_share": _share(rows, "rollout_s"),
-        "train_share": _share(rows, "train_s"),
-        "idle_s_total": sum(r.get("idle_s", 0.0) for r in rows),
-        "harvested_s_total": sum(r.get("harvested_s", 0.0) for r in rows),
+        "rollout_share": _share(rows, lambda r: r.rollout_s),
+        "train_share": _share(rows, lambda r: r.train_s),
+        "idle_s_total": sum(r.idle_s or 0.0 for r in rows),
+        "harvested_s_total": sum(r.harvested_s or 0.0 for r in rows),
         **({"trainer_harvested_s_total": sum(trainer)} if trainer else {}),
-        "final_drafter_version": rows[-1]["drafter_version"] if rows else None,
-        "drafter_candidates_rejected": sum(r.get("drafter_candidates_rejected", 0) for r in rows),
-        "acceptance_collapsed_steps": [r["step"] for r in rows if r.get("acceptance_collapsed")],
+        "final_drafter_version": rows[-1].drafter_version if rows else None,
+        "drafter_candidates_rejected": sum(r.drafter_candidates_rejected for r in rows),
+        "acceptance_collapsed_steps": [r.step for r in rows if r.acceptance_collapsed],
     }
 
 
-def _share(rows: list[dict[str, Any]], key: str) -> float | None:
-    """Share of all step time spent in ``key`` (rollout_s, train_s)."""
-    total = sum(r["step_s"] for r in rows if r.get(key) is not None)
-    return sum(r[key] for r in rows if r.get(key) is not None) / total if total else None
+def _share(rows: list[StepRow], part: Callable[[StepRow], float]) -> float | None:
+    """Share of all step time spent in ``part`` (rollout, train)."""
+    total = sum(r.step_s for r in rows)
+    return sum(part(r) for r in rows) / total if total else None
 
 
-def _last(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
+def _last(rows: list[StepRow], value: Callable[[StepRow], float | None]) -> float | None:
+    values = [v for v in map(value, rows) if v is not None]
     return float(values[-1]) if values else None
 
 
@@ -95,38 +102,41 @@ def _mean(values: list[Any]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+def write_csv(rows: list[StepRow], path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()
         for row in rows:
-            w.writerow({k: row.get(k, "") for k in CSV_COLUMNS})
+            values = row.to_dict()
+            w.writerow({k: values.get(k, "") for k in CSV_COLUMNS})
 
 
-def plot(rows: list[dict[str, Any]], out: Path, info: dict[str, Any]) -> list[str]:
+def plot(rows: list[StepRow], out: Path, info: dict[str, Any]) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in rows]
+    steps = [r.step for r in rows]
     files = []
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [r["reward_mean"] for r in rows], label="reward (rollout)")
-    ax.plot(steps, [r["accuracy"] for r in rows], label="accuracy (rollout)", alpha=0.7)
+    ax.plot(steps, [r.reward_mean for r in rows], label="reward (rollout)")
+    ax.plot(steps, [r.accuracy for r in rows], label="accuracy (rollout)", alpha=0.7)
     for key, label in (("eval_accuracy", "greedy"), ("eval_sampled_accuracy", "sampled")):
         start = info.get(f"start_{key}")
         ev = [(0, start)] if start is not None else []
-        ev += [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        evals = [(r.step, r.eval_accuracy if key == "eval_accuracy" else r.eval_sampled_accuracy)
+                 for r in rows]  # fmt: skip
+        ev += [(step, value) for step, value in evals if value is not None]
         if ev:
             ax.plot([s for s, _ in ev], [a for _, a in ev], "o-", label=f"{label} eval accuracy")
     ax.set(xlabel="step", ylabel="fraction", title="Reward and accuracy per step")
     ax.legend(fontsize=8)
     files.append(_save(fig, out / "reward_accuracy.png"))
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    head = [r["rollout_s"] - r["tail_s"] for r in rows]
-    tail = [r["tail_s"] for r in rows]
-    train = [r["train_s"] + r.get("sync_s", 0.0) for r in rows]
+    head = [r.rollout_s - r.tail_s for r in rows]
+    tail = [r.tail_s for r in rows]
+    train = [r.train_s + r.sync_s for r in rows]
     ax.bar(steps, head, label="rollout")
     ax.bar(steps, tail, bottom=head, label="tail")
     ax.bar(
@@ -136,7 +146,11 @@ def plot(rows: list[dict[str, Any]], out: Path, info: dict[str, Any]) -> list[st
     ax.legend(fontsize=8)
     files.append(_save(fig, out / "step_time.png"))
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [r.get("mean_accepted_length", 0.0) for r in rows], "o-")
+    # A step without a figure is a gap in the line (NaN), as matplotlib draws a None.
+    accepted = [
+        math.nan if r.mean_accepted_length is None else r.mean_accepted_length for r in rows
+    ]
+    ax.plot(steps, accepted, "o-")
     ax.set(xlabel="step", ylabel="tokens per SD step", title="Mean accepted length per step")
     files.append(_save(fig, out / "accepted_length.png"))
     return files

@@ -76,7 +76,7 @@ class TinyRecipe:
     train_task: ArithConfig = field(default_factory=ArithConfig)
     # Share of SFT solutions that end in prose ("The sum is 21.") instead of the "Answer: 21"
     # line the math reward reads, as base models often state a result outside the requested
-    # format. A variant knob for RL experiments (format headroom that GRPO learns within ~10
+    # format. A variant knob for RL experiments (format headroom that GRPO learns within a few
     # steps, docs/performance.md, RL loop); the shipped recipe keeps every Answer: line.
     prose_answer_fraction: float = 0.0
     # Share of SFT solutions in the short-cut style: the answer line alone, no worked steps

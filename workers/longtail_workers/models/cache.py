@@ -17,7 +17,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-CACHE_ENV = "LONGTAIL_CACHE_DIR"
+from longtail_api.podenv import CACHE_DIR
+
+CACHE_ENV = CACHE_DIR  # named in longtail_api.podenv
 
 
 def cache_root() -> Path:

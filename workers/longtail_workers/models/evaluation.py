@@ -57,7 +57,8 @@ def generate_greedy(
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
     input_ids = enc["input_ids"].to(device)  # [B, P]
     attention_mask = enc["attention_mask"].to(device)  # [B, P]
-    out = model.generate(
+    # PreTrainedModel does not declare generate(): the *ForCausalLM classes mix it in.
+    out = model.generate(  # type: ignore[operator]
         input_ids=input_ids,
         attention_mask=attention_mask,
         max_new_tokens=max_new_tokens,

@@ -122,6 +122,7 @@ def load_policy(
     model_dir = resolve_model_path(path)
     tokenizer = load_tokenizer(model_dir)  # first: it fails fast, the weights take longer
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
-    model.to(target)
+    # transformers wraps Module.to with functools.wraps, which mypy cannot bind to the instance.
+    model.to(target)  # type: ignore[arg-type]
     model.eval()
     return model, tokenizer

@@ -63,7 +63,8 @@ def build_char_tokenizer() -> PreTrainedTokenizerBase:
     return Qwen2Tokenizer(
         vocab=byte_vocab(),
         merges=[],  # no merges: every byte stays its own token
-        unk_token=None,  # every byte is in the vocabulary, nothing is unknown
+        # Every byte is in the vocabulary, nothing is unknown; the stub says str, None works.
+        unk_token=None,  # type: ignore[arg-type]
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,

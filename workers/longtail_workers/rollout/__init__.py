@@ -4,6 +4,7 @@
 and the role state machine (rollout <-> drafter-train); ``http.ControlServer`` is the thin HTTP
 adapter the operator's harvest loop and the local coordinator talk to (``/v1/status``,
 ``/v1/role``, ``/healthz``, ``/readyz``, ``/metrics``); ``metrics`` exports the worker's state to
-Prometheus. The generation endpoint will be added on top of ``RolloutWorker.generate``.
-Submodules are imported directly.
+Prometheus; ``service`` is the ``longtail worker rollout`` process, which serves that surface
+plus ``POST /v1/generate`` on top of ``RolloutWorker.generate``. Submodules are imported
+directly (by ``service``, the local launcher and the tests).
 """

@@ -22,7 +22,9 @@ stop; if it has not by then, the answer says so (pending) and ``observed`` flips
 thread exits. Generation is refused unless the worker is in rollout, and the newest published
 drafter is loaded at the start of each ``generate`` call, never mid-sequence. When the trainer's
 drafter exchange cannot be reached (after its bounded retries), the worker logs it and goes on
-with the drafter it has: speculative decoding stays lossless with any drafter.
+with the drafter it has: speculative decoding stays lossless with any drafter. The window's
+sync, gate and submission, and the role errors, are the window cycle every harvested worker
+shares (``spot/cycle.py``); what is this worker's own is how the buffer fills: by generating.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, get_args
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -47,6 +49,12 @@ from longtail_workers.engine.interface import GenerationRequest, GenerationResul
 from longtail_workers.rollout.metrics import WorkerCollector, role_switch_histogram
 from longtail_workers.spot.acceptance import INITIAL_DRAFTER, AcceptanceTracker
 from longtail_workers.spot.buffer import RolloutBuffer
+from longtail_workers.spot.cycle import (
+    RoleConflictError,
+    WindowCycle,
+    check_activity,
+    newest_drafter,
+)
 from longtail_workers.spot.trainer import EmptyBufferError, SpotTrainer
 
 log = logging.getLogger(__name__)
@@ -54,26 +62,6 @@ log = logging.getLogger(__name__)
 ROLLOUT: Activity = "rollout"
 WORKER_ACTIVITIES: tuple[Activity, ...] = (ROLLOUT, DRAFTER_TRAIN)
 """Activities a rollout worker can take."""
-
-
-class RoleConflictError(RuntimeError):
-    """A well-formed request the worker cannot honour now (HTTP 409)."""
-
-
-class InvalidRoleError(ValueError):
-    """Not an activity name at all (HTTP 400)."""
-
-
-def check_activity(role: object, allowed: tuple[Activity, ...], who: str) -> Activity:
-    """``role`` as one of ``allowed``: :class:`InvalidRoleError` (HTTP 400) for a value that is
-    no activity at all, :class:`RoleConflictError` (409) for one ``who`` cannot take."""
-    if not isinstance(role, str) or role not in get_args(Activity):
-        raise InvalidRoleError(f"role: unknown activity {role!r}; use one of {', '.join(allowed)}")
-    if role not in allowed:
-        raise RoleConflictError(
-            f"role: {who} cannot take {role!r}; it can do {' or '.join(allowed)}"
-        )
-    return role
 
 
 class RolloutWorker:
@@ -107,16 +95,17 @@ class RolloutWorker:
                 **layout_options(self.training.layout),
             )
         self.trainer: SpotTrainer | None = None
+        self.cycle: WindowCycle | None = None
+        """Sync, gate and submission of the drafter-train windows (``spot/cycle.py``)."""
         if self.training.enabled:
             self.trainer = SpotTrainer(copy.deepcopy(initial), self.buffer, self.training)
+            self.cycle = WindowCycle(
+                self.trainer, registry, engine.target.model, target_id=target_id
+            )
         self.policy_version, self.step = policy_version, step
         self.drafter_version = INITIAL_DRAFTER
         self._state = threading.Lock()  # desired/observed/generating
         self._role_lock = threading.Lock()  # one role change at a time
-        self._submit_lock = threading.Lock()
-        self._submitted: tuple[int | None, int, int] | None = None
-        """(base version, optimizer steps, pairs) of the last candidate sent: the driver and the
-        harvest coordinator both end a window with ``rollout``; the window is sent once."""
         self._gen_lock = threading.Lock()  # one generate at a time
         self._desired: Activity = ROLLOUT
         self._observed: Activity = ROLLOUT
@@ -167,18 +156,15 @@ class RolloutWorker:
     def _refresh_drafter(self) -> None:
         if self.registry is None:
             return
+        model, have = self.engine.target.model, self.drafter_version
         try:
-            latest = self.registry.latest_version()
-            if latest is None or latest == self.drafter_version:
-                return
-            drafter, published = self.registry.load(
-                self.engine.target.model, target_id=self.target_id, version=latest
-            )
+            found = newest_drafter(self.registry, model, self.target_id, have)
         except DrafterExchangeError as exc:
             log.warning("keeping drafter version %s: %s", self.drafter_version, exc)
             return
-        self.engine.set_drafter(drafter)
-        self.drafter_version = published.version
+        if found is not None:
+            self.engine.set_drafter(found[0])
+            self.drafter_version = found[1]
 
     def begin_step(self, step: int, policy_version: int) -> None:
         """Record that new policy weights (``policy_version``) are loaded for ``step``."""
@@ -217,10 +203,10 @@ class RolloutWorker:
                 return  # already training (or its window ended): acknowledge as is
             self._check_can_train()
             self._desired = DRAFTER_TRAIN  # from here on generate() is refused
-        trainer = self.trainer
-        assert trainer is not None
+        trainer, cycle = self.trainer, self.cycle
+        assert trainer is not None and cycle is not None
         try:
-            self._sync_trainer_base(trainer)
+            self._sync_trainer_base(cycle)
             trainer.start()
         except EmptyBufferError as exc:
             with self._state:
@@ -255,21 +241,13 @@ class RolloutWorker:
                 "drafter-train after this worker has generated"
             )
 
-    def _sync_trainer_base(self, trainer: SpotTrainer) -> None:
-        """Train on top of the newest published version (keeps the optimizer's moments)."""
-        if self.registry is None:
-            return
+    def _sync_trainer_base(self, cycle: WindowCycle) -> None:
+        """Train on top of the newest published version; an unreachable exchange is logged and
+        the window trains on the version it has (speculative decoding stays lossless)."""
         try:
-            latest = self.registry.latest_version()
-            if latest is None or latest == trainer.base_version:
-                return
-            drafter, _ = self.registry.load(
-                self.engine.target.model, target_id=self.target_id, version=latest
-            )
+            cycle.sync_base()
         except DrafterExchangeError as exc:
-            log.warning("training on drafter version %s: %s", trainer.base_version, exc)
-            return
-        trainer.load_weights(drafter.trainable_state_dict(), base_version=latest)
+            log.warning("training on drafter version %s: %s", cycle.spot.base_version, exc)
 
     def _to_rollout(self) -> None:
         with self._state:
@@ -291,35 +269,12 @@ class RolloutWorker:
     # --- publishing -------------------------------------------------------------------------
 
     def submit_candidate(self) -> Candidate | None:
-        """Submit the trained drafter for this window's merge; None if nothing was trained."""
-        trainer = self.trainer
-        if self.registry is None or trainer is None or trainer.pairs_since_base == 0:
+        """Judge the trained drafter, then revert it or submit it for this window's merge (once
+        per window: the driver and the harvest coordinator both end a window with
+        ``rollout``); None if nothing was trained, the gate dropped it or no registry is set."""
+        if self.cycle is None:
             return None
-        with self._submit_lock:
-            key = (trainer.base_version, trainer.total_steps, trainer.pairs_since_base)
-            if key == self._submitted or trainer.pairs_since_base == 0:
-                return None  # already sent, or dropped by the gate while this call waited
-            verdict = trainer.judge_against_base()
-            if not verdict.keep:
-                trainer.revert_to_base()
-                log.info(
-                    "%s: drafter window dropped, held-out top-1 %.3f < %.3f of base version %s",
-                    self.name, verdict.trained_top1, verdict.base_top1, trainer.base_version,
-                )  # fmt: skip
-                return None
-            window = trainer.last_window
-            candidate = self.registry.submit_candidate(
-                trainer.drafter_copy(),
-                worker=self.name,
-                base_version=trainer.base_version,
-                policy_version=max(trainer.policy_versions_seen, default=self.policy_version),
-                tokens=trainer.pairs_since_base,
-                steps=trainer.total_steps,
-                train_loss=window.mean_loss if window is not None else None,
-                heldout_top1=verdict.trained_top1,
-            )
-            self._submitted = key
-            return candidate
+        return self.cycle.submit(self.name, self.policy_version, self.name)
 
     # --- status -----------------------------------------------------------------------------
 

@@ -12,13 +12,13 @@ that name the problem, and a logged 500 for anything unexpected. Endpoints:
   when the role cannot be taken now (message says why), 400 for malformed input;
 - ``GET /healthz``, ``GET /readyz``, ``GET /metrics``.
 
-The operator's harvest loop and the local coordinator are the clients. The generation endpoint
-will be one more entry in :data:`ROUTES` calling ``RolloutWorker.generate``.
+The operator's harvest loop and the local coordinator are the clients; ``rollout/service.py``
+adds ``POST /v1/generate``. The role body and answers are the ones every harvested worker
+gives (``spot/cycle.py``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -28,37 +28,21 @@ from urllib.parse import urlsplit
 from prometheus_client import generate_latest
 
 from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from longtail_api.workerapi import ROLE_PATH, STATUS_PATH
 from longtail_workers.httpserver import (
     BackgroundHTTPServer,
-    BodyErrors,
     JSONRequestHandler,
     RequestError,
     check_route,
-    fail,
 )
-from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError, RolloutWorker
+from longtail_workers.rollout.control import RolloutWorker
 from longtail_workers.rollout.metrics import control_requests_counter
+from longtail_workers.spot.cycle import STATUS_ROUTES, answer_put_role
 
 log = logging.getLogger(__name__)
 
-STATUS_PATH = "/v1/status"
-ROLE_PATH = "/v1/role"
-ROUTES: dict[str, tuple[str, ...]] = {
-    HEALTHZ_PATH: ("GET", "HEAD"),
-    READYZ_PATH: ("GET", "HEAD"),
-    METRICS_PATH: ("GET", "HEAD"),
-    STATUS_PATH: ("GET",),
-    ROLE_PATH: ("PUT",),
-}
+ROUTES: dict[str, tuple[str, ...]] = {**STATUS_ROUTES, ROLE_PATH: ("PUT",)}
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
-_EXAMPLE = '{"role": "drafter-train"}'
-ROLE_BODY_ERRORS = BodyErrors(
-    chunked="send the body with a Content-Length header",
-    missing="send the body with a Content-Length header",
-    invalid="Content-Length: must be an integer, got {raw!r}",
-    too_large="body is {length} bytes, over {limit}",
-    blank_is_missing=True,
-)
 
 
 @dataclass(frozen=True)
@@ -118,18 +102,7 @@ class ControlHandler(JSONRequestHandler):
             return self.send_body(HTTPStatus.OK, body, CONTENT_TYPE_METRICS)
         if path == STATUS_PATH:
             return self.send_json(HTTPStatus.OK, worker.status())
-        return self._put_role(worker)
-
-    def _put_role(self, worker: RolloutWorker) -> int:
-        role = role_from_body(self.read_body(self.app.config.max_body_bytes, ROLE_BODY_ERRORS))
-        try:
-            ack = worker.set_role(role)
-        except InvalidRoleError as exc:
-            fail(HTTPStatus.BAD_REQUEST, str(exc))
-        except RoleConflictError as exc:
-            fail(HTTPStatus.CONFLICT, f"role {role!r} refused: {exc}")
-        code = HTTPStatus.ACCEPTED if ack.pending else HTTPStatus.OK
-        return self.send_json(code, {"worker": worker.name, "role": ack.to_dict()})
+        return answer_put_role(self, worker.name, worker.set_role, self.app.config.max_body_bytes)
 
     def must_close(self) -> bool:
         # Unread request body (error answered early): close instead of misreading it.
@@ -138,30 +111,6 @@ class ControlHandler(JSONRequestHandler):
     def _has_body(self) -> bool:
         raw = (self.headers.get("Content-Length") or "0").strip()
         return "Transfer-Encoding" in self.headers or raw not in ("", "0")
-
-
-def role_from_body(body: bytes) -> object:
-    """The ``role`` of a ``PUT /v1/role`` body (unchecked value); 400 for anything else.
-
-    Shared with the trainer's role endpoint (``trainer/service.py``)."""
-    data = _parse_json(body)
-    if not isinstance(data, dict):
-        fail(HTTPStatus.BAD_REQUEST, f"body must be a JSON object like {_EXAMPLE}")
-    unknown = sorted(set(data) - {"role"})
-    if unknown:
-        fail(HTTPStatus.BAD_REQUEST, f"{unknown[0]}: is not a known field (send {_EXAMPLE})")
-    if "role" not in data:
-        fail(HTTPStatus.BAD_REQUEST, f"role: is required (send {_EXAMPLE})")
-    return data["role"]
-
-
-def _parse_json(body: bytes) -> object:
-    if not body.strip():
-        fail(HTTPStatus.BAD_REQUEST, f"request body is empty; send {_EXAMPLE}")
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        fail(HTTPStatus.BAD_REQUEST, f"malformed JSON ({exc}); send {_EXAMPLE}")
 
 
 class ControlServer(BackgroundHTTPServer):

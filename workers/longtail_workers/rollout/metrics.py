@@ -14,11 +14,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from longtail_api import metrics as names
-from longtail_api.metrics import MetricSpec
+from longtail_workers.metricspec import (
+    counter_family,
+    counter_from_spec,
+    gauge_family,
+    histogram_from_spec,
+)
 
 if TYPE_CHECKING:
     from longtail_workers.rollout.control import RolloutWorker
@@ -27,26 +32,12 @@ TRAINER_STATES = ("idle", "training", "stopping", "failed")
 ROLES = ("rollout", "drafter-train")
 
 
-def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
-    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels) or None)
-
-
-def _counter(spec: MetricSpec) -> CounterMetricFamily:
-    # CounterMetricFamily appends "_total" itself; the spec holds the full exposition name.
-    name = spec.name.removesuffix("_total")
-    return CounterMetricFamily(name, spec.help, labels=list(spec.labels) or None)
-
-
 def role_switch_histogram(registry: CollectorRegistry) -> Histogram:
-    spec = names.WORKER_ROLE_SWITCH_SECONDS
-    return Histogram(
-        spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets or ()
-    )
+    return histogram_from_spec(names.WORKER_ROLE_SWITCH_SECONDS, registry)
 
 
 def control_requests_counter(registry: CollectorRegistry) -> Counter:
-    spec = names.WORKER_CONTROL_REQUESTS_TOTAL
-    return Counter(spec.name, spec.help, spec.labels, registry=registry)
+    return counter_from_spec(names.WORKER_CONTROL_REQUESTS_TOTAL, registry)
 
 
 class WorkerCollector(Collector):
@@ -58,37 +49,33 @@ class WorkerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         w = self.worker
         _, observed, _, generating, idle_since = w.activity()
-        role = _gauge(names.WORKER_ROLE)
+        role = gauge_family(names.WORKER_ROLE)
         for r in ROLES:
             role.add_metric([r], 1.0 if r == observed else 0.0)
         yield role
-        yield GaugeMetricFamily(
-            names.WORKER_GENERATING.name, names.WORKER_GENERATING.help, 1.0 if generating else 0.0
-        )
+        yield gauge_family(names.WORKER_GENERATING, 1.0 if generating else 0.0)
         idle = 0.0 if idle_since is None else max(0.0, w.clock() - idle_since)
-        yield GaugeMetricFamily(
-            names.WORKER_IDLE_SECONDS.name, names.WORKER_IDLE_SECONDS.help, idle
-        )
+        yield gauge_family(names.WORKER_IDLE_SECONDS, idle)
         for spec, value in (
             (names.POLICY_VERSION, w.policy_version),
             (names.DRAFTER_VERSION, w.drafter_version),
             (names.SPOT_BUFFER_TOKENS, w.buffer.num_tokens),
             (names.SPOT_BUFFER_BYTES, w.buffer.num_bytes),
         ):
-            yield GaugeMetricFamily(spec.name, spec.help, float(value))
+            yield gauge_family(spec, float(value))
         yield from self._buffer_counters()
         yield from self._trainer()
 
     def _buffer_counters(self) -> Iterator[Metric]:
         buf = self.worker.buffer
-        captured = _counter(names.SPOT_BUFFER_CAPTURED_TOKENS_TOTAL)
+        captured = counter_family(names.SPOT_BUFFER_CAPTURED_TOKENS_TOTAL)
         captured.add_metric([], float(buf.added_tokens))
         yield captured
         for spec, table in (
             (names.SPOT_BUFFER_DROPPED_TOTAL, buf.dropped),
             (names.SPOT_BUFFER_EVICTED_TOTAL, buf.evicted),
         ):
-            family = _counter(spec)
+            family = counter_family(spec)
             for reason, count in sorted(dict(table).items()):
                 family.add_metric([reason], float(count))
             yield family
@@ -98,16 +85,16 @@ class WorkerCollector(Collector):
         if trainer is None:
             return
         status = trainer.status()
-        steps = _counter(names.SPOT_TRAIN_STEPS_TOTAL)
+        steps = counter_family(names.SPOT_TRAIN_STEPS_TOTAL)
         steps.add_metric([], float(status.total_steps))
         yield steps
-        state = _gauge(names.SPOT_TRAINER_STATE)
+        state = gauge_family(names.SPOT_TRAINER_STATE)
         for s in TRAINER_STATES:
             state.add_metric([s], 1.0 if s == status.state else 0.0)
         yield state
         if status.last_loss is not None:
             spec = names.SPOT_TRAIN_LOSS
-            yield GaugeMetricFamily(spec.name, spec.help, status.last_loss)
+            yield gauge_family(spec, status.last_loss)
         if trainer.stop_latencies:
             spec = names.SPOT_STOP_LATENCY_SECONDS
-            yield GaugeMetricFamily(spec.name, spec.help, trainer.stop_latencies[-1])
+            yield gauge_family(spec, trainer.stop_latencies[-1])

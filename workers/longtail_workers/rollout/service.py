@@ -26,6 +26,7 @@ its own drafter uploads carry the token.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
@@ -37,14 +38,12 @@ from typing import Any
 
 from longtail_api.harvest import DRAFTER_TRAIN
 from longtail_api.workerapi import RoleAck
-from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
 from longtail_workers.drafter.exchange import DrafterExchangeError
 from longtail_workers.engine.interface import RolloutEngine
 from longtail_workers.engine.stats import RolloutMetrics
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
-from longtail_workers.httpserver import BodyErrors, fail
-from longtail_workers.jobspec import load_job_spec
-from longtail_workers.rollout.control import RoleConflictError, RolloutWorker
+from longtail_workers.httpserver import fail
+from longtail_workers.rollout.control import RolloutWorker
 from longtail_workers.rollout.http import ControlConfig, ControlHandler, ControlServer
 from longtail_workers.runtime import (
     ServiceRuntime,
@@ -52,8 +51,11 @@ from longtail_workers.runtime import (
     make_weight_source,
     policy_and_drafter,
     role_device,
+    start_service,
     torch_threads,
+    worker_parser,
 )
+from longtail_workers.spot.cycle import ROLE_BODY_ERRORS, RoleConflictError
 from longtail_workers.weights.sync import WeightSource, WeightSyncError, WeightVersionError
 from longtail_workers.wire.rollout import (
     GENERATE_PATH,
@@ -173,12 +175,8 @@ class RolloutHandler(ControlHandler):
         return self.send_json(HTTPStatus.OK, reply.to_dict())
 
 
-_GENERATE_BODY_ERRORS = BodyErrors(
-    chunked="send the body with a Content-Length header",
-    missing="send the body with a Content-Length header",
-    invalid="Content-Length: must be an integer, got {raw!r}",
-    too_large="body is {length} bytes, over {limit}; send fewer requests per call",
-    blank_is_missing=True,
+_GENERATE_BODY_ERRORS = dataclasses.replace(
+    ROLE_BODY_ERRORS, too_large="body is {length} bytes, over {limit}; send fewer requests per call"
 )
 
 
@@ -232,14 +230,11 @@ def build_engine(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="longtail worker rollout",
-        description="Rollout worker: adaptive speculative decoding + spot drafter training.",
+    ap = worker_parser(
+        "longtail worker rollout",
+        "Rollout worker: adaptive speculative decoding + spot drafter training.",
+        "rollout-0",
     )
-    ap.add_argument("--job", required=True, help="RLJob YAML file (the job's spec)")
-    ap.add_argument("--name", default="rollout-0", help="worker name (default %(default)s)")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8200, help="0 picks a free port")
     ap.add_argument("--weights-url", default=None, help="trainer weight server base URL")
     drafters = ap.add_mutually_exclusive_group()
     drafters.add_argument(
@@ -259,22 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads (default: rollout.resources.cpu)",
     )
     add_weight_sync_args(ap)
-    ap.add_argument("--log-level", default="INFO")
-    add_auth_args(ap)
     return ap
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=f"%(asctime)s {args.name} %(message)s")
-    try:
-        token = server_token("rollout", args.insecure_no_auth)
-    except AuthConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    started = start_service(build_parser(), argv, "rollout")
+    if started is None:
         return 2
-    spec = load_job_spec(args.job)
     try:
-        return _serve(args, spec, token)
+        return _serve(started.args, started.spec, started.token)
     except EngineUnavailableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -20,11 +20,12 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from longtail_api.metrics import DRAFTER_ACCEPTED_LENGTH, POLICY_ACCEPTED_LENGTH
 from longtail_workers.engine.interface import GenerationResult
+from longtail_workers.metricspec import gauge_family
 
 INITIAL_DRAFTER = -1
 """Drafter version label of a worker's unpublished initial drafter."""
@@ -116,7 +117,7 @@ class AcceptanceTracker(Collector):
             (POLICY_ACCEPTED_LENGTH, self.by_policy()),
             (DRAFTER_ACCEPTED_LENGTH, self.by_drafter()),
         ):
-            family = GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+            family = gauge_family(spec)
             for version, stats in table.items():
                 value = stats.mean_accepted_length
                 if value is not None:

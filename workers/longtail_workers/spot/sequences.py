@@ -3,8 +3,8 @@
 A rollout worker captures the policy's hidden states while it generates. Two roles train the
 drafter on answers they did not generate themselves, and both go through :class:`SequenceWindows`:
 
-- the trainer's own harvest (``trainer/harvest.py``): during a rollout, on the previous step's
-  answers, in a background thread it can preempt;
+- the trainer's own drafter training (``trainer/drafter_window.py``): during a rollout, on the
+  previous step's answers, in a background thread it can preempt;
 - the dedicated drafter worker (``drafter_worker/worker.py``, ``spec.drafter``): on every
   completed step's answers, fetched from the trainer's ``GET /v1/samples/latest``.
 
@@ -12,12 +12,14 @@ One window: :meth:`SequenceWindows.set_samples` (the answers, as prompt + output
 :meth:`~SequenceWindows.capture` (last-layer hidden states recomputed with the current policy,
 :func:`engine_hidden_states`, i.e. what the rollout engine returns with
 ``return_hidden_states``, fed through the same ``RolloutBuffer.add_results`` a rollout worker
-uses, so the training pairs equal a worker's capture) -> :meth:`~SequenceWindows.sync_base`
+uses, so the training pairs equal a worker's capture) -> the rest of the window
+cycle every harvested worker runs (``spot/cycle.py``): :meth:`~SequenceWindows.sync_base`
 (train on top of the newest published drafter version) -> :meth:`~SequenceWindows.start` (the
 shared :class:`~longtail_workers.spot.trainer.SpotTrainer`, same spec settings) ->
 :meth:`~SequenceWindows.submit` (the quality gate of ``spot/trainer.py``, then the window's
 drafter goes to the registry, a directory or the trainer's HTTP exchange, as a candidate that
-the step driver merges with every other worker's).
+the step driver merges with every other worker's). Capturing given answers is this module's
+part of the cycle; a rollout worker captures while it generates instead.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import Candidate, DrafterStore
 from longtail_workers.engine.interface import GenerationResult
 from longtail_workers.spot.buffer import RolloutBuffer
+from longtail_workers.spot.cycle import WindowCycle
 from longtail_workers.spot.trainer import SpotTrainer
 
 log = logging.getLogger(__name__)
@@ -124,11 +127,10 @@ class SequenceWindows:
         self._lock = threading.Lock()  # _pending and _step
         self._pending: deque[PendingAnswer] = deque()
         self._step = 0
-        self._submitted_at = 0  # spot.total_steps when the last candidate was submitted
+        self.cycle = WindowCycle(self.spot, registry, model, target_id=target_id)
+        """Sync, gate and submission: the cycle every harvested worker runs."""
         self.captured_sequences = 0
         """Answers whose hidden states went into the buffer, over the process's life."""
-        self.last_candidate: Candidate | None = None
-        """The newest candidate submitted."""
 
     def set_samples(self, samples: Sequence[SampleTokens], step: int) -> None:
         """The answers of RL ``step``: the data of the next capture (replaces any not taken)."""
@@ -180,16 +182,10 @@ class SequenceWindows:
         return batch
 
     def sync_base(self) -> int | None:
-        """Train on top of the newest published version (keeps the optimizer's moments); returns
-        the base version. Raises what the registry raises (``DrafterExchangeError`` for the
+        """Train on top of the newest published version (``WindowCycle.sync_base``); returns the
+        base version. Raises what the registry raises (``DrafterExchangeError`` for the
         trainer's HTTP exchange): the caller decides whether to go on from the old base."""
-        latest = self.registry.latest_version()
-        if latest is None or latest == self.spot.base_version:
-            return self.spot.base_version
-        drafter, _ = self.registry.load(self.model, target_id=self.target_id, version=latest)
-        self.spot.load_weights(drafter.trainable_state_dict(), base_version=latest)
-        self._submitted_at = self.spot.total_steps
-        return latest
+        return self.cycle.sync_base()
 
     def start(self, max_steps: int | None = None) -> int:
         """Start a training window in the background; its step budget, 0 when the buffer holds
@@ -199,36 +195,13 @@ class SequenceWindows:
         return self.spot.start(max_steps)
 
     def submit(self, worker: str, policy_version: int, who: str) -> Candidate | None:
-        """Gate the drafter trained since the last submission and submit it as ``worker``'s
-        candidate (the spot trainer must be stopped). ``policy_version``: the version to tag it
-        with when the buffer names none; ``who``: the log lines' prefix. None: nothing new was
-        trained, or the gate dropped the window (the weights go back to the base)."""
-        spot = self.spot
-        if spot.pairs_since_base == 0 or spot.total_steps == self._submitted_at:
-            return None
-        verdict = spot.judge_against_base()
-        if not verdict.keep:
-            spot.revert_to_base()
-            self._submitted_at = spot.total_steps
-            log.info("%s: drafter window dropped, held-out top-1 %.3f < %.3f of base version %s",
-                     who, verdict.trained_top1, verdict.base_top1, spot.base_version)  # fmt: skip
-            return None
-        window = spot.last_window
-        cand = self.registry.submit_candidate(
-            spot.drafter_copy(),
-            worker=worker,
-            base_version=spot.base_version,
-            policy_version=max(spot.policy_versions_seen, default=policy_version),
-            tokens=spot.pairs_since_base,
-            steps=spot.total_steps,
-            train_loss=window.mean_loss if window is not None else None,
-            heldout_top1=verdict.trained_top1,
-        )
-        self._submitted_at = spot.total_steps
-        self.last_candidate = cand
-        log.info("%s: drafter candidate submitted (base %s, %d pairs, %d steps)",
-                 who, cand.base_version, cand.tokens, cand.steps)  # fmt: skip
-        return cand
+        """Judge, then revert or submit as ``worker``'s candidate (``WindowCycle.submit``)."""
+        return self.cycle.submit(worker, policy_version, who)
+
+    @property
+    def last_candidate(self) -> Candidate | None:
+        """The newest candidate submitted."""
+        return self.cycle.last_candidate
 
     def status(self) -> dict[str, Any]:
         """Plain JSON (camelCase keys): buffer, spot trainer, pending and captured answers."""

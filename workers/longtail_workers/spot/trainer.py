@@ -17,11 +17,12 @@ publisher records with each version.
 
 Quality gate: a window's weights are only worth submitting if they draft better than the weights
 they started from. :meth:`SpotTrainer.judge_against_base` scores both on the same held-out
-windows; the callers (``rollout/control.py``, ``trainer/harvest.py``) submit a candidate only when
-it is no worse, and otherwise :meth:`SpotTrainer.revert_to_base`. Why: a drafter that starts
-well-fitted (``drafterTraining.initialDrafter``) is pushed off its optimum by the first AdamW steps
-of a short window at the online learning rate (accepted length 5.6 -> 3.1 after one merge,
-docs/performance.md), and a worse merge would be served to every rollout worker.
+windows; the window cycle (``spot/cycle.py``, run by ``rollout/control.py`` and
+``trainer/drafter_window.py``) submits a candidate only when it is no worse, and otherwise
+:meth:`SpotTrainer.revert_to_base`. Why: a drafter that starts well-fitted
+(``drafterTraining.initialDrafter``) is pushed off its optimum by the first AdamW steps of a
+short window at the online learning rate (docs/performance.md has the measured drop in accepted
+length after one merge), and a worse merge would be served to every rollout worker.
 
 Errors: starting on an empty buffer raises :class:`EmptyBufferError`; a crash inside the thread
 is logged, puts the trainer in state ``failed`` with the message in :attr:`TrainerStatus.error`,

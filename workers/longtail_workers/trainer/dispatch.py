@@ -13,7 +13,8 @@ would fail on every worker, so the step fails at once with :class:`RolloutReject
 message, and no worker is marked down. The step fails with :class:`RolloutFailed`, naming every
 worker's last error, when no live worker is left or a shard failed ``max_attempts`` times; it
 never waits longer than ``timeout_s`` per call. ``stop`` (Ctrl-C) aborts with
-:class:`RolloutAborted`. Generate calls and role changes carry the job's token
+:class:`RolloutAborted`. Every call goes through ``httpclient.py`` without HTTP-level retries
+(re-dispatching a shard is the retry); generate calls and role changes carry the job's token
 (``longtail_workers.auth``).
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, http_json
+from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, http_json, request
 from longtail_workers.wire.rollout import GENERATE_PATH, GenerateCall, GenerateReply, Sample
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,8 @@ class RolloutPool:
         """Health-check workers marked down; a healthy one takes work again."""
         for name in list(self.down):
             try:
-                urllib.request.urlopen(self.workers[name] + "/healthz", timeout=timeout_s).close()
-            except OSError:
+                request("GET", self.workers[name] + "/healthz", timeout_s=timeout_s)
+            except (OSError, WorkerBusy):
                 continue
             log.info("rollout worker %s answers again; back in the pool", name)
             self.down.pop(name, None)

@@ -9,7 +9,7 @@ process of ``longtail run``). One RL step:
    version ``v`` (lost workers' shards are re-dispatched), then send every worker back to
    ``rollout``, which ends the harvest windows and submits their drafter candidates; with
    trainer harvesting on (``harvest`` below), the trainer's own drafter-train window is ended
-   the same way first (``trainer/harvest.py``), so nothing trains while the policy changes;
+   the same way first (``trainer/drafter_window.py``), so nothing trains while the policy changes;
 3. score the answers with the verifier, compute group advantages, build the batch and run
    :func:`~longtail_workers.trainer.optim.train_step` on every trainer rank (``policy``:
    :class:`~longtail_workers.trainer.group.PolicyLeader`, which brings the follower ranks of a
@@ -42,13 +42,14 @@ import torch
 
 from longtail_api.acceptance import acceptance_collapsed
 from longtail_api.spec import RLJobSpec
+from longtail_api.steprow import StepRow
 from longtail_workers.data import Example, format_example, iterate_batches
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.dispatch import RolloutAborted, RolloutOutcome, RolloutPool
+from longtail_workers.trainer.drafter_window import TrainerHarvest
 from longtail_workers.trainer.group import PolicyLeader
 from longtail_workers.trainer.grpo import group_advantages, sequence_logprobs
-from longtail_workers.trainer.harvest import TrainerHarvest
 from longtail_workers.trainer.policy import build_policy
 from longtail_workers.trainer.rollout_batch import build_grpo_batch
 from longtail_workers.trainer.world import TrainerWorld
@@ -75,7 +76,7 @@ class DriverState:
     answers_done: int = 0
     answers_total: int = 0
     pending_workers: set[str] = field(default_factory=set)
-    last_row: dict[str, Any] = field(default_factory=dict)
+    last_row: StepRow | None = None
     eval_accuracy: float | None = None
     eval_sampled_accuracy: float | None = None
     accepted_lengths: list[float] = field(default_factory=list)
@@ -117,7 +118,7 @@ class StepDriver:
         *,
         registry: Any = None,
         harvest: TrainerHarvest | None = None,
-        on_row: Callable[[dict[str, Any]], None] = lambda row: None,
+        on_row: Callable[[StepRow], None] = lambda row: None,
         policy: PolicyLeader | None = None,
     ) -> None:
         self.spec, self.model, self.tok = spec, model, tokenizer
@@ -200,8 +201,8 @@ class StepDriver:
             evaluate = algo.eval_every_steps and step % algo.eval_every_steps == 0
             if self.eval_set and (evaluate or step == algo.total_steps):
                 try:
-                    row["eval_accuracy"] = self.evaluate()
-                    row["eval_sampled_accuracy"] = self.state.eval_sampled_accuracy
+                    row.eval_accuracy = self.evaluate()
+                    row.eval_sampled_accuracy = self.state.eval_sampled_accuracy
                 except RolloutAborted:
                     self.on_row(row)  # the step itself completed: keep its row
                     raise
@@ -216,7 +217,7 @@ class StepDriver:
             self.checkpoint()
         return "stopped"
 
-    def one_step(self, step: int, prompts: Sequence[Example]) -> dict[str, Any]:
+    def one_step(self, step: int, prompts: Sequence[Example]) -> StepRow:
         algo = self.spec.algorithm
         t_step = time.monotonic()
         self.pool.revive()
@@ -241,14 +242,14 @@ class StepDriver:
         # After both publishes: a drafter worker loads this policy version and trains on top of
         # the drafter version just merged, so its candidate counts at the next step's merge.
         self.latest_samples = StepSamples.of(step, self.state.policy_version, out.samples)
-        row = self._row(step, out, rewards, correct, stats.as_dict())
-        self.state.accepted_lengths.append(row["mean_accepted_length"])
-        row["acceptance_collapsed"] = acceptance_collapsed(self.state.accepted_lengths)
-        if row["acceptance_collapsed"]:
+        row = self._row(step, out, rewards, correct, stats.as_dict(), train_s, sync_s)
+        self.state.accepted_lengths.append(row.mean_accepted_length or 0.0)
+        row.acceptance_collapsed = acceptance_collapsed(self.state.accepted_lengths)
+        if row.acceptance_collapsed:
             log.warning("step %d: speculative decoding accepts almost nothing (mean accepted "
                         "length %.2f) after it once worked: the drafter no longer matches the "
-                        "policy", step, row["mean_accepted_length"])  # fmt: skip
-        row.update(train_s=train_s, sync_s=sync_s, step_s=time.monotonic() - t_step)
+                        "policy", step, row.mean_accepted_length)  # fmt: skip
+        row.step_s = time.monotonic() - t_step
         self.state.last_row = row
         return row
 
@@ -305,32 +306,35 @@ class StepDriver:
         return time.monotonic() - t0
 
     def _row(self, step: int, out: RolloutOutcome, rewards: list[float], correct: list[bool],
-             stats: dict[str, float]) -> dict[str, Any]:  # fmt: skip
+             stats: dict[str, float], train_s: float, sync_s: float) -> StepRow:  # fmt: skip
         lengths = [len(s.output_token_ids) for s in out.samples]
         eng = [r.engine for r in out.replies]
         tokens = sum(e.get("tokens", 0.0) for e in eng)
         sd_tokens = sum(e.get("sdTokens", 0.0) for e in eng)
         rows = sum(e.get("acceptedRows", 0.0) for e in eng)
         acc_len = sum(e.get("meanAcceptedLength", 0.0) * e.get("acceptedRows", 0.0) for e in eng)
-        return {
-            "step": step,
-            "policy_version": self.state.policy_version,
-            "drafter_version": self.state.drafter_version,
-            "reward_mean": float(np.mean(rewards)),
-            "accuracy": float(np.mean(correct)),
-            "answers": len(out.samples),
-            "mean_length": float(np.mean(lengths)),
-            "max_length": int(max(lengths)),
-            "rollout_s": out.seconds,
-            "tail_s": out.seconds - out.first_done_s,
-            "sd_fraction": sd_tokens / tokens if tokens else 0.0,
-            "mean_accepted_length": acc_len / rows if rows else 0.0,
-            "redispatched": out.redispatched,
-            "failed_workers": sorted(out.failed_workers),
-            "drafter_candidates_rejected": self._new_rejections(),
-            **{f"train_{k}": v for k, v in stats.items()},
-            **({} if self.harvest is None else {"trainer_harvested_s": self._trainer_harvested_s}),
-        }
+        return StepRow(
+            step=step,
+            policy_version=self.state.policy_version,
+            drafter_version=self.state.drafter_version,
+            reward_mean=float(np.mean(rewards)),
+            accuracy=float(np.mean(correct)),
+            answers=len(out.samples),
+            mean_length=float(np.mean(lengths)),
+            max_length=int(max(lengths)),
+            rollout_s=out.seconds,
+            tail_s=out.seconds - out.first_done_s,
+            sd_fraction=sd_tokens / tokens if tokens else 0.0,
+            mean_accepted_length=acc_len / rows if rows else 0.0,
+            redispatched=out.redispatched,
+            failed_workers=sorted(out.failed_workers),
+            drafter_candidates_rejected=self._new_rejections(),
+            train=dict(stats),
+            trainer_harvested_s=None if self.harvest is None else self._trainer_harvested_s,
+            train_s=train_s,
+            sync_s=sync_s,
+            step_s=0.0,  # set by one_step once the step is over
+        )
 
     def _new_rejections(self) -> int:
         """Drafter candidates the registry refused since the last row (``drafter/vetting.py``)."""

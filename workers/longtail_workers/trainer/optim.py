@@ -32,9 +32,9 @@ from longtail_workers.trainer.world import TrainerWorld
 log = logging.getLogger(__name__)
 
 CPU_MICRO_BATCH_TOKENS = 1024
-"""Padded tokens per forward pass on CPU. Small passes keep activations in cache: a 128-answer
-update of ``builtin:tiny`` on two threads took 2.5 s at 1,024 tokens, 2.9 s at 2,048 and 4.0 s at
-8,192 (docs/performance.md)."""
+"""Padded tokens per forward pass on CPU. Small passes keep activations in cache, so a policy
+update on a few CPU threads is faster in small micro-batches than in large ones (the sweep is in
+docs/performance.md, "A stronger baseline")."""
 GPU_MICRO_BATCH_TOKENS = 16384
 """Padded tokens per forward pass on an accelerator, where bigger passes use it better (veRL's
 default token budget per GPU is the same)."""

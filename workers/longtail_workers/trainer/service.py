@@ -7,10 +7,10 @@ torch.distributed broadcast from rank 0), waits for the verifier and every rollo
 healthy, then runs :class:`~longtail_workers.trainer.driver.StepDriver`. Its own HTTP surface
 (``--port``): ``GET /v1/status`` (:class:`longtail_api.workerapi.TrainerStatus`), ``POST
 /v1/checkpoint`` (checkpoint now, answer when it is on disk), ``PUT /v1/role`` (``train``, or
-``drafter-train`` during a rollout when the trainer is a harvest target, ``trainer/harvest.py``;
-the same answers as a rollout worker's: 200/202 with the acknowledged role, 409 refused now, 400
-malformed), ``GET /metrics``, ``/healthz``, ``/readyz``, and with ``--drafters DIR`` the drafter
-exchange ``/v1/drafters/...``
+``drafter-train`` during a rollout when the trainer is a harvest target,
+``trainer/drafter_window.py``; the same answers as a rollout worker's, ``spot/cycle.py``: 200/202
+with the acknowledged role, 409 refused now, 400 malformed), ``GET /metrics``, ``/healthz``,
+``/readyz``, and with ``--drafters DIR`` the drafter exchange ``/v1/drafters/...``
 (``drafter/exchange.py``: rollout workers fetch published drafter versions and upload their
 candidates, which the step driver merges from DIR), ``GET /v1/samples/latest[?after=N]`` (the
 last completed step's answers, for the dedicated drafter workers: ``wire/samples.py``).
@@ -38,10 +38,8 @@ import os
 import sys
 import threading
 import time
-import urllib.request
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import torch
@@ -51,49 +49,45 @@ from longtail_api import metrics as names
 from longtail_api.protocol import ProtocolError
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
+from longtail_api.steprow import METRICS_FILE, StepRow
 from longtail_api.workerapi import (
     ROLE_PATH,
     CheckpointAnswer,
     RoleAck,
-    RoleAnswer,
     RoleState,
     StepSeconds,
     TrainerStatus,
 )
 from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
 from longtail_workers.drafter.exchange import DrafterEndpoints
+from longtail_workers.httpclient import request
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
 from longtail_workers.jobspec import load_job_spec
-from longtail_workers.rollout.control import InvalidRoleError, RoleConflictError
-from longtail_workers.rollout.http import ROLE_BODY_ERRORS, role_from_body
+from longtail_workers.metricspec import counter_from_spec, gauge_from_spec, histogram_from_spec
 from longtail_workers.runtime import (
     add_weight_sync_args,
+    answer_error,
     role_device,
     torch_threads,
 )
 from longtail_workers.signals import install_stop_signals
+from longtail_workers.spot.cycle import RoleConflictError, answer_put_role
 from longtail_workers.trainer.checkpoint import latest_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed
-from longtail_workers.trainer.driver import StepDriver
-from longtail_workers.trainer.harvest import (
+from longtail_workers.trainer.drafter_window import (
     TRAIN,
     WORKER_NAME,
     TrainerHarvest,
     check_trainer_role,
 )
+from longtail_workers.trainer.driver import StepDriver
 from longtail_workers.trainer.ranks import launch_local_ranks, local_rank_of, run_follower
 from longtail_workers.trainer.world import TrainerWorld, join_world
-from longtail_workers.verifier.metrics import (
-    counter_from_spec,
-    gauge_from_spec,
-    histogram_from_spec,
-)
 from longtail_workers.wire.rollout import WireError
 from longtail_workers.wire.samples import SAMPLES_PATH, StepSamples, parse_after
 
 log = logging.getLogger(__name__)
 LISTENING_PREFIX = "longtail trainer listening on "
-METRICS_FILE = "metrics.jsonl"
 
 
 class TrainerMetrics:
@@ -113,18 +107,18 @@ class TrainerMetrics:
         self.rejected = counter_from_spec(names.TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL, r)
         self.last_step.set(time.time())
 
-    def observe(self, row: dict[str, Any]) -> None:
-        self.step.set(row["step"])
+    def observe(self, row: StepRow) -> None:
+        self.step.set(row.step)
         self.last_step.set(time.time())
-        self.step_seconds.observe(row["step_s"])
-        self.stage.labels(stage="rollout").observe(row["rollout_s"] - row["tail_s"])
-        self.stage.labels(stage="tail").observe(row["tail_s"])
-        self.stage.labels(stage="train").observe(row["train_s"])
-        self.stage.labels(stage="sync").observe(row["sync_s"])
-        self.reward.set(row["reward_mean"])
-        self.accuracy.set(row["accuracy"])
-        self.policy.set(row["policy_version"])
-        self.harvested.inc(row.get("trainer_harvested_s", 0.0))  # present when harvest is on
+        self.step_seconds.observe(row.step_s)
+        self.stage.labels(stage="rollout").observe(row.rollout_s - row.tail_s)
+        self.stage.labels(stage="tail").observe(row.tail_s)
+        self.stage.labels(stage="train").observe(row.train_s)
+        self.stage.labels(stage="sync").observe(row.sync_s)
+        self.reward.set(row.reward_mean)
+        self.accuracy.set(row.accuracy)
+        self.policy.set(row.policy_version)
+        self.harvested.inc(row.trainer_harvested_s or 0.0)  # None when harvest is off
 
     def candidate_rejected(self, stage: str, worker: str, reason: str) -> None:
         """``DrafterRegistry.on_rejected``: count a refused drafter candidate (it logs it)."""
@@ -184,8 +178,8 @@ class TrainerApp(BackgroundHTTPServer):
         st, row = d.state, d.state.last_row
         started = st.rollout_started if st.rollout_active else None
         seconds = None
-        if row:
-            seconds = StepSeconds(row["rollout_s"], row["tail_s"], row["train_s"])
+        if row is not None:
+            seconds = StepSeconds(row.rollout_s, row.tail_s, row.train_s)
         phase = "failed" if self.failed else st.phase
         return TrainerStatus(
             step=st.step,
@@ -193,16 +187,16 @@ class TrainerApp(BackgroundHTTPServer):
             phase=phase,  # type: ignore[arg-type]
             policy_version=st.policy_version,
             drafter_version=st.drafter_version,
-            reward_mean=row.get("reward_mean"),
-            accuracy=row.get("accuracy"),
-            accepted_length=row.get("mean_accepted_length"),
-            acceptance_collapsed=bool(row.get("acceptance_collapsed", False)),
+            reward_mean=None if row is None else row.reward_mean,
+            accuracy=None if row is None else row.accuracy,
+            accepted_length=None if row is None else row.mean_accepted_length,
+            acceptance_collapsed=row is not None and row.acceptance_collapsed,
             last_checkpoint_step=st.last_checkpoint_step,
             step_seconds=seconds,
             message=self.failed or st.message,
             eval_accuracy=st.eval_accuracy,
             eval_sampled_accuracy=st.eval_sampled_accuracy,
-            sd_fraction=row.get("sd_fraction"),
+            sd_fraction=None if row is None else row.sd_fraction,
             rollout_active=st.rollout_active,
             pending_workers=tuple(sorted(st.pending_workers)),
             answers_done=st.answers_done,
@@ -229,7 +223,7 @@ class TrainerApp(BackgroundHTTPServer):
                 elif path == "/v1/status" and method == "GET":
                     self.send_json(HTTPStatus.OK, app.status().to_dict())
                 elif path == ROLE_PATH and method == "PUT":
-                    self._put_role(app)
+                    answer_put_role(self, WORKER_NAME, app.set_role, 64 * 1024)
                 elif path == SAMPLES_PATH and method == "GET":
                     self.send_json(HTTPStatus.OK, app.samples(query).to_dict())
                 elif path == "/metrics" and method in ("GET", "HEAD"):
@@ -243,23 +237,8 @@ class TrainerApp(BackgroundHTTPServer):
                     self.send_json(HTTPStatus.OK, answer.to_dict())
                 else:
                     fail(HTTPStatus.NOT_FOUND, f"unknown endpoint {method} {path}")
-            except Exception as exc:  # HTTP boundary: answer with the error, keep serving
-                status = getattr(exc, "status", HTTPStatus.INTERNAL_SERVER_ERROR)
-                message = getattr(exc, "message", f"{type(exc).__name__}: {exc}")
-                if status == HTTPStatus.INTERNAL_SERVER_ERROR:
-                    log.exception("trainer HTTP %s %s failed", method, path)
-                self.send_json(status, {"error": message}, getattr(exc, "headers", None))
-
-        def _put_role(self, app: TrainerApp) -> None:
-            role = role_from_body(self.read_body(64 * 1024, ROLE_BODY_ERRORS))
-            try:
-                ack = app.set_role(role)
-            except InvalidRoleError as exc:
-                fail(HTTPStatus.BAD_REQUEST, str(exc))
-            except RoleConflictError as exc:
-                fail(HTTPStatus.CONFLICT, f"role {role!r} refused: {exc}")
-            code = HTTPStatus.ACCEPTED if ack.pending else HTTPStatus.OK
-            self.send_json(code, RoleAnswer(WORKER_NAME, ack).to_dict())
+            except Exception as exc:  # noqa: BLE001 - HTTP boundary: answer_error logs a 500
+                answer_error(self, exc, "trainer", method, path)
 
         def _drafters(self, app: TrainerApp, method: str, path: str, query: str) -> None:
             if app.drafters is not None:
@@ -322,7 +301,7 @@ def wait_healthy(urls: list[str], timeout_s: float, stop: threading.Event) -> No
     while missing:
         for url in list(missing):
             try:
-                urllib.request.urlopen(url + "/healthz", timeout=2.0).close()
+                request("GET", url + "/healthz", timeout_s=2.0)
                 missing.remove(url)
             except OSError:
                 continue  # not up yet: polled again until the deadline, which names it
@@ -443,9 +422,9 @@ def _drive(
     elif args.resume:
         log.info("--resume: no checkpoint under %s; starting at step 0", ckpt_dir)
 
-    def on_row(row: dict[str, Any]) -> None:
+    def on_row(row: StepRow) -> None:
         with metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row.to_dict()) + "\n")
         app.metrics.observe(row)
 
     driver.on_row = on_row
@@ -460,5 +439,6 @@ def _truncate_rows(path: Path, step: int) -> None:
     """Drop metric rows of steps after ``step`` (they were not checkpointed; they rerun)."""
     if not path.is_file():
         return
-    kept = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+    lines = [ln for ln in path.read_text().splitlines() if ln]
+    kept = [ln for ln in lines if StepRow.from_dict(json.loads(ln)).step <= step]
     path.write_text("".join(ln + "\n" for ln in kept))

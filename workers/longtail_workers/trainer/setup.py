@@ -7,9 +7,9 @@ from the command line, the weight publisher (HTTP server, or torch.distributed r
 ``--weight-sync dist``) and the drafter registry (``--drafters``; the trainer's HTTP port
 serves it to the rollout workers, ``drafter/exchange.py``; candidates are checked against the job's
 drafter, ``drafter/vetting.py``) and, when the job makes the trainer a harvest target
-(``trainer/harvest.py``), the trainer's own drafter training. Returns the driver and a function
-that stops the publisher. On a sharded trainer (``trainer/world.py``) this runs on rank 0 only,
-after the group is joined: the policy is loaded and sharded on every rank
+(``trainer/drafter_window.py``), the trainer's own drafter training. Returns the driver and a
+function that stops the publisher. On a sharded trainer (``trainer/world.py``) this runs on rank
+0 only, after the group is joined: the policy is loaded and sharded on every rank
 (``trainer/policy.py``), and the driver reaches the followers through
 :class:`~longtail_workers.trainer.group.PolicyLeader`.
 """
@@ -31,13 +31,13 @@ from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.drafter.vetting import DrafterReference
 from longtail_workers.runtime import init_dist, initial_drafter
 from longtail_workers.trainer.dispatch import RolloutPool
-from longtail_workers.trainer.driver import DriverConfig, StepDriver
-from longtail_workers.trainer.group import CommandChannel, PolicyLeader
-from longtail_workers.trainer.harvest import (
+from longtail_workers.trainer.drafter_window import (
     TrainerHarvest,
     build_trainer_harvest,
     trainer_harvest_enabled,
 )
+from longtail_workers.trainer.driver import DriverConfig, StepDriver
+from longtail_workers.trainer.group import CommandChannel, PolicyLeader
 from longtail_workers.trainer.policy import build_policy
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient

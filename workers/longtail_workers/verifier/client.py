@@ -1,9 +1,10 @@
 """A small HTTP client for the verifier, for the trainer and local mode.
 
 Wraps ``POST /v1/verify`` in :meth:`VerifierClient.verify` (typed request in, typed response
-out) and waits for readiness with :meth:`VerifierClient.wait_ready`. Standard library only
-(``urllib``), so it adds no dependency to whatever process uses it. Error answers from the
-server become :class:`VerifierError` carrying the HTTP status and the server's message.
+out) and waits for readiness with :meth:`VerifierClient.wait_ready`, over the workers' one HTTP
+client (``httpclient.py``; no retries: ``wait_ready`` polls, and the trainer's step decides what
+a failed scoring call means). Error answers from the server become :class:`VerifierError`
+carrying the HTTP status and the server's message.
 ``POST /v1/verify`` carries the job's token (``token``, by default the process's
 ``LONGTAIL_AUTH_TOKEN``).
 """
@@ -12,21 +13,17 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 
-from longtail_api.auth import is_write
 from longtail_api.protocol import (
     READYZ_PATH,
     VERIFY_PATH,
-    ErrorResponse,
     ProtocolError,
     VerifyItem,
     VerifyRequest,
     VerifyResponse,
 )
-from longtail_workers.auth import auth_headers
+from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, WorkerUnreachable, request
 
 
 class VerifierError(RuntimeError):
@@ -88,28 +85,18 @@ class VerifierClient:
     def _call(
         self, method: str, path: str, body: bytes | None, *, timeout_s: float | None = None
     ) -> bytes:
-        headers = auth_headers(self.token) if is_write(method) else {}
-        url = self.base_url + path
-        req = urllib.request.Request(url, data=body, method=method, headers=headers)
-        if body is not None:
-            req.add_header("Content-Type", "application/json")
+        headers = {} if body is None else {"Content-Type": "application/json"}
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
-                data: bytes = resp.read()
-                return data
-        except urllib.error.HTTPError as exc:
-            raise VerifierError(exc.code, _error_message(exc.read())) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            answer = request(
+                method, self.base_url + path, timeout_s=timeout_s or self.timeout_s, body=body,
+                headers=headers, token=self.token,
+            )  # fmt: skip
+        except WorkerHTTPError as exc:
+            raise VerifierError(exc.code, exc.text or "(empty body)") from exc
+        except WorkerBusy as exc:
+            raise VerifierError(WorkerBusy.code, str(exc) or "(empty body)") from exc
+        except WorkerUnreachable as exc:
             raise VerifierError(
-                None,
-                f"cannot reach {self.base_url}{path}: {reason} (is the verifier running there?)",
+                None, f"cannot reach {self.base_url}{path}: {exc} (is the verifier running there?)"
             ) from exc
-
-
-def _error_message(body: bytes) -> str:
-    """The ``error`` field of an error body, or the raw body when it is not one."""
-    try:
-        return ErrorResponse.from_dict(json.loads(body)).error
-    except (ValueError, ProtocolError):
-        return body.decode("utf-8", errors="replace")[:500] or "(empty body)"
+        return answer.body

@@ -12,40 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from longtail_api import metrics as names
-from longtail_api.metrics import MetricSpec
+from longtail_workers.metricspec import counter_from_spec, gauge_from_spec, histogram_from_spec
 from longtail_workers.rewards import RewardResult
+
+# Re-exported for the callers that imported them from here before metricspec.py existed.
+__all__ = ["CONTENT_TYPE", "VerifierMetrics", "counter_from_spec", "gauge_from_spec",
+           "histogram_from_spec"]  # fmt: skip
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Content type of the Prometheus text exposition format served on ``/metrics``."""
-
-
-def counter_from_spec(spec: MetricSpec, registry: CollectorRegistry) -> Counter:
-    """Create and register the counter that ``spec`` describes."""
-    _check_kind(spec, "counter")
-    return Counter(spec.name, spec.help, spec.labels, registry=registry)
-
-
-def gauge_from_spec(spec: MetricSpec, registry: CollectorRegistry) -> Gauge:
-    """Create and register the gauge that ``spec`` describes."""
-    _check_kind(spec, "gauge")
-    return Gauge(spec.name, spec.help, spec.labels, registry=registry)
-
-
-def histogram_from_spec(spec: MetricSpec, registry: CollectorRegistry) -> Histogram:
-    """Create and register the histogram that ``spec`` describes (its buckets, if it has any)."""
-    _check_kind(spec, "histogram")
-    if spec.buckets is None:
-        return Histogram(spec.name, spec.help, spec.labels, registry=registry)
-    return Histogram(spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets)
-
-
-def _check_kind(spec: MetricSpec, kind: str) -> None:
-    if spec.kind != kind:
-        raise ValueError(f"metric {spec.name}: is a {spec.kind}, not a {kind}")
 
 
 class VerifierMetrics:

@@ -1,9 +1,9 @@
 """``initialDrafter: builtin:tiny``: the built-in policy's drafter, fitted on first use and cached.
 
-A drafter trained from scratch online reaches an accepted length of only ~2 in example 01's
-20 steps on 2 CPU cores, where a drafter fitted before the run on the policy's own answers
-starts near 4 and, kept fresh by the online windows, stays above 3 (docs/performance.md, "The
-first run learns"). For a user's model that fit is ``longtail drafter fit``; for the built-in
+A drafter trained from scratch online stays at a low accepted length through example 01's
+run, where a drafter fitted before the run on the policy's own answers starts high and, kept
+fresh by the online windows, stays there (the figures: docs/performance.md, "The first run
+learns"). For a user's model that fit is ``longtail drafter fit``; for the built-in
 policy Longtail does it itself, as it builds the policy: on first use, the same offline fit
 (:func:`~longtail_workers.warmstart.offline.fit_offline`) on ``builtin:arith`` training prompts
 sampled at temperature 1, in the job's ``drafterTraining.layout``, cached under

@@ -116,7 +116,7 @@ def fit_drafter(
     training: DrafterTrainingSpec | None = None,
     batch_size: int = 8,
     seed: int = 0,
-    on_step: Callable[[int, DrafterLoss], None] | None = None,
+    on_step: Callable[[int, DrafterLoss], object] | None = None,
 ) -> FitReport:
     """Train ``drafter`` for ``steps`` AdamW steps on random windows of ``sequences``."""
     if not sequences:
@@ -132,7 +132,7 @@ def fit_drafter(
             batch = [_window(sequences[i], training.window_tokens, gen) for i in picks]
             loss = training_step_loss(drafter, batch, training)
             optimizer.zero_grad(set_to_none=True)
-            loss.total.backward()
+            loss.total.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
             optimizer.step()
             report.total.append(float(loss.total.detach()))
             report.smooth_l1.append(float(loss.smooth_l1))

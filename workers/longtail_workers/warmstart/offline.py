@@ -123,7 +123,7 @@ def fit_offline(
     *,
     layout: DrafterLayout,
     loss_weights: LossWeightsSpec,
-    on_step: Callable[[int, float], None] | None = None,
+    on_step: Callable[[int, float], object] | None = None,
 ) -> FittedDrafter:
     """Sample ``requests`` on ``model``, fit a fresh drafter in ``layout`` on 9 of every 10
     answers and measure its top-1 agreement on the tenth (before and after)."""

@@ -9,31 +9,27 @@ worker uses an :class:`HttpWeightClient` between rollouts::
     GET /v1/weights/{version}  -> 200 safetensors bytes, headers X-Longtail-Weights-Version
                                   and X-Longtail-Weights-Sha256; 404 when not kept (any more)
 
-The client downloads with a per-request timeout, retries unreachable-server and 5xx failures
-with exponential backoff and jitter (many workers pull at once after each step), and verifies
-the sha256 of the bytes and the version before anything reaches the model.
+The client downloads through ``httpclient.request``: a per-request timeout, unreachable-server
+and 5xx failures retried with exponential backoff and jitter (many workers pull at once after
+each step), and the sha256 of the bytes and the version verified before anything reaches the
+model.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
-import random
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
-from email.message import Message
 from http import HTTPStatus
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
+from longtail_workers import httpclient
 from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, error_text
-from longtail_workers.weights.checksum import sha256_hex
 from longtail_workers.weights.store import WeightStore
 from longtail_workers.weights.sync import (
     StateDict,
@@ -140,21 +136,17 @@ class HttpWeightClient(WeightSource):
         backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
     ) -> None:
-        if retries < 0 or backoff_s < 0 or timeout_s <= 0:
-            raise ValueError(
-                f"need retries >= 0, backoff_s >= 0, timeout_s > 0; got {retries}, "
-                f"{backoff_s}, {timeout_s}"
-            )
+        if timeout_s <= 0:
+            raise ValueError(f"need timeout_s > 0; got {timeout_s}")
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.retry = httpclient.Retry(retries, backoff_s, max_backoff_s)
 
     def latest(self) -> WeightsManifest | None:
         """The newest advertised version, or ``None`` when nothing is published yet."""
-        status, _, body = self._get(LATEST_PATH)
-        if status == 404:
+        answer = self._get(LATEST_PATH)
+        body = answer.body
+        if answer.status == 404:
             text = error_text(body)
             if text.startswith(NOTHING_PUBLISHED):
                 return None
@@ -225,12 +217,14 @@ class HttpWeightClient(WeightSource):
 
     def _download(self, version: int, manifest: WeightsManifest | None) -> StateDict:
         path = VERSION_PATH.format(version=version)
-        status, headers, body = self._get(path)
-        if status == 404:
+        answer = self._get(path)
+        if answer.status == 404:
             raise WeightVersionError(
-                f"{self.base_url}{path}: {error_text(body)}", requested=version, received=None
+                f"{self.base_url}{path}: {error_text(answer.body)}",
+                requested=version,
+                received=None,
             )
-        got = headers.get(VERSION_HEADER)
+        got = answer.headers.get(VERSION_HEADER)
         if got != str(version):
             raise WeightVersionError(
                 f"asked {self.base_url} for policy version {version}, got version {got}; "
@@ -240,43 +234,27 @@ class HttpWeightClient(WeightSource):
             )
         # The manifest (when there is one) and the response header must advertise the same
         # checksum, and the bytes must hash to it.
-        advertised = headers.get(CHECKSUM_HEADER, "")
-        expected = manifest.checksum if manifest is not None else advertised
-        actual = sha256_hex(body)
-        if actual != expected or advertised != expected:
-            shown = expected if advertised == expected else f"{expected} (header: {advertised})"
-            raise WeightIntegrityError(version, shown, actual, source=self.base_url + path)
         try:
-            return dict(load_safetensors(body))
+            answer.check_sha256(CHECKSUM_HEADER, manifest.checksum if manifest else None)
+        except httpclient.ChecksumMismatch as exc:
+            raise WeightIntegrityError(
+                version, exc.expected, exc.actual, source=self.base_url + path
+            ) from exc
+        try:
+            return dict(load_safetensors(answer.body))
         except SafetensorError as exc:
             raise WeightFetchError(
                 f"{self.base_url}{path}: checksum ok but not safetensors data: {exc}"
             ) from exc
 
-    def _get(self, path: str) -> tuple[int, Message, bytes]:
-        """GET with retries; returns 200 and 404 answers, raises on anything else."""
-        url = self.base_url + path
-        last = "no attempt made"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-                time.sleep(delay * random.uniform(0.5, 1.0))  # jitter: workers pull together
-            try:
-                with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:
-                    return resp.status, resp.headers, resp.read()
-            except urllib.error.HTTPError as exc:
-                body = exc.read()
-                if exc.code == 404:
-                    return 404, exc.headers, body
-                last = f"HTTP {exc.code}: {error_text(body)}"
-                if exc.code < 500:
-                    break  # a client error does not go away by asking again
-            except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-            log.warning(
-                "GET %s failed (attempt %d/%d): %s", url, attempt + 1, self.retries + 1, last
-            )
-        raise WeightFetchError(
-            f"GET {url} failed after {attempt + 1} attempt(s); last error: {last} "
-            "(is the trainer's weight server running and reachable?)"
-        )
+    def _get(self, path: str) -> httpclient.Response:
+        """GET with retries (``httpclient.request``); returns 200 and 404 answers."""
+        try:
+            return httpclient.request(
+                "GET", self.base_url + path, timeout_s=self.timeout_s, retry=self.retry,
+                accept=(HTTPStatus.NOT_FOUND,),
+            )  # fmt: skip
+        except (httpclient.HTTPCallError, httpclient.WorkerBusy) as exc:
+            raise WeightFetchError(
+                f"{exc} (is the trainer's weight server running and reachable?)"
+            ) from exc

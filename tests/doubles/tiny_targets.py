@@ -1,10 +1,14 @@
-"""Tiny random Qwen2 targets for engine tests, CPU smoke runs and examples (no downloads).
+"""Tiny random Qwen2 targets and seeded prompts for tests and CPU benchmarks (no downloads).
 
-Used by the engine/drafter unit tests. Randomly initialised transformer LMs with the default
-initializer range produce near-uniform next-token distributions, which make speculative decoding
-meaningless (nothing to predict) and greedy decoding fragile (near-ties). ``sharpness`` scales
-the LM head so that distributions are peaked like a trained model's, and the model is built
-under a private RNG so the global torch seed is untouched.
+A test double (it lives under ``tests/``, not in the workers package): used by the engine,
+drafter, speculative-decoding, trainer and operator tests, by ``sharded_rank.py`` and by
+``bench/drafter.py --model random``, which import it by name with this directory on ``sys.path``
+(``tests/conftest.py`` puts it there; the scripts add it themselves). Randomly initialised
+transformer LMs with the default initializer range produce near-uniform next-token
+distributions, which make speculative decoding meaningless (nothing to predict) and greedy
+decoding fragile (near-ties). ``sharpness`` scales the LM head so that distributions are peaked
+like a trained model's, and the model is built under a private RNG so the global torch seed is
+untouched.
 """
 
 from __future__ import annotations

@@ -13,20 +13,21 @@ before). Who calls it:
   candidates), and :meth:`TrainerHarvest.set_samples` after the update (that step's prompt +
   response tokens: the next window's data);
 - the trainer's HTTP surface (``service.py``): ``PUT /v1/role`` -> :meth:`TrainerHarvest.set_role`
-  (``drafter-train`` or ``train``; refused with :class:`RoleConflictError`, HTTP 409, outside a
+  (``drafter-train`` or ``train``; refused with ``RoleConflictError``, HTTP 409, outside a
   rollout, i.e. while the trainer updates the policy), ``GET /v1/status`` ->
   :meth:`TrainerHarvest.activity` and :meth:`TrainerHarvest.status`. The local coordinator and
   the operator's harvest loop decide when, with the shared ``longtail_api.harvest.decide``.
 
 Data: a drafter-train window runs in a background thread through the shared
 :class:`~longtail_workers.spot.sequences.SequenceWindows` (the dedicated drafter worker uses the
-same one): it first computes, with the current policy (the version the rollout workers are
-sampling with now; no grad), the last-layer hidden states of the previous step's sequences and
-feeds them to the same ``RolloutBuffer.add_results`` a rollout worker uses, so the training
-pairs are identical to a worker's capture; then the same
-:class:`~longtail_workers.spot.trainer.SpotTrainer` (same spec settings) trains on top of the
-newest published drafter version. The thread checks for a stop between capture batches, the
-spot trainer between optimizer steps.
+same one; its sync, gate and submission are the window cycle of ``spot/cycle.py`` that a rollout
+worker runs too, and the role errors and checks come from there): it first computes, with the
+current policy (the version the rollout workers are sampling with now; no grad), the last-layer
+hidden states of the previous step's sequences and feeds them to the same
+``RolloutBuffer.add_results`` a rollout worker uses, so the training pairs are identical to a
+worker's capture; then the same :class:`~longtail_workers.spot.trainer.SpotTrainer` (same spec
+settings) trains on top of the newest published drafter version. The thread checks for a stop
+between capture batches, the spot trainer between optimizer steps.
 """
 
 from __future__ import annotations
@@ -40,13 +41,11 @@ from typing import Any
 import torch
 
 from longtail_api.harvest import DRAFTER_TRAIN, Activity
-from longtail_api.policies import DrafterTrainingSpec
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TRAINER_ACTIVITIES, RoleAck, RoleState
-from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.registry import Candidate, DrafterRegistry
-from longtail_workers.rollout.control import RoleConflictError, check_activity
+from longtail_workers.drafter.registry import Candidate, DrafterRegistry, DrafterStore
 from longtail_workers.spot.buffer import RolloutBuffer
+from longtail_workers.spot.cycle import RoleConflictError, check_activity
 from longtail_workers.spot.sequences import SampleTokens, SequenceWindows
 from longtail_workers.spot.trainer import SpotTrainer
 
@@ -81,26 +80,16 @@ class TrainerHarvest:
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        drafter: EagleDrafter,
-        registry: DrafterRegistry,
+        windows: SequenceWindows,
         *,
-        target_id: str,
-        training: DrafterTrainingSpec,
-        max_buffer_bytes: int = 8 << 30,
-        capture_batch: int = 8,
-        capture_tokens: int = 16384,
+        clock: Callable[[], float] = time.time,
         switch_timeout_s: float = 5.0,
         stop_timeout_s: float = 60.0,
-        clock: Callable[[], float] = time.time,
     ) -> None:
-        self.model, self.registry, self.target_id, self.clock = model, registry, target_id, clock
-        self.windows = SequenceWindows(
-            model, drafter, registry, target_id=target_id, training=training,
-            max_buffer_bytes=max_buffer_bytes, capture_batch=capture_batch,
-            capture_tokens=capture_tokens,
-        )  # fmt: skip
+        self.windows, self.clock = windows, clock
         """Capture, training, gate and submission (shared with the drafter worker)."""
+        self.registry: DrafterStore = windows.registry
+        """Where the windows' candidates go (the trainer's own drafter registry)."""
         self.switch_timeout_s, self.stop_timeout_s = switch_timeout_s, stop_timeout_s
         self._lock = threading.Lock()  # the fields below
         self._role_lock = threading.Lock()  # one role change (or rollout end) at a time
@@ -319,10 +308,9 @@ def build_trainer_harvest(
     from longtail_workers.runtime import initial_drafter
 
     target_id = spec.model.path
+    drafter = initial_drafter(spec, model, target_id)
     return TrainerHarvest(
-        model,
-        initial_drafter(spec, model, target_id),
-        registry,
-        target_id=target_id,
-        training=spec.drafter_training,
+        SequenceWindows(
+            model, drafter, registry, target_id=target_id, training=spec.drafter_training
+        )
     )

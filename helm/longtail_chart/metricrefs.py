@@ -18,8 +18,7 @@ from typing import Any
 
 import yaml
 
-HERE = Path(__file__).resolve().parent
-CHART = HERE / "longtail"
+CHART = Path(__file__).resolve().parents[1] / "longtail"
 DASHBOARD_DIR = CHART / "dashboards"
 ALERTS_FILE = CHART / "files" / "alerts.rules.yaml"
 
@@ -130,7 +129,7 @@ def declared_names() -> set[str]:
 
 def external_names() -> set[str]:
     """Referenced names that Longtail does not export itself: DCGM and Prometheus built-ins."""
-    from dashpanels import DCGM_METRICS
+    from longtail_chart.dashpanels import DCGM_METRICS
 
     return set(DCGM_METRICS) | set(PROMETHEUS_BUILTIN)
 

@@ -1,17 +1,16 @@
 """The generated parts of docs/observability.md: the metric reference and the alert table.
 
-``helm/chartgen.py`` replaces the text between ``<!-- BEGIN GENERATED: name -->`` and
+``longtail_chart.chartgen`` replaces the text between ``<!-- BEGIN GENERATED: name -->`` and
 ``<!-- END GENERATED: name -->`` markers with :func:`metrics_reference` and
 :func:`alerts_table`, and ``make verify`` fails when the file is out of date. The metric rows
-come from ``longtail_api.metrics`` (name, type, labels, help) and, for the rollout engine, from
-the engine's own collectors (``longtail_workers.engine.stats``), so the document lists exactly
-what the code exports.
+come from ``longtail_api.metrics`` (name, type, labels, help), the specs every exporter builds
+its collectors from (the rollout engine's too: ``ROLLOUT_ENGINE_METRICS``), so the document
+lists exactly what the code exports.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import yaml
 
@@ -36,24 +35,10 @@ def _table(rows: list[str]) -> list[str]:
 
 
 def engine_rows() -> list[str]:
-    """Rows for the rollout engine's collectors, read from a registry they register on."""
-    from prometheus_client import CollectorRegistry
+    """Rows for the rollout engine's metrics, from the specs its collectors are built from."""
+    from longtail_api.metrics import ROLLOUT_ENGINE_METRICS
 
-    from longtail_api.metrics import ROLLOUT_METRIC_NAMES
-    from longtail_workers.engine.stats import RolloutMetrics
-
-    metrics = RolloutMetrics(CollectorRegistry())
-    by_name: dict[str, Any] = {}
-    for collector in vars(metrics).values():
-        for family in collector.describe():
-            full = family.name + ("_total" if family.type == "counter" else "")
-            # Label names are only visible on the collector; prometheus_client has no public
-            # accessor for an unobserved labelled metric.
-            by_name[full] = (family.type, list(collector._labelnames), family.documentation)
-    missing = [n for n in ROLLOUT_METRIC_NAMES if n not in by_name]
-    if missing:
-        raise ValueError(f"engine collectors do not export {missing} (longtail_api.metrics)")
-    return [_row(n, *by_name[n]) for n in ROLLOUT_METRIC_NAMES]
+    return [_row(s.name, s.kind, list(s.labels), s.help) for s in ROLLOUT_ENGINE_METRICS]
 
 
 def metrics_reference() -> str:

@@ -1,11 +1,14 @@
 """Loopback stand-ins for a rollout worker and the trainer, speaking the exact wire types.
 
-Used by the operator's tests and ``bench/operator.py``, and handy for trying the operator by
-hand on a control plane without a kubelet: serve one :class:`FakeWorker` per pod IP
-(``127.0.0.N``) and patch the pods' ``status.podIP`` to it. Bodies are built with
-:mod:`longtail_api.workerapi` ``to_dict`` (the same types the operator parses), so they cannot
-drift from what the operator reads; the real rollout worker's answers are checked against the
-same types in ``tests/unit/operator/test_workerapi.py``. With :attr:`token` set, writes without
+A test double (it lives under ``tests/``, not in the operator package): used by the operator's
+unit tests (``tests/unit/operator/``), the control-plane tests (``tests/integration/opharness.py``,
+``test_operator.py``) and ``bench/operator.py``, which import it by name with this directory on
+``sys.path`` (``tests/conftest.py`` puts it there). Handy too for trying the operator by hand on a
+control plane without a kubelet: serve one :class:`FakeWorker` per pod IP (``127.0.0.N``) and
+patch the pods' ``status.podIP`` to it. Bodies are built with :mod:`longtail_api.workerapi`
+``to_dict`` (the same types the operator parses), so they cannot drift from what the operator
+reads; the real rollout worker's answers are checked against the same types in
+``tests/unit/operator/test_workerapi.py``. With :attr:`token` set, writes without
 ``Authorization: Bearer <token>`` get 401 like the real workers' (``unauthorized`` counts them).
 Standard library only.
 """
@@ -89,6 +92,8 @@ class _Served:
 
     def __init__(self, host: str, port: int) -> None:
         self.lock = threading.Lock()
+        self.role_requests: list[str] = []
+        """Every role a PUT /v1/role asked for, in order (refused ones too)."""
         self.token: str | None = None
         """The job's token its writes require (None: open)."""
         self.unauthorized = 0
@@ -104,7 +109,19 @@ class _Served:
         raise NotImplementedError
 
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        if (method, path) == ("PUT", ROLE_PATH):
+            try:
+                role = RoleRequest.from_dict(body).role
+            except ProtocolError as exc:
+                return int(HTTPStatus.BAD_REQUEST), {"error": str(exc)}
+            with self.lock:
+                self.role_requests.append(role)
+                return self.switch_role(role)
         return 404, {"error": f"no route {method} {path}"}
+
+    def switch_role(self, role: Activity) -> tuple[int, Any]:
+        """Answer a parsed PUT /v1/role (called with :attr:`lock` held)."""
+        return 404, {"error": f"no route PUT {ROLE_PATH}"}
 
     def close(self) -> None:
         self._server.shutdown()
@@ -125,7 +142,6 @@ class FakeWorker(_Served):
         self.since = time.time()
         self.refuse: str | None = None
         """When set, PUT /v1/role answers 409 with this reason."""
-        self.role_requests: list[str] = []
 
     def set_generating(self, generating: bool) -> None:
         with self.lock:
@@ -149,21 +165,13 @@ class FakeWorker(_Served):
             )
         return status.to_dict()
 
-    def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
-        if (method, path) != ("PUT", ROLE_PATH):
-            return super().handle(method, path, body)
-        try:
-            role = RoleRequest.from_dict(body).role
-        except ProtocolError as exc:
-            return int(HTTPStatus.BAD_REQUEST), {"error": str(exc)}
-        with self.lock:
-            self.role_requests.append(role)
-            if self.refuse is not None:
-                return int(HTTPStatus.CONFLICT), {"error": f"role {role!r} refused: {self.refuse}"}
-            if role != self.observed:
-                self.since = time.time()
-            self.desired = self.observed = role
-            ack = RoleAck(role, role, self.since, pending=False, switch_seconds=0.0)
+    def switch_role(self, role: Activity) -> tuple[int, Any]:
+        if self.refuse is not None:
+            return int(HTTPStatus.CONFLICT), {"error": f"role {role!r} refused: {self.refuse}"}
+        if role != self.observed:
+            self.since = time.time()
+        self.desired = self.observed = role
+        ack = RoleAck(role, role, self.since, pending=False, switch_seconds=0.0)
         return 200, RoleAnswer(self.name, ack).to_dict()
 
 
@@ -180,7 +188,6 @@ class FakeTrainer(_Served):
         self.checkpoints: list[int] = []
         self.role = RoleState("train", "train", time.time())
         self.rollout_since: float | None = None
-        self.role_requests: list[str] = []
 
     def set_rollout(self, active: bool) -> None:
         """A step's rollout starts (the trainer waits from now on) or ends (back to train)."""
@@ -202,8 +209,6 @@ class FakeTrainer(_Served):
             ).to_dict()
 
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
-        if (method, path) == ("PUT", ROLE_PATH):
-            return self._put_role(body)
         if (method, path) != ("POST", CHECKPOINT_PATH):
             return super().handle(method, path, body)
         with self.lock:
@@ -211,18 +216,11 @@ class FakeTrainer(_Served):
             answer = CheckpointAnswer(self.status.step, f"/checkpoints/step-{self.status.step}")
         return 200, answer.to_dict()
 
-    def _put_role(self, body: Any) -> tuple[int, Any]:
-        try:
-            role = RoleRequest.from_dict(body).role
-        except ProtocolError as exc:
-            return int(HTTPStatus.BAD_REQUEST), {"error": str(exc)}
-        with self.lock:
-            self.role_requests.append(role)
-            if role not in TRAINER_ACTIVITIES or (
-                role == "drafter-train" and self.rollout_since is None
-            ):
-                return int(HTTPStatus.CONFLICT), {"error": f"role {role!r} refused now"}
-            if role != self.role.observed:
-                self.role = RoleState(role, role, time.time())
-            ack = RoleAck(role, role, self.role.since, pending=False, switch_seconds=0.0)
+    def switch_role(self, role: Activity) -> tuple[int, Any]:
+        outside_rollout = role == "drafter-train" and self.rollout_since is None
+        if role not in TRAINER_ACTIVITIES or outside_rollout:
+            return int(HTTPStatus.CONFLICT), {"error": f"role {role!r} refused now"}
+        if role != self.role.observed:
+            self.role = RoleState(role, role, time.time())
+        ack = RoleAck(role, role, self.role.since, pending=False, switch_seconds=0.0)
         return 200, RoleAnswer("trainer", ack).to_dict()

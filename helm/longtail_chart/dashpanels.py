@@ -1,16 +1,15 @@
 """The panels of Longtail's three Grafana dashboards: what each shows and the PromQL behind it.
 
-``helm/dashgen.py`` lays these out and renders the JSON the chart ships. Queries use the label
-conventions described there (``namespace``, ``pod``, ``rljob``, ``worker_role``) and the
-Grafana variables ``$namespace``, ``$rljob`` and ``$__rate_interval``. Metric names must exist
+:mod:`longtail_chart.dashgen` lays these out and renders the JSON the chart ships. Queries use
+the label conventions described there (``namespace``, ``pod``, ``rljob``, ``worker_role``) and
+the Grafana variables ``$namespace``, ``$rljob`` and ``$__rate_interval``. Metric names must exist
 in ``longtail_api.metrics`` (or :data:`DCGM_METRICS`); ``tests/unit/helm`` checks that and
 parses every expression with ``promtool``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 DCGM_METRICS: tuple[str, ...] = (
     "DCGM_FI_DEV_GPU_UTIL",
@@ -29,7 +28,10 @@ R = "$__rate_interval"
 
 @dataclass
 class Panel:
-    """One Grafana panel: a title, its queries as (expr, legend) and how to draw it."""
+    """One Grafana panel: a title, its queries as (expr, legend) and how to draw it.
+
+    :mod:`longtail_chart.dashgen` turns it into the SDK's timeseries or stat panel builder.
+    """
 
     title: str
     queries: list[tuple[str, str]]
@@ -39,11 +41,12 @@ class Panel:
     height: int = 8
     description: str = ""
     stack: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Row:
+    """A titled row of panels, laid out left to right and wrapped at the 24-column grid."""
+
     title: str
     panels: list[Panel]
 

@@ -1,0 +1,149 @@
+"""One RL step's record: the row the trainer appends to ``metrics.jsonl`` for every step.
+
+The trainer's step driver (``longtail_workers.trainer.driver``) builds a :class:`StepRow` per
+completed step; the trainer service writes :meth:`StepRow.to_dict` as one JSON line, exports it
+as Prometheus metrics and serves the latest one in its status; ``longtail run``'s report
+(``longtail_workers.local.report``), the resume path (which drops rows past the checkpoint) and
+``bench/rl_step.py`` read the file back with :meth:`StepRow.from_dict`. The JSON keys are the
+field names (flat, so a row is one CSV line), with the optimizer's statistics spread out as
+``train_<name>``; rows written by older versions, which lack the later fields, still load.
+
+Pure module: standard library and ``longtail_api`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from longtail_api.protocol import ProtocolError
+from longtail_api.workerapi import _Reader
+
+METRICS_FILE = "metrics.jsonl"
+"""The trainer's rows in its run directory, one JSON object a line."""
+TRAIN_PREFIX = "train_"
+"""Prefix of the optimizer statistics' keys (``train_loss``, ``train_grad_norm``, ...)."""
+_OPTIONAL = ("trainer_harvested_s", "eval_accuracy", "eval_sampled_accuracy", "idle_s",
+             "harvested_s")  # fmt: skip
+
+
+@dataclass
+class StepRow:
+    """What one RL step did: versions, rewards, answer lengths, time split, speculation."""
+
+    step: int
+    """The RL step, 1-based."""
+    policy_version: int
+    """Policy weights version after this step's update."""
+    drafter_version: int
+    """Drafter version the rollout workers drafted with at the end of the step (-1: none)."""
+    reward_mean: float
+    """Mean reward of the step's answers."""
+    accuracy: float
+    """Fraction of the step's answers the verifier scored correct."""
+    rollout_s: float
+    """Step start until the last answer arrived (includes :attr:`tail_s`)."""
+    tail_s: float
+    """From the first rollout worker running out of work until the last answer: the long tail."""
+    train_s: float
+    """Rewards, advantages and the policy update."""
+    step_s: float
+    """Wall time of the whole step."""
+    sync_s: float = 0.0
+    """Publishing the new policy weights (and merging drafter candidates)."""
+    answers: int = 0
+    """Answers generated (prompts x group size)."""
+    mean_length: float = 0.0
+    """Mean answer length in tokens."""
+    max_length: int = 0
+    """Longest answer in tokens."""
+    sd_fraction: float | None = None
+    """Share of the generated tokens that came from speculative steps."""
+    mean_accepted_length: float | None = None
+    """Mean tokens gained per sequence per speculative step (0: no speculation this step)."""
+    redispatched: int = 0
+    """Requests sent again to another worker after theirs failed."""
+    failed_workers: list[str] = field(default_factory=list)
+    """Rollout workers that failed during the step, sorted."""
+    drafter_candidates_rejected: int = 0
+    """Drafter candidates the trainer refused during the step."""
+    train: dict[str, float] = field(default_factory=dict)
+    """The optimizer's statistics (loss, grad norm, ...), ``train_<name>`` in the JSON."""
+    acceptance_collapsed: bool = False
+    """Speculation accepts almost nothing after it once worked: the drafter went stale."""
+    trainer_harvested_s: float | None = None
+    """Seconds of the trainer's waits spent training the drafter (None: trainer harvest off)."""
+    eval_accuracy: float | None = None
+    """Greedy held-out accuracy, on the steps that evaluate."""
+    eval_sampled_accuracy: float | None = None
+    """Sampled held-out accuracy, on the steps that evaluate."""
+    idle_s: float | None = None
+    """``longtail run`` only: GPU-seconds rollout workers sat idle (from the harvest books)."""
+    harvested_s: float | None = None
+    """``longtail run`` only: of those, seconds spent training the drafter."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON line's object; optional fields without a value are left out."""
+        out: dict[str, Any] = {
+            "step": self.step, "policy_version": self.policy_version,
+            "drafter_version": self.drafter_version, "reward_mean": self.reward_mean,
+            "accuracy": self.accuracy, "answers": self.answers, "mean_length": self.mean_length,
+            "max_length": self.max_length, "rollout_s": self.rollout_s, "tail_s": self.tail_s,
+            "sd_fraction": self.sd_fraction, "mean_accepted_length": self.mean_accepted_length,
+            "redispatched": self.redispatched, "failed_workers": list(self.failed_workers),
+            "drafter_candidates_rejected": self.drafter_candidates_rejected,
+        }  # fmt: skip
+        out |= {TRAIN_PREFIX + k: v for k, v in self.train.items()}
+        out |= {"acceptance_collapsed": self.acceptance_collapsed, "train_s": self.train_s,
+                "sync_s": self.sync_s, "step_s": self.step_s}  # fmt: skip
+        out |= {k: getattr(self, k) for k in _OPTIONAL if getattr(self, k) is not None}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "row") -> StepRow:
+        """A row read back; a missing required key or a value of the wrong type raises
+        :class:`~longtail_api.protocol.ProtocolError` naming it (``row.reward_mean``)."""
+        r = _Reader(data, path)
+        failed = r.raw("failed_workers", required=False) or []
+        if not isinstance(failed, list) or not all(isinstance(w, str) for w in failed):
+            raise ProtocolError(r.at("failed_workers"), "must be a list of names", failed)
+        return cls(
+            step=r.int_("step"),
+            policy_version=r.int_("policy_version"),
+            drafter_version=r.int_("drafter_version", minimum=-1),
+            reward_mean=r.num("reward_mean"),
+            accuracy=r.num("accuracy"),
+            rollout_s=r.num("rollout_s"),
+            tail_s=r.num("tail_s"),
+            train_s=r.num("train_s"),
+            step_s=r.num("step_s"),
+            sync_s=r.opt_num("sync_s") or 0.0,
+            answers=r.opt_int("answers") or 0,
+            mean_length=r.opt_num("mean_length") or 0.0,
+            max_length=r.opt_int("max_length") or 0,
+            sd_fraction=r.opt_num("sd_fraction"),
+            mean_accepted_length=r.opt_num("mean_accepted_length"),
+            redispatched=r.opt_int("redispatched") or 0,
+            failed_workers=list(failed),
+            drafter_candidates_rejected=r.opt_int("drafter_candidates_rejected") or 0,
+            train=_train_stats(r.obj, r),
+            acceptance_collapsed=bool(r.obj.get("acceptance_collapsed", False)),
+            trainer_harvested_s=r.opt_num("trainer_harvested_s"),
+            eval_accuracy=r.opt_num("eval_accuracy"),
+            eval_sampled_accuracy=r.opt_num("eval_sampled_accuracy"),
+            idle_s=r.opt_num("idle_s"),
+            harvested_s=r.opt_num("harvested_s"),
+        )
+
+
+def _train_stats(obj: Mapping[str, Any], r: _Reader) -> dict[str, float]:
+    """The ``train_<name>`` keys but ``train_s``; a diverged loss (NaN, inf) is kept as is."""
+    out: dict[str, float] = {}
+    for key, value in obj.items():
+        if not key.startswith(TRAIN_PREFIX) or key == "train_s":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ProtocolError(r.at(key), "must be a number", value)
+        out[key.removeprefix(TRAIN_PREFIX)] = value
+    return out
