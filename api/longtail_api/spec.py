@@ -198,7 +198,7 @@ class TrainerSpec(RoleSpec):
     with the model, gradients and optimizer state sharded over the world (FSDP2)."""
     activation_checkpointing: bool = spec_field(False)
     """Recompute each decoder layer's activations in the backward pass instead of keeping them:
-    less memory for long answers, about a third more compute in the update."""
+    less memory for long answers, one more forward pass per layer in the update."""
     micro_batch_tokens: int = spec_field(0, minimum=0, maximum=16_777_216)
     """Most padded tokens per forward pass of the policy update. Any value gives the same
     gradient; it trades memory for speed. 0 picks 1024 on CPU, where small passes keep their

@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
+from longtail_api.steprow import StepRow
 from longtail_chart import metricrefs
 from longtail_chart.dashpanels import DCGM_METRICS
 from longtail_chart.monitoring import binaries_dir
@@ -174,18 +175,19 @@ def operator_metrics() -> Iterator[str]:
         server.stop()
 
 
-STEP_ROW = {
-    "step": 3,
-    "step_s": 42.0,
-    "rollout_s": 30.0,
-    "tail_s": 12.0,
-    "train_s": 10.0,
-    "sync_s": 2.0,
-    "reward_mean": 0.4,
-    "accuracy": 0.35,
-    "policy_version": 3,
-}
-"""One completed step, in the shape of the trainer step driver's per-step row."""
+STEP_ROW = StepRow(
+    step=3,
+    step_s=42.0,
+    rollout_s=30.0,
+    tail_s=12.0,
+    train_s=10.0,
+    sync_s=2.0,
+    reward_mean=0.4,
+    accuracy=0.35,
+    policy_version=3,
+    drafter_version=0,
+)
+"""One completed step, as the trainer step driver records it."""
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ sets it from the RLJob's Secret; ``longtail run`` from the token it made for the
 with no token **refuses to start** (exit 2, :class:`AuthConfigError` names the variable and the
 opt-out) unless ``--insecure-no-auth`` or ``LONGTAIL_INSECURE_NO_AUTH=1`` says that running
 open is meant (development by hand); then it logs a warning. The token goes on the server
-(``BackgroundHTTPServer.auth_token``, checked in ``httpserver.py``) and, through
+(``BackgroundHTTPServer.auth_token``, checked in ``httprequest.py``) and, through
 :func:`client_token`, on every write request the process sends to its peers (rollout
 dispatch, role switches, drafter uploads, verify calls).
 """

@@ -31,7 +31,7 @@ import tenacity
 
 from longtail_api.auth import is_write
 from longtail_workers.auth import auth_headers
-from longtail_workers.httpserver import error_text
+from longtail_workers.httprequest import error_text
 
 log = logging.getLogger(__name__)
 

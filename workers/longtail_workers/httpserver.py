@@ -1,109 +1,59 @@
-"""Shared plumbing of the workers' small standard-library HTTP servers.
+"""The workers' HTTP servers: uvicorn + Starlette run from a background thread.
 
-The verifier (``verifier/server.py``, ``verifier/handler.py``), the rollout worker's control
-surface (``rollout/http.py``) and the trainer's weight server (``weights/http_sync.py``) each
-subclass :class:`BackgroundHTTPServer` (bind, serve from a daemon thread, ``url``, ``port``,
-``stop(grace_s)``, context manager) and :class:`JSONRequestHandler` (socket timeout, request
-logging through :mod:`logging`, ``Content-Length``-capped body reading that answers 411/413/400
-through :class:`RequestError`, JSON and plain answers), and check paths with
-:func:`check_route`. Endpoints, error texts, metrics and readiness stay with each server; this
-module only holds the mechanism they share.
+The verifier (``verifier/server.py``), the rollout worker's control surface (``rollout/http.py``),
+the trainer (``trainer/service.py``), the drafter worker (``drafter_worker/service.py``) and the
+trainer's weight server (``weights/http_sync.py``) each subclass :class:`BackgroundHTTPServer`
+(bind IPv4 or IPv6, serve from a daemon thread, ``url``, ``port``, ``ready``, ``stopping``,
+``stop(grace_s)`` letting in-flight requests finish, context manager) and set its
+``handler_class`` to a :class:`~longtail_workers.httprequest.JSONRequestHandler` subclass.
+``ServiceRuntime`` (``runtime.py``) runs one until SIGTERM.
 
-Authentication lives here, once for every server: with :attr:`BackgroundHTTPServer.auth_token`
-set (the job's token, ``longtail_api.auth``), every request other than GET and HEAD must carry
-``Authorization: Bearer <token>`` (compared in constant time) or is answered 401 with a JSON
-``{"error": ...}`` before the server's own handler sees it. Reads stay open (probes,
-Prometheus, status). The worker entry points set the token (:mod:`longtail_workers.auth`).
+uvicorn serves HTTP/1.1 with keep-alive on its own event loop (h11: the header names go out
+as the handlers write them); one Starlette catch-all route hands every request, any method, to
+a new handler running in a thread of its own (the handlers may block: torch, scoring, role
+switches), then sends its :class:`~longtail_workers.httprequest.Answer`. Bodies a handler did
+not read are discarded by uvicorn when the connection is kept; large bodies are sent in pieces,
+so a slow reader holds no second copy of policy weights.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
+import math
 import socket
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar, NoReturn, Self
+import time
+from http import HTTPMethod
+from typing import ClassVar, Self
 
-from longtail_api.auth import TOKEN_ENV, is_write, token_matches
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
+from longtail_workers.httprequest import Answer, JSONRequestHandler
 
-class RequestError(Exception):
-    """An error answer decided while handling a request: status, message, extra headers."""
-
-    def __init__(
-        self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
-
-
-def fail(status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> NoReturn:
-    """Abandon the request with an error answer (raises :class:`RequestError`)."""
-    raise RequestError(status, message, headers)
-
-
-def check_route(routes: Mapping[str, tuple[str, ...]], method: str, path: str) -> None:
-    """Fail with 404 for a path not in ``routes``, 405 (and ``Allow``) for a method not allowed."""
-    allowed = routes.get(path)
-    if allowed is None:
-        fail(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; endpoints: {', '.join(routes)}")
-    if method not in allowed:
-        fail(
-            HTTPStatus.METHOD_NOT_ALLOWED,
-            f"{method} is not allowed on {path}; use {' or '.join(allowed)}",
-            {"Allow": ", ".join(allowed)},
-        )
-
-
-def error_text(body: bytes) -> str:
-    """The ``error`` of a JSON error answer from these servers, else the body's first 300 chars.
-
-    Used by the HTTP clients (weight sync, drafter exchange) to put the server's reason into
-    their own error messages.
-    """
-    try:
-        return str(json.loads(body)["error"])
-    except (ValueError, KeyError, TypeError):
-        return body.decode("utf-8", errors="replace")[:300] or "(empty body)"
-
-
-@dataclass(frozen=True)
-class BodyErrors:
-    """A server's messages for :meth:`JSONRequestHandler.read_body` failures.
-
-    ``invalid`` is formatted with ``raw`` (the first 40 characters of the header), ``too_large``
-    with ``length`` and ``limit``.
-    """
-
-    chunked: str
-    """411: the body came with ``Transfer-Encoding`` (chunked) instead of ``Content-Length``."""
-    missing: str
-    """411: no ``Content-Length`` header (or a blank one, when ``blank_is_missing``)."""
-    invalid: str
-    """400: ``Content-Length`` is not a non-negative integer."""
-    too_large: str
-    """413: ``Content-Length`` is over the server's cap; nothing was read."""
-    blank_is_missing: bool = False
+_PIECE = 1 << 20
+"""Bodies over this go out in pieces of this size (uvicorn waits for each to drain)."""
+_START_TIMEOUT_S = 30.0
 
 
 class BackgroundHTTPServer:
-    """A ``ThreadingHTTPServer`` served from a daemon thread; subclasses set the class attributes.
+    """A uvicorn server on its own event loop in a daemon thread; subclasses set ``handler_class``.
 
-    The handler reaches the instance as ``self.server.app`` (:attr:`JSONRequestHandler.app`).
-    Stopping refuses new connections, calls :meth:`_wait_idle`, closes the socket and joins the
-    thread; a stopped server cannot be started again unless a subclass resets it.
+    A stopped server cannot be started again unless a subclass resets it (``WeightServer``).
     """
 
-    handler_class: ClassVar[type[BaseHTTPRequestHandler]]
+    handler_class: ClassVar[type[JSONRequestHandler]]
     thread_name: ClassVar[str] = "http"
     """Thread name prefix; the bound port is appended."""
     request_queue_size: ClassVar[int] = 128
+    """Listen backlog: connections the kernel queues before they are accepted."""
     started_log: ClassVar[str] = "listening on %s"
     """Logged at info level (with the URL) through the subclass module's logger."""
     stopped_log: ClassVar[str | None] = None
@@ -111,54 +61,92 @@ class BackgroundHTTPServer:
     def __init__(self, host: str, port: int, *, request_timeout_s: float) -> None:
         self._address = (host, port)
         self.request_timeout_s = request_timeout_s
-        """Socket timeout per connection, so a stalled client cannot hold a thread forever."""
+        """Idle timeout of a connection and of each wait for request body bytes, so a stalled
+        client cannot hold a thread forever."""
         self.auth_token: str | None = None
         """The job's token: required on every write (non-GET/HEAD) request; None: open."""
-        self._httpd: _Server | None = None
+        self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._port: int | None = None
         self._ready = False
         self._stopping = False
 
     def start(self) -> Self:
         """Bind the socket and serve in a daemon thread. Raises ``OSError`` if binding fails."""
-        if self._httpd is not None:
+        if self._server is not None:
             raise RuntimeError(
                 f"{type(self).__name__}.start(): already started (create a new server)"
             )
-        host = self._address[0]
-        server_cls = _Server6 if ":" in host else _Server
-        self._httpd = server_cls(self._address, self.handler_class, self)
+        sock = self._bind()
+        self._port = int(sock.getsockname()[1])
+        every_method = [m.value for m in HTTPMethod]  # the handler answers 405 itself
+        app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=every_method)])
+        config = uvicorn.Config(
+            app,
+            http="h11",  # keeps header names' case; httptools lowercases them
+            loop="asyncio",
+            ws="none",
+            lifespan="off",
+            log_config=None,  # the process configured logging already
+            log_level="warning",  # uvicorn's own start/stop lines repeat ours
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,
+            backlog=self.request_queue_size,
+            timeout_keep_alive=max(1, math.ceil(self.request_timeout_s)),
+        )
+        server = self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},  # also the latency of stop()
-            name=f"{self.thread_name}-{self.port}",
+            target=server.run,
+            kwargs={"sockets": [sock]},
+            name=f"{self.thread_name}-{self._port}",
             daemon=True,
         )
         self._thread.start()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                server.should_exit = True
+                sock.close()
+                self._server = None
+                raise RuntimeError(
+                    f"{type(self).__name__}: the HTTP server on port {self._port} did not start "
+                    f"within {_START_TIMEOUT_S:.0f}s (see the log for uvicorn's error)"
+                )
+            time.sleep(0.005)
         self._ready = True
         self._log.info(self.started_log, self.url)
         return self
 
+    def _bind(self) -> socket.socket:
+        host, port = self._address
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(self.request_queue_size)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
     def stop(self, grace_s: float = 5.0) -> None:
-        """Stop accepting, wait for in-flight work (see :meth:`_wait_idle`), close the socket."""
-        httpd = self._httpd
-        if httpd is None or self._stopping:
+        """Stop accepting, let in-flight requests finish (up to ``grace_s``), close the socket."""
+        server = self._server
+        if server is None or self._stopping:
             return
         self._ready = False
         self._stopping = True
-        httpd.shutdown()  # returns once serve_forever has left its loop
-        self._wait_idle(grace_s)
-        httpd.server_close()
+        server.config.timeout_graceful_shutdown = max(1, math.ceil(grace_s))
+        server.should_exit = True
         if self._thread is not None:
-            self._thread.join(timeout=grace_s)
+            # uvicorn notices should_exit within 0.1 s; allow for its shutdown steps too
+            self._thread.join(timeout=grace_s + 2.0)
         if self.stopped_log is not None:
             self._log.info(self.stopped_log)
 
-    def _wait_idle(self, grace_s: float) -> None:
-        """Hook between refusing new connections and closing the socket; default: no wait."""
-
     def __enter__(self) -> Self:
-        return self.start() if self._httpd is None else self
+        return self.start() if self._server is None else self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
@@ -166,9 +154,9 @@ class BackgroundHTTPServer:
     @property
     def port(self) -> int:
         """The bound port (the real one when port 0 was asked for)."""
-        if self._httpd is None:
+        if self._port is None:
             raise RuntimeError(f"{type(self).__name__}.port: not started yet (call start() first)")
-        return int(self._httpd.server_address[1])
+        return self._port
 
     @property
     def url(self) -> str:
@@ -193,167 +181,90 @@ class BackgroundHTTPServer:
     def _log(self) -> logging.Logger:
         return logging.getLogger(type(self).__module__)
 
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # idle keep-alive connections must not block shutdown
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        handler_class: type[BaseHTTPRequestHandler],
-        app: BackgroundHTTPServer,
-    ) -> None:
-        self.app = app  # the handler reaches config, readiness and metrics through this
-        self.request_queue_size = app.request_queue_size  # read by listen() in __init__
-        super().__init__(address, handler_class)
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class JSONRequestHandler(BaseHTTPRequestHandler):
-    """Request handler base: timeout, logging, body reading and answers.
-
-    Each method in ``dispatch_methods`` gets a ``do_<METHOD>`` that resets the per-request
-    state and calls ``self._dispatch(method)``; methods not listed keep the standard library's
-    501 answer. Subclasses override :meth:`must_close` to close the connection after an answer.
-    """
-
-    protocol_version = "HTTP/1.1"
-    dispatch_methods: ClassVar[tuple[str, ...]] = ()
-    json_separators: ClassVar[tuple[str, str] | None] = (",", ":")
-    """``json.dumps`` separators of JSON answers; None for its default (with spaces)."""
-
-    _body_read = False
-    _responded = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for method in cls.dispatch_methods:
-            if f"do_{method}" not in cls.__dict__:
-                setattr(cls, f"do_{method}", _dispatcher(method))
-
-    @property
-    def app(self) -> BackgroundHTTPServer:
-        return self.server.app  # type: ignore[attr-defined, no-any-return]
-
-    def setup(self) -> None:
-        super().setup()
-        # Per-server socket timeout, so a stalled client cannot hold this thread forever.
-        self.connection.settimeout(self.app.request_timeout_s)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # The base class writes every request to stderr; route it to logging at debug level.
-        logging.getLogger(type(self).__module__).debug(
-            "%s %s", self.address_string(), format % args
+    async def _endpoint(self, request: Request) -> Response:
+        """Every request: its handler runs in a thread of its own, then its answer goes out."""
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        handler = self.handler_class(self, request, loop=loop, timeout_s=self.request_timeout_s)
+        done: asyncio.Future[BaseException | None] = loop.create_future()
+        worker = threading.Thread(
+            target=_respond, args=(handler, loop, done), name=f"{self.thread_name}-request"
         )
-
-    def _dispatch(self, method: str) -> None:
-        """Route one request; every server's handler subclass overrides this."""
-        raise NotImplementedError(f"{type(self).__name__} must override _dispatch")
-
-    def authorized(self, method: str) -> bool:
-        """Check the job's token on a write request; answer 401 and return False without it."""
-        token = self.app.auth_token
-        if token is None or not is_write(method):
-            return True
-        sent = self.headers.get("Authorization")
-        if token_matches(sent, token):
-            return True
-        path = self.path.split("?", 1)[0]
-        problem = "carries no token" if not sent else "carries a token that is not this job's"
-        logging.getLogger(type(self).__module__).warning(
-            "401 %s %s from %s: the request %s", method, path, self.address_string(), problem
-        )
-        message = (
-            f"{method} {path}: unauthorized, the request {problem}; send 'Authorization: Bearer "
-            f"<token>' with the job's token ({TOKEN_ENV}; on a cluster the RLJob's Secret "
-            "<job>-auth, key token)"
-        )
-        headers = {"WWW-Authenticate": 'Bearer realm="longtail"'}
-        if not self.must_close():  # close after every refusal (else send_body says so itself)
-            headers["Connection"] = "close"
-            self.close_connection = True
-        self.send_json(HTTPStatus.UNAUTHORIZED, {"error": message}, headers)
-        return False
-
-    def read_body(self, max_bytes: int, errors: BodyErrors) -> bytes:
-        """Read the request body after checking ``Content-Length`` against ``max_bytes``."""
-        if "Transfer-Encoding" in self.headers:
-            fail(HTTPStatus.LENGTH_REQUIRED, errors.chunked)
-        raw = self.headers.get("Content-Length")
-        if raw is None or (errors.blank_is_missing and not raw.strip()):
-            fail(HTTPStatus.LENGTH_REQUIRED, errors.missing)
-        raw = raw.strip()
-        if not (raw.isascii() and raw.isdigit()):
-            fail(HTTPStatus.BAD_REQUEST, errors.invalid.format(raw=raw[:40]))
-        length = int(raw)
-        if length > max_bytes:
-            fail(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                errors.too_large.format(length=length, limit=max_bytes),
+        # A daemon thread, as the standard library's servers used: a handler still running when
+        # the process exits (past stop's grace) must not hold the exit up.
+        worker.daemon = True
+        worker.start()
+        try:
+            failure = await done
+        except asyncio.CancelledError:  # stop() ran past its grace: the thread is abandoned
+            self._log.warning(
+                "stopping: %s %s still running, answered 503", request.method, handler.path
             )
-        body = self.rfile.read(length)
-        if len(body) < length:
-            fail(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
-        self._body_read = True
-        return body
+            return _AnswerResponse(_error_answer(503, "the server is stopping; retry"), head=False)
+        if failure is not None:  # a handler's own catch-all missed it
+            self._log.error(
+                "unexpected error handling %s %s", request.method, handler.path, exc_info=failure
+            )
+            answer = _error_answer(500, "internal error; see the worker's logs")
+        elif handler.answer is None:  # it gave up on a client that stalled or went away
+            answer = _error_answer(408, "the request body did not arrive in time")
+        else:
+            answer = handler.answer
+            if handler.close_connection:
+                answer.headers["Connection"] = "close"
+        self._log.debug(
+            "%s %s %s -> %d in %.4fs",
+            handler.client,
+            request.method,
+            handler.path,
+            answer.status,
+            time.perf_counter() - started,
+        )
+        return _AnswerResponse(answer, head=request.method == "HEAD")
 
-    def send_text(self, status: HTTPStatus, text: str) -> int:
-        return self.send_body(status, text.encode("utf-8"), "text/plain; charset=utf-8")
 
-    def send_json(
-        self, status: HTTPStatus, payload: dict[str, Any], headers: dict[str, str] | None = None
-    ) -> int:
-        body = json.dumps(payload, separators=self.json_separators).encode("utf-8")
-        return self.send_body(status, body, "application/json", headers)
+def _error_answer(status: int, text: str) -> Answer:
+    """A JSON ``{"error": text}`` answer that closes the connection (the body may be unread)."""
+    body = json.dumps({"error": text}, separators=(",", ":")).encode("utf-8")
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    return Answer(status, {**headers, "Connection": "close"}, body)
 
-    def send_body(
-        self,
-        status: HTTPStatus,
-        body: bytes,
-        content_type: str,
-        headers: dict[str, str] | None = None,
-    ) -> int:
-        """Answer with ``body`` (not sent for HEAD); returns the status as an int."""
-        self._responded = True
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        if self.must_close():
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-        return int(status)
 
-    def must_close(self) -> bool:
-        """Whether to close the connection after the answer being sent; default: keep it."""
-        return False
+def _respond(
+    handler: JSONRequestHandler,
+    loop: asyncio.AbstractEventLoop,
+    done: asyncio.Future[BaseException | None],
+) -> None:
+    """A request's thread: run the handler, hand the outcome back to the event loop."""
+    failure: BaseException | None = None
+    try:
+        handler.respond()
+    except Exception as exc:  # noqa: BLE001 - HTTP boundary: logged and answered 500 by the loop
+        failure = exc
+    with contextlib.suppress(RuntimeError):  # the loop is gone (stopped past its grace)
+        loop.call_soon_threadsafe(_settle, done, failure)
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """The standard library's own errors as JSON like every other answer (it would send an
-        HTML page): an unsupported method is 405 naming the allowed ones, not 501."""
-        self.close_connection = True  # the request may not have been read: never reuse it
-        allowed = ", ".join(sorted(name[3:] for name in dir(self) if name.startswith("do_")))
-        if code == HTTPStatus.NOT_IMPLEMENTED and self.command:
-            text = f"{self.command} {self.path}: method not allowed here; use {allowed}"
-            headers = {"Allow": allowed, "Connection": "close"}
-            self.send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": text}, headers)
+
+def _settle(done: asyncio.Future[BaseException | None], failure: BaseException | None) -> None:
+    if not done.done():  # cancelled when the server stopped past its grace
+        done.set_result(failure)
+
+
+class _AnswerResponse(Response):
+    """Sends an :class:`Answer` as written: header names unchanged, large bodies in pieces."""
+
+    def __init__(self, answer: Answer, *, head: bool) -> None:  # no Response state: own __call__
+        self.answer, self.head = answer, head
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        a = self.answer
+        raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in a.headers.items()]
+        await send({"type": "http.response.start", "status": a.status, "headers": raw})
+        body = b"" if self.head else a.body
+        if len(body) <= _PIECE:
+            await send({"type": "http.response.body", "body": body})
             return
-        status = HTTPStatus(code)
-        self.send_json(status, {"error": message or status.phrase}, {"Connection": "close"})
-
-
-def _dispatcher(method: str) -> Any:
-    def do(self: JSONRequestHandler) -> None:
-        self._body_read, self._responded = False, False
-        if self.authorized(method):
-            self._dispatch(method)
-
-    do.__name__ = f"do_{method}"
-    return do
+        for start in range(0, len(body), _PIECE):
+            more = start + _PIECE < len(body)
+            piece = body[start : start + _PIECE]  # one MiB copied at a time, never the whole body
+            await send({"type": "http.response.body", "body": piece, "more_body": more})

@@ -2,7 +2,7 @@
 the job's token; reads stay open; the clients carry it; a worker without one refuses to start;
 ``longtail run`` hands its children a token through the environment, not the command line.
 
-Real servers on loopback (the one check in ``httpserver.py``), real clients.
+Real servers on loopback (the one check in ``httprequest.py``), real clients.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ timeouts and 5xx answers (503 while the trainer is still loading) are retried wi
 backoff and jitter, then raised as :class:`DrafterExchangeError` naming the URL. Re-sending a
 candidate after a lost answer is harmless: the merge takes each worker's newest candidate.
 Uploads carry the job's token (``Authorization: Bearer``; the trainer's server answers 401
-without it, ``httpserver.py``); downloads are reads and need none.
+without it, ``httprequest.py``); downloads are reads and need none.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ from longtail_workers.httpclient import (
     WorkerBusy,
     request,
 )
-from longtail_workers.httpserver import BodyErrors, JSONRequestHandler, error_text, fail
+from longtail_workers.httprequest import BodyErrors, JSONRequestHandler, error_text, fail
 from longtail_workers.weights.checksum import sha256_hex
 
 log = logging.getLogger(__name__)

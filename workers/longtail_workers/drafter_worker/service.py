@@ -26,13 +26,13 @@ import threading
 import time
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import urlsplit
 
 from prometheus_client import generate_latest
 
 from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
-from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, check_route
+from longtail_workers.httprequest import JSONRequestHandler, check_route
+from longtail_workers.httpserver import BackgroundHTTPServer
 from longtail_workers.runtime import (
     ServiceRuntime,
     answer_error,
@@ -63,11 +63,11 @@ class DrafterServer(BackgroundHTTPServer):
         self.worker = worker
 
     class handler_class(JSONRequestHandler):
+        app: DrafterServer
         dispatch_methods = ("GET", "HEAD", "POST", "PUT")
 
         def _dispatch(self, method: str) -> None:
-            app: DrafterServer = self.server.app  # type: ignore[attr-defined]
-            path = urlsplit(self.path).path
+            app, path = self.app, self.path
             try:
                 check_route(ROUTES, method, path)
                 if path == HEALTHZ_PATH:

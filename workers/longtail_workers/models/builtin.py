@@ -261,7 +261,7 @@ def ensure_tiny(recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int = 100) -> Pa
     reports: list[BuildReport] = []
 
     def build(tmp: Path) -> None:
-        log.info("building builtin:tiny into %s (one-off, 5-6 min on 2 CPU cores)", final)
+        log.info("building builtin:tiny into %s (one-off: a few minutes on CPU)", final)
         reports.append(build_tiny(tmp, recipe, log_every=log_every))
 
     if build_once(final, BUILD_INFO_FILE, build):

@@ -1,9 +1,9 @@
 """HTTP control surface of a rollout worker: status, role, health, readiness and metrics.
 
 A thin adapter over :class:`~longtail_workers.rollout.control.RolloutWorker`, built like the
-verifier's server on :mod:`longtail_workers.httpserver`: the standard library's
-``ThreadingHTTPServer`` in a daemon thread, size-capped bodies, JSON ``{"error": ...}`` answers
-that name the problem, and a logged 500 for anything unexpected. Endpoints:
+verifier's server on :mod:`longtail_workers.httpserver`: uvicorn + Starlette in a daemon
+thread, size-capped bodies, JSON ``{"error": ...}`` answers that name the problem, and a logged
+500 for anything unexpected. Endpoints:
 
 - ``GET /v1/status``  the worker's state (generating / idle since / training, role, versions,
   buffer, trainer, acceptance): :meth:`RolloutWorker.status`;
@@ -23,18 +23,13 @@ import logging
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
-from urllib.parse import urlsplit
 
 from prometheus_client import generate_latest
 
 from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 from longtail_api.workerapi import ROLE_PATH, STATUS_PATH
-from longtail_workers.httpserver import (
-    BackgroundHTTPServer,
-    JSONRequestHandler,
-    RequestError,
-    check_route,
-)
+from longtail_workers.httprequest import JSONRequestHandler, RequestError, check_route
+from longtail_workers.httpserver import BackgroundHTTPServer
 from longtail_workers.rollout.control import RolloutWorker
 from longtail_workers.rollout.metrics import control_requests_counter
 from longtail_workers.spot.cycle import STATUS_ROUTES, answer_put_role
@@ -55,18 +50,13 @@ class ControlConfig:
 
 
 class ControlHandler(JSONRequestHandler):
-    """One connection's requests (see the module text)."""
+    """One request (see the module text)."""
 
-    server_version = "longtail-rollout"
-    sys_version = ""
+    app: ControlServer
     dispatch_methods = ("GET", "HEAD", "PUT", "POST", "DELETE")
 
-    @property
-    def app(self) -> ControlServer:
-        return self.server.app  # type: ignore[attr-defined, no-any-return]
-
     def _dispatch(self, method: str) -> None:
-        path = urlsplit(self.path).path
+        path = self.path
         status = int(HTTPStatus.INTERNAL_SERVER_ERROR)
         started = time.perf_counter()
         try:
@@ -105,12 +95,8 @@ class ControlHandler(JSONRequestHandler):
         return answer_put_role(self, worker.name, worker.set_role, self.app.config.max_body_bytes)
 
     def must_close(self) -> bool:
-        # Unread request body (error answered early): close instead of misreading it.
-        return self.app.stopping or (not self._body_read and self._has_body())
-
-    def _has_body(self) -> bool:
-        raw = (self.headers.get("Content-Length") or "0").strip()
-        return "Transfer-Encoding" in self.headers or raw not in ("", "0")
+        # Unread request body (error answered early): close rather than read it for nothing.
+        return self.app.stopping or self.unread_body() != 0
 
 
 class ControlServer(BackgroundHTTPServer):

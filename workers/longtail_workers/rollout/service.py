@@ -42,7 +42,7 @@ from longtail_workers.drafter.exchange import DrafterExchangeError
 from longtail_workers.engine.interface import RolloutEngine
 from longtail_workers.engine.stats import RolloutMetrics
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
-from longtail_workers.httpserver import fail
+from longtail_workers.httprequest import fail
 from longtail_workers.rollout.control import RolloutWorker
 from longtail_workers.rollout.http import ControlConfig, ControlHandler, ControlServer
 from longtail_workers.runtime import (

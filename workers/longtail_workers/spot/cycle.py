@@ -36,7 +36,7 @@ from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 from longtail_api.workerapi import STATUS_PATH, RoleAck, RoleAnswer
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import Candidate, CandidateInfo, DrafterStore
-from longtail_workers.httpserver import BodyErrors, JSONRequestHandler, fail
+from longtail_workers.httprequest import BodyErrors, JSONRequestHandler, fail
 from longtail_workers.spot.trainer import SpotTrainer
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,6 @@ import threading
 import time
 from http import HTTPStatus
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
@@ -61,7 +60,8 @@ from longtail_api.workerapi import (
 from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
 from longtail_workers.drafter.exchange import DrafterEndpoints
 from longtail_workers.httpclient import request
-from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, fail
+from longtail_workers.httprequest import JSONRequestHandler, fail
+from longtail_workers.httpserver import BackgroundHTTPServer
 from longtail_workers.jobspec import load_job_spec
 from longtail_workers.metricspec import counter_from_spec, gauge_from_spec, histogram_from_spec
 from longtail_workers.runtime import (
@@ -209,12 +209,11 @@ class TrainerApp(BackgroundHTTPServer):
         )
 
     class handler_class(JSONRequestHandler):
+        app: TrainerApp
         dispatch_methods = ("GET", "HEAD", "POST", "PUT")
 
         def _dispatch(self, method: str) -> None:
-            app: TrainerApp = self.server.app  # type: ignore[attr-defined]
-            url = urlsplit(self.path)
-            path, query = url.path, url.query
+            app, path, query = self.app, self.path, self.query
             try:
                 if DrafterEndpoints.owns(path):
                     self._drafters(app, method, path, query)
@@ -253,9 +252,8 @@ class TrainerApp(BackgroundHTTPServer):
                 )
 
         def must_close(self) -> bool:
-            # An error answered before the request body was read: close, do not misread it.
-            raw = (self.headers.get("Content-Length") or "0").strip()
-            return not self._body_read and ("Transfer-Encoding" in self.headers or raw != "0")
+            # An error answered before the request body was read: close rather than read it.
+            return self.unread_body() != 0
 
 
 def build_parser() -> argparse.ArgumentParser:

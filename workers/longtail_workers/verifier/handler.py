@@ -1,8 +1,8 @@
 """The verifier's per-request HTTP handler: routing, body limits, JSON errors, metrics.
 
-``server.py`` hands every connection to :class:`VerifierHandler` (one thread per connection).
-The handler reaches its :class:`~longtail_workers.verifier.server.VerifierServer` through
-``self.server.app`` for the config, readiness and metrics. Error answers are JSON
+``server.py`` hands every request to a :class:`VerifierHandler` (in a thread of its own). The
+handler reaches its :class:`~longtail_workers.verifier.server.VerifierServer` through
+``self.app`` for the config, readiness and metrics. Error answers are JSON
 ``{"error": "..."}`` whose message names what is wrong and how to fix it:
 
 - 400 malformed JSON, protocol errors (``items[3].gold: must be a string, got 5``), unknown
@@ -11,9 +11,9 @@ The handler reaches its :class:`~longtail_workers.verifier.server.VerifierServer
 - 413 body over ``max_body_bytes``, batch over ``max_batch``, answer over ``max_answer_chars``;
 - 500 a reward function bug or any unexpected exception (logged with its traceback).
 
-When an error is answered before the request body was read, a small body is drained first and
-the connection kept; a large one is not read and the connection is closed, so unread bytes can
-never be mistaken for the next keep-alive request.
+When an error is answered before the request body was read, a small body is discarded by the
+server and the connection kept; after a large one the connection is closed instead, so unread
+bytes are never worth the bandwidth.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import logging
 import time
 from http import HTTPStatus
 from typing import TYPE_CHECKING, NoReturn
-from urllib.parse import urlsplit
 
 from longtail_api.protocol import (
     HEALTHZ_PATH,
@@ -35,7 +34,7 @@ from longtail_api.protocol import (
     ProtocolLimitError,
     VerifyRequest,
 )
-from longtail_workers.httpserver import (
+from longtail_workers.httprequest import (
     BodyErrors,
     JSONRequestHandler,
     RequestError,
@@ -63,7 +62,7 @@ CLIENT_CLOSED = 499
 """Status recorded in metrics when the client disconnected or stalled (nginx's convention)."""
 
 DRAIN_LIMIT_BYTES = 1 << 20
-"""Unread request bodies up to this size are drained before an error answer (see handler)."""
+"""Unread request bodies up to this size are discarded and the connection kept (see handler)."""
 
 _EXAMPLE = '{"items": [{"answer": "... \\\\boxed{42}", "gold": "42"}]}'
 _BODY_ERRORS = BodyErrors(
@@ -76,24 +75,18 @@ _BODY_ERRORS = BodyErrors(
 
 
 class VerifierHandler(JSONRequestHandler):
-    """Handles the requests of one connection."""
+    """Handles one request."""
 
-    server_version = "longtail-verifier"
-    sys_version = ""
+    app: VerifierServer
     dispatch_methods = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-
-    @property
-    def app(self) -> VerifierServer:
-        return self.server.app  # type: ignore[attr-defined, no-any-return]
 
     # --- dispatch ---------------------------------------------------------------------------
 
     def _dispatch(self, method: str) -> None:
         started = time.perf_counter()
-        path = urlsplit(self.path).path
+        path = self.path
         endpoint = path if path in ROUTES else "other"
         status = int(HTTPStatus.INTERNAL_SERVER_ERROR)
-        self.app.request_started()
         try:
             try:
                 status = self._route(method, path)
@@ -109,19 +102,11 @@ class VerifierHandler(JSONRequestHandler):
             log.exception("verifier: unexpected error handling %s %s", method, path)
             status = self._internal_error()
         finally:
-            self.app.request_finished()
             self.app.metrics.observe_request(endpoint, status, time.perf_counter() - started)
 
     def _internal_error(self) -> int:
-        if self._responded:  # headers already went out: the only safe thing is to hang up
-            self.close_connection = True
-            return int(HTTPStatus.INTERNAL_SERVER_ERROR)
         body = ErrorResponse("internal error in the verifier; see its logs for the traceback")
-        try:
-            return self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, body.to_dict())
-        except OSError:
-            self.close_connection = True
-            return int(HTTPStatus.INTERNAL_SERVER_ERROR)
+        return self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, body.to_dict())
 
     def _route(self, method: str, path: str) -> int:
         check_route(ROUTES, method, path)
@@ -161,32 +146,16 @@ class VerifierHandler(JSONRequestHandler):
     # --- responses --------------------------------------------------------------------------
 
     def must_close(self) -> bool:
-        """Close after this answer if the server is stopping or an unread body is left over."""
-        return self.app.stopping or not self._drain_unread_body()
-
-    def _drain_unread_body(self) -> bool:
-        """Discard a small unread request body; False if the connection cannot be reused.
+        """Close after this answer if the server is stopping or a large, chunked or unparsable
+        request body is left unread.
 
         Answering an error without reading the body and then closing makes the kernel reset the
         connection, and the client may see the reset instead of our answer. Bodies up to
-        DRAIN_LIMIT_BYTES are therefore read and dropped; larger, chunked or unparsable ones
-        are not worth the bandwidth, and the connection is closed instead.
+        DRAIN_LIMIT_BYTES are therefore left to the server to read and drop; larger ones are
+        not worth the bandwidth, and the connection is closed instead.
         """
-        if self._body_read:
-            return True
-        if "Transfer-Encoding" in self.headers:
-            return False
-        raw = (self.headers.get("Content-Length") or "0").strip()
-        if not (raw.isascii() and raw.isdigit()) or int(raw) > DRAIN_LIMIT_BYTES:
-            return False
-        remaining = int(raw)
-        while remaining > 0:
-            chunk = self.rfile.read(min(remaining, 65536))
-            if not chunk:  # the client sent less than it announced
-                return False
-            remaining -= len(chunk)
-        self._body_read = True
-        return True
+        unread = self.unread_body()
+        return self.app.stopping or unread is None or unread > DRAIN_LIMIT_BYTES
 
 
 def _parse_json(body: bytes) -> object:

@@ -7,24 +7,21 @@ mode start one on a free loopback port in a background thread::
     with VerifierServer(VerifierConfig(port=0)) as server:
         urllib.request.urlopen(server.url + "/healthz")
 
-Built on :class:`~longtail_workers.httpserver.BackgroundHTTPServer` (the standard library's
-``ThreadingHTTPServer``: one thread per connection, HTTP/1.1 keep-alive). Every request is
-untrusted: bodies are size-capped before they are read, JSON and protocol errors become 4xx
-answers with a JSON ``{"error": ...}`` body naming the problem, and an unexpected exception
-becomes a logged 500; none of them stops the server.
+Built on :class:`~longtail_workers.httpserver.BackgroundHTTPServer` (uvicorn + Starlette,
+HTTP/1.1 keep-alive, each request handled in a thread of its own; ``stop`` lets in-flight
+requests finish within its grace). Every request is untrusted: bodies are size-capped before
+they are read, JSON and protocol errors become 4xx answers with a JSON ``{"error": ...}`` body
+naming the problem, and an unexpected exception becomes a logged 500; none of them stops the
+server.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from dataclasses import dataclass
 
 from longtail_workers.httpserver import BackgroundHTTPServer
 from longtail_workers.verifier.handler import VerifierHandler
 from longtail_workers.verifier.metrics import VerifierMetrics
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -43,7 +40,8 @@ class VerifierConfig:
     default_reward: str = "math"
     """Reward used when a request names none."""
     request_timeout_s: float = 30.0
-    """Socket timeout per connection, so a stalled client cannot hold a thread forever."""
+    """Idle timeout of a connection and of each wait for body bytes, so a stalled client cannot
+    hold a thread forever."""
 
 
 class VerifierServer(BackgroundHTTPServer):
@@ -60,23 +58,3 @@ class VerifierServer(BackgroundHTTPServer):
             self.config.host, self.config.port, request_timeout_s=self.config.request_timeout_s
         )
         self.metrics = VerifierMetrics()
-        self._inflight = 0
-        self._inflight_lock = threading.Condition()
-
-    def _wait_idle(self, grace_s: float) -> None:
-        """Let in-flight requests finish (up to ``grace_s``) before the socket closes."""
-        with self._inflight_lock:
-            finished = self._inflight_lock.wait_for(lambda: self._inflight == 0, timeout=grace_s)
-        if not finished:
-            log.warning("verifier stopping with %d request(s) still in flight", self._inflight)
-
-    # --- request accounting (called by the handler) ---------------------------------------
-
-    def request_started(self) -> None:
-        with self._inflight_lock:
-            self._inflight += 1
-
-    def request_finished(self) -> None:
-        with self._inflight_lock:
-            self._inflight -= 1
-            self._inflight_lock.notify_all()

@@ -1,6 +1,6 @@
 """HTTP pull of versioned policy weights: the default transport, works anywhere.
 
-The trainer runs a :class:`WeightServer` (standard library ``ThreadingHTTPServer`` in a
+The trainer runs a :class:`WeightServer` (``httpserver.py``: uvicorn in a
 background thread) over a :class:`~longtail_workers.weights.store.WeightStore`; each rollout
 worker uses an :class:`HttpWeightClient` between rollouts::
 
@@ -29,7 +29,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
 from longtail_workers import httpclient
-from longtail_workers.httpserver import BackgroundHTTPServer, JSONRequestHandler, error_text
+from longtail_workers.httprequest import JSONRequestHandler, error_text
+from longtail_workers.httpserver import BackgroundHTTPServer
 from longtail_workers.weights.store import WeightStore
 from longtail_workers.weights.sync import (
     StateDict,
@@ -48,20 +49,17 @@ VERSION_PATH = "/v1/weights/{version}"
 VERSION_HEADER = "X-Longtail-Weights-Version"
 CHECKSUM_HEADER = "X-Longtail-Weights-Sha256"
 _VERSION_RE = re.compile(r"^/v1/weights/(\d{1,18})$")
-_CHUNK = 1 << 20  # write large bodies in 1 MiB pieces
 NOTHING_PUBLISHED = "no policy weights published yet"
 
 
 class _Handler(JSONRequestHandler):
+    app: WeightServer
+    dispatch_methods = ("GET",)
     json_separators = None  # json.dumps' default, with spaces
 
-    @property
-    def app(self) -> WeightServer:
-        return self.server.app  # type: ignore[attr-defined, no-any-return]
-
-    def do_GET(self) -> None:
+    def _dispatch(self, method: str) -> None:
         store = self.app.store
-        path = self.path.split("?", 1)[0]
+        path = self.path
         if path == LATEST_PATH:
             entry = store.latest()
             if entry is None:
@@ -83,15 +81,11 @@ class _Handler(JSONRequestHandler):
             message = f"version {version} is not kept; kept versions: {kept}"
             self.send_json(HTTPStatus.NOT_FOUND, {"error": message})
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(len(entry.data)))
-        self.send_header(VERSION_HEADER, str(entry.manifest.version))
-        self.send_header(CHECKSUM_HEADER, entry.manifest.checksum)
-        self.end_headers()
-        view = memoryview(entry.data)
-        for start in range(0, len(view), _CHUNK):
-            self.wfile.write(view[start : start + _CHUNK])
+        headers = {
+            VERSION_HEADER: str(entry.manifest.version),
+            CHECKSUM_HEADER: entry.manifest.checksum,
+        }
+        self.send_body(HTTPStatus.OK, entry.data, "application/octet-stream", headers)
 
 
 class WeightServer(WeightPublisher, BackgroundHTTPServer):
@@ -99,7 +93,6 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
 
     handler_class = _Handler
     thread_name = "weights-http"
-    request_queue_size = 5  # socketserver's default
     started_log = "policy weights served on %s"
 
     def __init__(
@@ -121,7 +114,7 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop serving and close the socket (idempotent); ``start()`` may be called again."""
         super().stop(timeout_s)
-        self._httpd, self._stopping = None, False
+        self._server, self._stopping = None, False
 
 
 class HttpWeightClient(WeightSource):
