@@ -264,7 +264,8 @@ class _AnswerResponse(Response):
         if len(body) <= _PIECE:
             await send({"type": "http.response.body", "body": body})
             return
+        view = memoryview(body)
         for start in range(0, len(body), _PIECE):
             more = start + _PIECE < len(body)
-            piece = body[start : start + _PIECE]  # one MiB copied at a time, never the whole body
+            piece = view[start : start + _PIECE]  # a view: the body is never copied
             await send({"type": "http.response.body", "body": piece, "more_body": more})
