@@ -34,7 +34,7 @@ def _drafter_source(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]
 
 BUILTIN_DRAFTERS = ("builtin:tiny",)
 """Built-in drafters: each is fitted on first use to the built-in model of the same name
-(``workers/longtail_workers/drafter/builtin.py``; a test keeps the two lists equal)."""
+(``workers/longtail_workers/warmstart/builtin.py``; a test keeps the two lists equal)."""
 
 
 def _builtin_drafter(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
