@@ -1,4 +1,4 @@
-"""``longtail`` subcommands: validate, crd, worker, run, drafter export/fit, and --version.
+"""``longtail`` subcommands: validate, crd, worker, run, drafter, profile, simulate, --version.
 
 Called by the console script declared in pyproject.toml. Each subcommand is a small function
 returning an exit code; heavy packages are imported inside the subcommand that needs them.
@@ -111,6 +111,20 @@ def cmd_drafter_fit(args: argparse.Namespace) -> int:
     return entry(list(args.forwarded))
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Measure the engine, drafter and trainer on this machine; write an engine profile file."""
+    module = importlib.import_module("longtail_workers.profile.main")
+    entry: Callable[[list[str]], int] = module.main
+    return entry(list(args.forwarded))
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Simulate an RLJob's step on an engine profile: baseline vs Longtail (pure Python)."""
+    module = importlib.import_module("longtail_workers.sim.main")
+    entry: Callable[[list[str]], int] = module.main
+    return entry(list(args.forwarded))
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="longtail",
@@ -156,6 +170,22 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,  # --help goes to the fitter, which owns the options
     )
     f.set_defaults(func=cmd_drafter_fit, forwards=True)
+
+    p = sub.add_parser(
+        "profile",
+        help="measure the engine on this machine and write a profile: longtail profile "
+        "(--model builtin:tiny | --shape qwen2-0.5b) [--device cuda] [--quick] [--out FILE]",
+        add_help=False,  # the profiler owns its options (and --help)
+    )
+    p.set_defaults(func=cmd_profile, forwards=True)
+
+    p = sub.add_parser(
+        "simulate",
+        help="predict one RL step, baseline vs Longtail: longtail simulate FILE "
+        "(--profile P | --roofline MODEL) [--lengths lognormal:median=...]",
+        add_help=False,  # the simulator owns its options (and --help)
+    )
+    p.set_defaults(func=cmd_simulate, forwards=True)
     return ap
 
 

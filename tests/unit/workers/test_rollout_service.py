@@ -27,7 +27,8 @@ from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.local.coordinator import Coordinator
 from longtail_workers.rollout.http import ControlConfig
 from longtail_workers.rollout.service import GeneratingWorker, RolloutServer
-from longtail_workers.trainer.dispatch import RolloutFailed, RolloutPool, shard_round_robin
+from longtail_workers.shards import shard_round_robin
+from longtail_workers.trainer.dispatch import RolloutFailed, RolloutPool
 from longtail_workers.trainer.driver import DriverState
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer

@@ -1,0 +1,160 @@
+"""An engine profile: measured (or roofline) latencies the step simulator is calibrated with.
+
+Written by ``longtail profile`` (``longtail_workers.profile``, measured on the current machine)
+and by the documented roofline builder (``longtail_workers.sim.roofline``, first principles,
+used only where no measured profile exists); read by ``longtail simulate``
+(``longtail_workers.sim``). A file is JSON: :meth:`EngineProfile.to_dict` /
+:meth:`EngineProfile.from_dict`, which rejects a bad file with a :class:`ProfileError` naming the
+field, the value and the fix. Seconds are wall-clock seconds of one call on one rollout worker
+(one engine instance, all its GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+PROFILE_FORMAT = "longtail-profile/1"
+Source = Literal["measured", "roofline"]
+SOURCES: tuple[str, ...] = ("measured", "roofline")
+
+
+class ProfileError(ValueError):
+    """A profile file or value is invalid (message: field, value, fix)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The decoder the profile was taken on (latencies depend on the shape, not the weights)."""
+
+    hidden_size: int
+    """Model width."""
+    num_layers: int
+    """Decoder layers."""
+    num_heads: int
+    """Attention heads."""
+    num_kv_heads: int
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int
+    """MLP width."""
+    vocab_size: int
+    """Vocabulary size."""
+    params: int
+    """Parameter count."""
+    dtype: str
+    """Weight dtype, e.g. ``float32`` or ``bfloat16``."""
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One timed forward: ``batch`` sequences at ``context`` tokens, ``tokens`` new positions each
+    (1: a plain decode step; k+1: a verify pass of k draft tokens; 1 on the drafter: one draft
+    step)."""
+
+    batch: int
+    """Sequences in the running batch."""
+    context: int
+    """Tokens already in each sequence's KV cache."""
+    tokens: int
+    """New positions per sequence in this forward."""
+    seconds: float
+    """Wall-clock seconds of the forward (median of the repeats)."""
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """Everything the simulator needs to time one rollout worker and the trainer."""
+
+    source: Source
+    """``measured`` (``longtail profile``) or ``roofline`` (first principles; labelled in every
+    output that uses it)."""
+    device: str
+    """Where it was taken, e.g. ``cpu (2 cores)`` or ``NVIDIA H100 80GB HBM3``."""
+    engine: str
+    """``torch``, ``vllm`` or ``roofline``."""
+    model: ModelShape
+    """The target (policy) model's shape."""
+    decode: list[StepPoint]
+    """Target forwards of 1 new token per sequence (plain decode)."""
+    verify: list[StepPoint]
+    """Target forwards of k+1 tokens per sequence (SD verify), for the profiled depths k."""
+    draft: list[StepPoint]
+    """Drafter forwards of 1 token per sequence (one draft step)."""
+    prefill_tokens_per_s: float
+    """Prompt tokens per second in prefill."""
+    drafter_train_tokens_per_s: float
+    """Training-pair tokens per second of the online drafter trainer."""
+    trainer_seconds_per_token: float
+    """GRPO update seconds per response token (forward + backward + optimizer, one trainer)."""
+    notes: list[str] = field(default_factory=list)
+    """Assumptions and caveats, printed with every result that uses this profile."""
+    format: str = PROFILE_FORMAT
+    """File format tag."""
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ProfileError(f"source={self.source!r}: use one of {', '.join(SOURCES)}")
+        for name in ("decode", "verify", "draft"):
+            points: list[StepPoint] = getattr(self, name)
+            if not points:
+                raise ProfileError(f"{name}: no points; profile at least one batch size")
+            for i, p in enumerate(points):
+                if p.batch < 1 or p.context < 0 or p.tokens < 1 or not p.seconds > 0:
+                    raise ProfileError(
+                        f"{name}[{i}]={p}: need batch >= 1, context >= 0, tokens >= 1, seconds > 0"
+                    )
+        for name in ("prefill_tokens_per_s", "drafter_train_tokens_per_s",
+                     "trainer_seconds_per_token"):  # fmt: skip
+            value = getattr(self, name)
+            if not value > 0:
+                raise ProfileError(f"{name}={value!r}: must be > 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile as plain JSON."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object, where: str = "profile") -> EngineProfile:
+        """Parse and check a profile; :class:`ProfileError` names the field and the fix."""
+        if not isinstance(data, dict):
+            raise ProfileError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        fmt = data.get("format")
+        if fmt != PROFILE_FORMAT:
+            raise ProfileError(
+                f"{where}.format={fmt!r}: expected {PROFILE_FORMAT!r}; write the file with "
+                "`longtail profile`"
+            )
+        try:
+
+            def points(name: str) -> list[StepPoint]:
+                return [StepPoint(**p) for p in data[name]]
+
+            rest = {
+                k: v for k, v in data.items() if k not in ("model", "decode", "verify", "draft")
+            }
+            return cls(
+                model=ModelShape(**data["model"]),
+                decode=points("decode"),
+                verify=points("verify"),
+                draft=points("draft"),
+                **rest,
+            )
+        except KeyError as exc:
+            raise ProfileError(f"{where}: missing field {exc}") from exc
+        except TypeError as exc:
+            raise ProfileError(f"{where}: {exc}") from exc
+
+    def write(self, path: str | Path) -> None:
+        """Write the profile as indented JSON."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, path: str | Path) -> EngineProfile:
+        """Read and check a profile file."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ProfileError(f"{path}: cannot read a profile ({exc})") from exc
+        return cls.from_dict(data, str(path))

@@ -1,0 +1,75 @@
+"""``longtail profile`` on micro random models: the file it writes, its curves, its refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_targets import tiny_qwen2
+
+from longtail_api.profile import EngineProfile
+from longtail_cli.main import main
+from longtail_workers.engine.target import TargetModel
+from longtail_workers.profile.forwards import StepGrid, capped_contexts, step_curves
+from longtail_workers.profile.models import make_drafter
+from longtail_workers.profile.timing import Repeats
+
+
+def test_quick_profile_writes_a_valid_file(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "p.json"
+    args = ["profile", "--shape", "micro", "--quick", "--device", "cpu", "--threads", "1"]
+    code = main([*args, "--batches", "1,3", "--contexts", "8,24", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    profile = EngineProfile.read(out)
+    assert (profile.source, profile.engine, profile.model.hidden_size) == ("measured", "torch", 64)
+    assert profile.device.startswith("cpu")
+    for curve in (profile.decode, profile.verify, profile.draft):
+        assert {(p.batch, p.context) for p in curve} == {(b, c) for b in (1, 3) for c in (8, 24)}
+        assert all(p.seconds > 0 for p in curve)
+    assert {p.tokens for p in profile.decode} == {1}
+    assert {p.tokens for p in profile.verify} == {5}  # the quick preset's depth 4, plus one
+    assert profile.prefill_tokens_per_s > 0
+    assert profile.drafter_train_tokens_per_s > 0
+    assert profile.trainer_seconds_per_token > 0
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_every_batch_context_and_depth_is_timed() -> None:
+    policy = tiny_qwen2(max_position_embeddings=64)
+    target, drafter = TargetModel(policy), make_drafter(policy, "tiny", seed=0)
+    grid = StepGrid(batches=(1, 2, 5), contexts=(4, 16), depths=(1, 3))
+    lines: list[str] = []
+    curves = step_curves(
+        target, drafter, grid, Repeats(warmup=0, repeats=1), torch.Generator(), lines.append
+    )
+    points = {(b, c) for b in grid.batches for c in grid.contexts}
+    assert {(p.batch, p.context) for p in curves.decode} == points
+    assert {(p.batch, p.context, p.tokens) for p in curves.verify} == {
+        (b, c, k + 1) for b, c in points for k in grid.depths
+    }
+    assert {(p.batch, p.context) for p in curves.draft} == points
+    assert len(lines) == len(points)
+    assert all(p.seconds > 0 for p in curves.decode + curves.verify + curves.draft)
+
+
+def test_contexts_are_capped_by_the_model_positions() -> None:
+    assert capped_contexts([128, 512, 2048], 2048, [2, 8]) == (128, 512, 2039)
+    assert capped_contexts([64, 16], None, [4]) == (16, 64)
+    with pytest.raises(ValueError, match="--depths 8"):
+        capped_contexts([4], 8, [8])
+
+
+def test_vllm_is_refused_not_replaced(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "p.json"
+    assert main(["profile", "--engine", "vllm", "--shape", "micro", "--out", str(out)]) == 2
+    assert "--engine vllm is not implemented yet" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("models", [[], ["--model", "builtin:tiny", "--shape", "micro"]])
+def test_exactly_one_model_source(tmp_path: Path, capsys, models: list[str]) -> None:
+    out = tmp_path / "p.json"
+    assert main(["profile", *models, "--device", "cpu", "--out", str(out)]) == 2
+    assert "give exactly one of --model" in capsys.readouterr().err
+    assert not out.exists()

@@ -1,0 +1,180 @@
+"""The step simulator's event logic on hand-computed cases (constant-latency profiles)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from longtail_api.policies import HarvestSpec, SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_api.profile import EngineProfile, ModelShape, StepPoint
+from longtail_workers.sim.step import JobShape, compare, simulate_step
+
+DECODE_S, VERIFY_S, DRAFT_S = 0.1, 0.2, 0.01
+SHAPE = ModelShape(8, 1, 1, 1, 16, 32, 1000, "float32")
+
+
+def flat_profile() -> EngineProfile:
+    """Every call costs the same whatever the batch or context (hand-computable)."""
+    return EngineProfile(
+        source="measured",
+        device="test",
+        engine="torch",
+        model=SHAPE,
+        decode=[StepPoint(1, 0, 1, DECODE_S)],
+        verify=[StepPoint(1, 0, 2, VERIFY_S)],
+        draft=[StepPoint(1, 0, 1, DRAFT_S)],
+        prefill_tokens_per_s=100.0,
+        drafter_train_tokens_per_s=1000.0,
+        trainer_seconds_per_token=0.001,
+    )
+
+
+NO_SD = SpeculativeSpec(enabled=False)
+NO_HARVEST = HarvestSpec(enabled=False)
+
+
+def sd(threshold: int, warmup: int = 0, depth: int = 2) -> SpeculativeSpec:
+    return SpeculativeSpec(
+        batch_threshold=threshold,
+        warmup_steps=warmup,
+        strategies=[StrategySpec(draft_depth=depth)],
+        selector=SelectorSpec(type="fixed"),
+    )
+
+
+def shape(**kw: object) -> JobShape:
+    base: dict[str, object] = dict(
+        rollout_workers=1, gpus_per_worker=1, prompts=1, group=4, max_running=4,
+        prompt_tokens=0, speculative=NO_SD, harvest=NO_HARVEST,
+    )  # fmt: skip
+    base.update(kw)
+    return JobShape(**base)  # type: ignore[arg-type]
+
+
+def test_one_worker_fixed_lengths_whole_batch() -> None:
+    # prefill 4 x 10 tokens at 100 tok/s = 0.4 s; 5 decode steps (longest answer) = 0.5 s;
+    # trainer 15 tokens x 1 ms; sync 0.5 s.
+    r = simulate_step(shape(prompt_tokens=10, weight_sync_s=0.5), [3, 5, 5, 2], flat_profile())
+    assert r.rollout_s == pytest.approx(0.9)
+    assert r.response_tokens == 15
+    assert r.trainer_s == pytest.approx(0.015)
+    assert r.step_s == pytest.approx(0.9 + 0.015 + 0.5)
+    assert r.tail_s == 0 and r.idle_gpu_s == 0 and r.source == "measured"
+
+
+def test_continuous_batching_admits_as_answers_finish() -> None:
+    # max_running 2, prompt 10 tokens (0.1 s prefill each): prefill A,B 0.2 -> 3 steps (A done,
+    # t=0.5) -> prefill C 0.1 (0.6) -> 2 steps (B done, 0.8) -> prefill D (0.9) -> 2 steps
+    # (D done, 1.1) -> 1 step (C done, 1.2).
+    r = simulate_step(shape(prompt_tokens=10, max_running=2), [3, 5, 5, 2], flat_profile())
+    assert r.rollout_s == pytest.approx(1.2)
+    assert r.workers[0].decode_steps == 8
+    kinds = [s.kind for s in r.segments]
+    assert kinds == ["prefill", "decode", "prefill", "decode", "prefill", "decode"]
+
+
+def test_tail_of_one_long_answer() -> None:
+    # Two workers, one answer each: 10 steps vs 2 steps of 0.1 s; 2 GPUs per worker.
+    s = shape(rollout_workers=2, gpus_per_worker=2, prompts=2, group=1)
+    r = simulate_step(s, [10, 2], flat_profile())
+    assert [w.done_s for w in r.workers] == pytest.approx([1.0, 0.2])
+    assert r.first_done_s == pytest.approx(0.2)
+    assert r.tail_s == pytest.approx(0.8)
+    assert r.idle_gpu_s == pytest.approx(0.8 * 2)
+    assert r.harvested_gpu_s == 0
+    idle = [seg for seg in r.segments if seg.kind == "idle"]
+    assert [(seg.worker, seg.start, seg.end) for seg in idle] == [
+        (1, pytest.approx(0.2), pytest.approx(1.0))
+    ]
+
+
+def test_whole_groups_are_dealt_round_robin() -> None:
+    # 3 prompts x 2 answers on 2 workers: worker 0 gets prompts 0 and 2, worker 1 prompt 1.
+    s = shape(rollout_workers=2, prompts=3, group=2)
+    r = simulate_step(s, [1, 1, 7, 7, 3, 3], flat_profile())
+    assert [w.answers for w in r.workers] == [4, 2]
+    assert [w.done_s for w in r.workers] == pytest.approx([0.3, 0.7])
+
+
+@pytest.mark.parametrize(
+    ("idle_seconds", "harvested"), [(0.0, 0.8), (0.3, 0.5), (0.8, 0.0), (1.0, 0.0)]
+)
+def test_harvest_window_starts_after_idle_seconds(idle_seconds: float, harvested: float) -> None:
+    s = shape(rollout_workers=2, gpus_per_worker=2, prompts=2, group=1,
+              harvest=HarvestSpec(idle_seconds=idle_seconds))  # fmt: skip
+    r = simulate_step(s, [10, 2], flat_profile())
+    assert r.idle_gpu_s == pytest.approx(1.6)
+    assert r.harvested_gpu_s == pytest.approx(harvested * 2)
+    assert r.drafter_train_tokens == pytest.approx(harvested * 1000.0)
+    if harvested:
+        (h,) = [seg for seg in r.segments if seg.kind == "harvest"]
+        assert (h.start, h.end) == (pytest.approx(0.2 + idle_seconds), pytest.approx(1.0))
+
+
+def test_harvest_ignores_ineligible_roles() -> None:
+    s = shape(rollout_workers=2, prompts=2, group=1,
+              harvest=HarvestSpec(idle_seconds=0.0, eligible_roles=["trainer"]))  # fmt: skip
+    assert simulate_step(s, [10, 2], flat_profile()).harvested_gpu_s == 0
+
+
+def test_sd_switches_on_when_running_batch_reaches_threshold() -> None:
+    # Lengths 1, 2, 20, 20 with threshold 2: decode at 4 and 3 running; at 2 running SD is on
+    # (warm-up 0). C and D then hold 2 tokens and gain 3 per SD step (accepted length 3): 6 SD
+    # steps of 2 drafts + 1 verify.
+    r = simulate_step(shape(speculative=sd(2), accepted_length=3.0), [1, 2, 20, 20], flat_profile())
+    w = r.workers[0]
+    assert (w.decode_steps, w.speculative_steps) == (2, 6)
+    assert r.rollout_s == pytest.approx(2 * DECODE_S + 6 * (2 * DRAFT_S + VERIFY_S))
+    assert [(s.kind, s.end) for s in r.segments] == [
+        ("decode", pytest.approx(0.2)),
+        ("speculative", pytest.approx(r.rollout_s)),
+    ]
+
+
+def test_sd_warmup_delays_the_switch() -> None:
+    # Warm-up 1: one more plain step at 2 running (C, D at 3), then 17 tokens at 3 per step.
+    r = simulate_step(
+        shape(speculative=sd(2, warmup=1), accepted_length=3.0), [1, 2, 20, 20], flat_profile()
+    )
+    assert (r.workers[0].decode_steps, r.workers[0].speculative_steps) == (3, 6)
+    assert r.response_tokens == 43
+
+
+def test_fractional_accepted_length_accumulates() -> None:
+    # One answer of 10 tokens, threshold 1: gains 2.5 -> 2, 3, 2, 3 tokens.
+    s = shape(group=1, speculative=sd(1, depth=4), accepted_length=2.5)
+    r = simulate_step(s, [10], flat_profile())
+    assert r.workers[0].speculative_steps == 4
+
+
+def test_accepted_length_is_capped_by_depth() -> None:
+    s = shape(group=1, speculative=sd(1, depth=1), accepted_length=5.0)
+    r = simulate_step(s, [10], flat_profile())
+    assert r.workers[0].speculative_steps == 5  # at most depth + 1 = 2 tokens a step
+
+
+def test_compare_baseline_has_no_sd_and_no_harvest() -> None:
+    s = shape(rollout_workers=2, prompts=2, group=1, speculative=sd(1), accepted_length=3.0,
+              harvest=HarvestSpec(idle_seconds=0.0))  # fmt: skip
+    base, lt = compare(s, [10, 2], flat_profile())
+    assert base.workers[0].speculative_steps == 0 and base.harvested_gpu_s == 0
+    assert lt.workers[0].speculative_steps > 0 and lt.harvested_gpu_s > 0
+
+
+def test_bad_inputs_name_the_field() -> None:
+    with pytest.raises(ValueError, match="3 response lengths"):
+        simulate_step(shape(), [1, 2, 3], flat_profile())
+    with pytest.raises(ValueError, match="accepted_length"):
+        shape(accepted_length=0.5)
+    with pytest.raises(ValueError, match="max_running"):
+        shape(max_running=0)
+
+
+def test_simulator_imports_no_torch() -> None:
+    code = (
+        "import sys; import longtail_workers.sim.step, longtail_workers.sim.roofline; "
+        "assert 'torch' not in sys.modules, 'the simulator must stay pure Python'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

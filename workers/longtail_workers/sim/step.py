@@ -1,0 +1,197 @@
+"""One simulated RL step of a job shape on an engine profile: rollout, harvest, trainer, sync.
+
+Called by ``longtail simulate`` (and the projections in docs/performance.md) through
+:func:`simulate_step` and :func:`compare`. The step:
+
+1. **Dispatch.** ``prompts x group`` answers are dealt to the rollout workers in whole groups,
+   round-robin, by :func:`longtail_workers.shards.shard_round_robin` (the real dispatch's
+   function). Each worker then runs on its own (``sim/worker.py``).
+2. **Harvest.** A worker with no running or waiting answers while others still generate is
+   idle. Whether it is harvested is the job's own rule, :func:`longtail_api.harvest.decide`,
+   asked at the rollout's end with the worker's whole idle time: a worker idle for at least
+   ``harvest.idleSeconds`` trains the drafter from ``idleSeconds`` after it ran dry until the
+   rollout ends. Polling granularity is ignored (idleness is seen the moment it reaches the
+   threshold), and so are trainer GPUs even when ``trainer`` is an eligible role.
+3. **Trainer.** Response tokens x the profile's trainer seconds per token, divided by the
+   trainer replicas; then the weight sync (an input).
+
+GPU-seconds are worker seconds x GPUs per rollout worker. The accepted length is an input and
+stays fixed over the step (the drafter's improvement during harvest is not modelled).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from longtail_api.harvest import DRAFTER_TRAIN, WorkerView, decide
+from longtail_api.policies import HarvestSpec, SpeculativeSpec
+from longtail_api.profile import EngineProfile
+from longtail_workers.shards import shard_round_robin
+from longtail_workers.sim.latency import LatencyModel
+from longtail_workers.sim.worker import Segment, WorkerRun, simulate_worker
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What the simulator needs of an RLJob (plus the inputs a spec does not hold)."""
+
+    rollout_workers: int
+    """Rollout worker replicas (``spec.rollout.replicas``)."""
+    gpus_per_worker: int
+    """GPUs per rollout worker (``spec.rollout.resources.gpus``; 1 for a CPU worker)."""
+    prompts: int
+    """Prompts per step (``spec.algorithm.promptsPerStep``)."""
+    group: int
+    """Answers per prompt (``spec.algorithm.groupSize``)."""
+    max_running: int
+    """Most sequences one worker decodes at once (continuous batching's running batch)."""
+    prompt_tokens: int
+    """Prompt length, tokens (every answer's prompt)."""
+    speculative: SpeculativeSpec
+    """The job's adaptive SD policy (``spec.speculative``)."""
+    harvest: HarvestSpec
+    """The job's harvest settings (``spec.harvest``)."""
+    accepted_length: float = 1.0
+    """Mean accepted length of a speculative step (accepted drafts + 1, see ``sim/worker.py``)."""
+    trainer_replicas: int = 1
+    """Trainer data-parallel replicas the update's tokens are split over."""
+    weight_sync_s: float = 0.0
+    """Seconds to publish the new weights to the rollout workers after the update."""
+
+    def __post_init__(self) -> None:
+        for name in ("rollout_workers", "gpus_per_worker", "prompts", "group", "max_running",
+                     "trainer_replicas"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
+        if self.prompt_tokens < 0 or self.weight_sync_s < 0:
+            raise ValueError(
+                f"prompt_tokens={self.prompt_tokens}, weight_sync_s={self.weight_sync_s}: "
+                "must be >= 0"
+            )
+        if not self.accepted_length >= 1.0:
+            raise ValueError(
+                f"accepted_length={self.accepted_length!r}: must be >= 1 (accepted drafts + "
+                "the bonus token; 1 means every draft is rejected)"
+            )
+
+    def baseline(self) -> JobShape:
+        """The same job without speculative decoding and without harvest."""
+        return dataclasses.replace(
+            self,
+            speculative=dataclasses.replace(self.speculative, enabled=False),
+            harvest=dataclasses.replace(self.harvest, enabled=False),
+        )
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One simulated step (seconds; GPU-seconds are rollout-worker GPUs)."""
+
+    source: str
+    """The profile's source (``measured`` or ``roofline``): print it with every figure."""
+    step_s: float
+    """Rollout + trainer + weight sync."""
+    rollout_s: float
+    """Dispatch to the last answer."""
+    first_done_s: float
+    """When the first worker ran dry (start of the tail)."""
+    tail_s: float
+    """First worker done -> last worker done."""
+    trainer_s: float
+    """The policy update."""
+    weight_sync_s: float
+    """Publishing the weights."""
+    idle_gpu_s: float
+    """GPU-seconds rollout workers spent without answers while others generated."""
+    harvested_gpu_s: float
+    """Of those, GPU-seconds spent training the drafter."""
+    drafter_train_tokens: float
+    """Drafter training tokens the harvested time buys (profile rate x harvested seconds)."""
+    response_tokens: int
+    """Response tokens generated."""
+    workers: list[WorkerRun]
+    """Per-worker outcomes."""
+    segments: list[Segment]
+    """Every worker's timeline, idle and harvest included (for a plot)."""
+
+
+def _tail_segments(
+    run: WorkerRun, rollout_s: float, harvest: HarvestSpec
+) -> tuple[list[Segment], float, float]:
+    """Idle/harvest segments of a worker after it ran dry; (segments, idle s, harvested s)."""
+    idle = rollout_s - run.done_s
+    if idle <= 0:
+        return [], 0.0, 0.0
+    name = f"rollout-{run.worker}"
+    view = WorkerView(name, "rollout", "rollout", idle_seconds=idle, pending_work=False)
+    harvested = decide(harvest, True, [view]).get(name) == DRAFTER_TRAIN
+    if not harvested:
+        return [Segment(run.worker, run.done_s, rollout_s, "idle")], idle, 0.0
+    start = run.done_s + harvest.idle_seconds
+    segs = [Segment(run.worker, run.done_s, start, "idle")] if start > run.done_s else []
+    segs.append(Segment(run.worker, start, rollout_s, "harvest"))
+    return segs, idle, rollout_s - start
+
+
+def simulate_step(shape: JobShape, lengths: Sequence[int], profile: EngineProfile) -> StepResult:
+    """Simulate one step; ``lengths``: response tokens of the ``prompts x group`` answers, in
+    request order (the answers of prompt i are ``lengths[i*group:(i+1)*group]``)."""
+    n = shape.prompts * shape.group
+    if len(lengths) != n:
+        raise ValueError(
+            f"got {len(lengths)} response lengths for prompts x group = {shape.prompts} x "
+            f"{shape.group} = {n} answers: give one length per answer"
+        )
+    if any(x < 1 for x in lengths):
+        raise ValueError(f"response lengths must be >= 1 token, got min {min(lengths)}")
+    latency = LatencyModel(profile)
+    runs = [
+        simulate_worker(
+            w,
+            [lengths[i] for i in shard],
+            latency,
+            shape.speculative,
+            max_running=shape.max_running,
+            prompt_tokens=shape.prompt_tokens,
+            accepted_length=shape.accepted_length,
+        )
+        for w, shard in enumerate(shard_round_robin(n, shape.rollout_workers, shape.group))
+    ]
+    rollout_s = max(r.done_s for r in runs)
+    first_done_s = min(r.done_s for r in runs)
+    segments: list[Segment] = []
+    idle_s = harvested_s = 0.0
+    for r in runs:
+        tail, idle, harvested = _tail_segments(r, rollout_s, shape.harvest)
+        segments += r.segments + tail
+        idle_s += idle
+        harvested_s += harvested
+    tokens = sum(r.tokens for r in runs)
+    trainer_s = tokens * profile.trainer_seconds_per_token / shape.trainer_replicas
+    return StepResult(
+        source=profile.source,
+        step_s=rollout_s + trainer_s + shape.weight_sync_s,
+        rollout_s=rollout_s,
+        first_done_s=first_done_s,
+        tail_s=rollout_s - first_done_s,
+        trainer_s=trainer_s,
+        weight_sync_s=shape.weight_sync_s,
+        idle_gpu_s=idle_s * shape.gpus_per_worker,
+        harvested_gpu_s=harvested_s * shape.gpus_per_worker,
+        drafter_train_tokens=harvested_s * profile.drafter_train_tokens_per_s,
+        response_tokens=tokens,
+        workers=runs,
+        segments=segments,
+    )
+
+
+def compare(
+    shape: JobShape, lengths: Sequence[int], profile: EngineProfile
+) -> tuple[StepResult, StepResult]:
+    """(baseline, Longtail): the same step without and with SD + harvest."""
+    return (
+        simulate_step(shape.baseline(), lengths, profile),
+        simulate_step(shape, lengths, profile),
+    )
