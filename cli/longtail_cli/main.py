@@ -90,39 +90,39 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return entry(argv)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """Run an RLJob locally (worker processes on loopback); see docs/local-mode.md."""
-    module = importlib.import_module("longtail_workers.local.run")
-    entry: Callable[[list[str]], int] = module.run
-    return entry(list(args.forwarded))
+def forward_to(target: str, doc: str) -> Callable[[argparse.Namespace], int]:
+    """A subcommand that hands its arguments to ``module:function(argv)`` of the workers,
+    imported only when the subcommand runs (the CLI itself stays light)."""
+
+    def cmd(args: argparse.Namespace) -> int:
+        module_name, func_name = target.split(":")
+        entry: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), func_name)
+        return entry(list(args.forwarded))
+
+    cmd.__doc__ = doc
+    return cmd
 
 
-def cmd_drafter_export(args: argparse.Namespace) -> int:
-    """Export a drafter for EAGLE-capable serving engines (see docs/drafter-export.md)."""
-    module = importlib.import_module("longtail_workers.drafter.export")
-    entry: Callable[[list[str]], int] = module.main
-    return entry(list(args.forwarded))
-
-
-def cmd_drafter_fit(args: argparse.Namespace) -> int:
-    """Fit a job's drafter offline, for spec.drafterTraining.initialDrafter (docs/local-mode.md)."""
-    module = importlib.import_module("longtail_workers.warmstart.offline")
-    entry: Callable[[list[str]], int] = module.main
-    return entry(list(args.forwarded))
-
-
-def cmd_profile(args: argparse.Namespace) -> int:
-    """Measure the engine, drafter and trainer on this machine; write an engine profile file."""
-    module = importlib.import_module("longtail_workers.profile.main")
-    entry: Callable[[list[str]], int] = module.main
-    return entry(list(args.forwarded))
-
-
-def cmd_simulate(args: argparse.Namespace) -> int:
-    """Simulate an RLJob's step on an engine profile: baseline vs Longtail (pure Python)."""
-    module = importlib.import_module("longtail_workers.sim.main")
-    entry: Callable[[list[str]], int] = module.main
-    return entry(list(args.forwarded))
+cmd_run = forward_to(
+    "longtail_workers.local.run:run",
+    "Run an RLJob locally (worker processes on loopback); see docs/local-mode.md.",
+)
+cmd_drafter_export = forward_to(
+    "longtail_workers.drafter.export:main",
+    "Export a drafter for EAGLE-capable serving engines (see docs/drafter-export.md).",
+)
+cmd_drafter_fit = forward_to(
+    "longtail_workers.warmstart.offline:main",
+    "Fit a job's drafter offline, for spec.drafterTraining.initialDrafter (docs/local-mode.md).",
+)
+cmd_profile = forward_to(
+    "longtail_workers.profile.main:main",
+    "Measure the engine, drafter and trainer on this machine; write an engine profile file.",
+)
+cmd_simulate = forward_to(
+    "longtail_workers.sim.main:main",
+    "Simulate an RLJob's step on an engine profile: baseline vs Longtail (pure Python).",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
