@@ -102,6 +102,14 @@ class Retry:
 NO_RETRY = Retry()
 
 
+def checked_base_url(url: str, what: str) -> str:
+    """``url`` without a trailing ``/``, checked once for every client: ``what`` names the
+    option in the error (e.g. ``drafters URL``)."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{what} {url!r}: expected http://HOST:PORT")
+    return url.rstrip("/")
+
+
 @dataclass(frozen=True)
 class Response:
     """A successful (2xx) or accepted answer, read completely."""

@@ -73,6 +73,7 @@ from longtail_workers.httpclient import (
     Response,
     Retry,
     WorkerBusy,
+    checked_base_url,
     request,
 )
 from longtail_workers.httprequest import BodyErrors, JSONRequestHandler, error_text, fail
@@ -297,16 +298,13 @@ class RemoteDrafterRegistry:
         keep_versions: int = 2,
         token: str | None = None,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"drafters URL {base_url!r}: expected http://HOST:PORT")
-        if retries < 0 or backoff_s < 0 or timeout_s <= 0 or keep_versions < 1:
+        if timeout_s <= 0 or keep_versions < 1:
             raise ValueError(
-                "need retries >= 0, backoff_s >= 0, timeout_s > 0, keep_versions >= 1; got "
-                f"{retries}, {backoff_s}, {timeout_s}, {keep_versions}"
+                f"need timeout_s > 0, keep_versions >= 1; got {timeout_s}, {keep_versions}"
             )
-        self.base_url = base_url.rstrip("/")
+        self.base_url = checked_base_url(base_url, "drafters URL")
         self.timeout_s = timeout_s
-        self.retry = Retry(retries, backoff_s, max_backoff_s)
+        self.retry = Retry(retries, backoff_s, max_backoff_s)  # checks its own arguments
         self.keep_versions = keep_versions
         self.token = token
         """The job's token for uploads (None: the process's ``LONGTAIL_AUTH_TOKEN``)."""

@@ -131,7 +131,7 @@ class HttpWeightClient(WeightSource):
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"need timeout_s > 0; got {timeout_s}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = httpclient.checked_base_url(base_url, "weights URL")
         self.timeout_s = timeout_s
         self.retry = httpclient.Retry(retries, backoff_s, max_backoff_s)
 

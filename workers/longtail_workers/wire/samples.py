@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from longtail_workers.httpclient import http_json
+from longtail_workers.httpclient import checked_base_url, http_json
 from longtail_workers.wire.rollout import WireError, _get, _token_ids
 
 log = logging.getLogger(__name__)
@@ -135,14 +135,12 @@ class SampleFeed:
         poll_s: float = 0.5,
         max_backoff_s: float = 10.0,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"trainer URL {base_url!r}: expected http://HOST:PORT")
         if request_timeout_s <= 0 or poll_s <= 0 or max_backoff_s < poll_s:
             raise ValueError(
                 f"need request_timeout_s > 0, poll_s > 0, max_backoff_s >= poll_s; got "
                 f"{request_timeout_s}, {poll_s}, {max_backoff_s}"
             )
-        self.url = base_url.rstrip("/") + SAMPLES_PATH
+        self.url = checked_base_url(base_url, "trainer URL") + SAMPLES_PATH
         self.request_timeout_s, self.poll_s, self.max_backoff_s = (
             request_timeout_s, poll_s, max_backoff_s
         )  # fmt: skip
