@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-PROFILE_FORMAT = "longtail-profile/1"
+PROFILE_FORMAT = "longtail-profile/2"
 Source = Literal["measured", "roofline"]
 SOURCES: tuple[str, ...] = ("measured", "roofline")
 
@@ -77,7 +77,8 @@ class EngineProfile:
     model: ModelShape
     """The target (policy) model's shape."""
     decode: list[StepPoint]
-    """Target forwards of 1 new token per sequence (plain decode)."""
+    """Plain decode steps (1 new token per sequence). Measured: the engine's whole step
+    (forward, sampling, stop checks, cache bookkeeping); roofline: the forward."""
     verify: list[StepPoint]
     """Target forwards of k+1 tokens per sequence (SD verify), for the profiled depths k."""
     draft: list[StepPoint]
@@ -87,7 +88,19 @@ class EngineProfile:
     drafter_train_tokens_per_s: float
     """Training-pair tokens per second of the online drafter trainer."""
     trainer_seconds_per_token: float
-    """GRPO update seconds per response token (forward + backward + optimizer, one trainer)."""
+    """GRPO update seconds per token of the update's sequences, prompt and response tokens
+    alike (forward + backward + optimizer, one trainer): every token of a sequence goes through
+    the forward and backward passes, not only the ones that carry loss."""
+    weight_sync_s: float = 0.0
+    """Seconds to move a new policy version to a rollout worker (publish, pull, load; workers
+    pull in parallel); 0: not measured."""
+    kv_cache_tokens: int | None = None
+    """Tokens (prompt + generated, all running answers together) one rollout worker's KV cache
+    holds; None: not bounded (the torch engine grows its cache as needed)."""
+    speculative: list[StepPoint] = field(default_factory=list)
+    """Whole speculative steps of depth k (``tokens`` = k+1) measured through the engine: k draft
+    steps, the verify, the rejection sampler. Empty (roofline): the simulator adds k draft
+    steps and one verify."""
     notes: list[str] = field(default_factory=list)
     """Assumptions and caveats, printed with every result that uses this profile."""
     format: str = PROFILE_FORMAT
@@ -96,15 +109,21 @@ class EngineProfile:
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ProfileError(f"source={self.source!r}: use one of {', '.join(SOURCES)}")
-        for name in ("decode", "verify", "draft"):
+        for name in ("decode", "verify", "draft", "speculative"):
             points: list[StepPoint] = getattr(self, name)
-            if not points:
+            if not points and name != "speculative":
                 raise ProfileError(f"{name}: no points; profile at least one batch size")
             for i, p in enumerate(points):
                 if p.batch < 1 or p.context < 0 or p.tokens < 1 or not p.seconds > 0:
                     raise ProfileError(
                         f"{name}[{i}]={p}: need batch >= 1, context >= 0, tokens >= 1, seconds > 0"
                     )
+        if not self.weight_sync_s >= 0:
+            raise ProfileError(f"weight_sync_s={self.weight_sync_s!r}: must be >= 0")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
+            raise ProfileError(
+                f"kv_cache_tokens={self.kv_cache_tokens!r}: must be >= 1, or null for unbounded"
+            )
         for name in ("prefill_tokens_per_s", "drafter_train_tokens_per_s",
                      "trainer_seconds_per_token"):  # fmt: skip
             value = getattr(self, name)
@@ -132,13 +151,15 @@ class EngineProfile:
                 return [StepPoint(**p) for p in data[name]]
 
             rest = {
-                k: v for k, v in data.items() if k not in ("model", "decode", "verify", "draft")
-            }
+                k: v for k, v in data.items()
+                if k not in ("model", "decode", "verify", "draft", "speculative")
+            }  # fmt: skip
             return cls(
                 model=ModelShape(**data["model"]),
                 decode=points("decode"),
                 verify=points("verify"),
                 draft=points("draft"),
+                speculative=points("speculative") if "speculative" in data else [],
                 **rest,
             )
         except KeyError as exc:

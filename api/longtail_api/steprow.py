@@ -26,6 +26,7 @@ TRAIN_PREFIX = "train_"
 """Prefix of the optimizer statistics' keys (``train_loss``, ``train_grad_norm``, ...)."""
 _OPTIONAL = ("trainer_harvested_s", "eval_accuracy", "eval_sampled_accuracy", "idle_s",
              "harvested_s")  # fmt: skip
+_LISTS = ("response_lengths", "prompt_lengths")  # last in a row: long, and not CSV columns
 
 
 @dataclass
@@ -82,6 +83,15 @@ class StepRow:
     """``longtail run`` only: GPU-seconds rollout workers sat idle (from the harvest books)."""
     harvested_s: float | None = None
     """``longtail run`` only: of those, seconds spent training the drafter."""
+    worker_generate_s: dict[str, float] = field(default_factory=dict)
+    """Seconds each rollout worker spent in its generate call (drafter refresh, engine, capture
+    for drafter training), by worker: the rollout less the slowest of these is dispatch, the
+    policy pull and transport."""
+    response_lengths: list[int] = field(default_factory=list)
+    """Response tokens of every answer, in request order (prompt i's answers are
+    ``[i*group:(i+1)*group]``): the long tail ``longtail simulate --lengths run:DIR`` replays."""
+    prompt_lengths: list[int] = field(default_factory=list)
+    """Prompt tokens of every prompt of the step, in order."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON line's object; optional fields without a value are left out."""
@@ -98,6 +108,9 @@ class StepRow:
         out |= {"acceptance_collapsed": self.acceptance_collapsed, "train_s": self.train_s,
                 "sync_s": self.sync_s, "step_s": self.step_s}  # fmt: skip
         out |= {k: getattr(self, k) for k in _OPTIONAL if getattr(self, k) is not None}
+        if self.worker_generate_s:
+            out["worker_generate_s"] = dict(self.worker_generate_s)
+        out |= {k: list(getattr(self, k)) for k in _LISTS if getattr(self, k)}
         return out
 
     @classmethod
@@ -134,7 +147,35 @@ class StepRow:
             eval_sampled_accuracy=r.opt_num("eval_sampled_accuracy"),
             idle_s=r.opt_num("idle_s"),
             harvested_s=r.opt_num("harvested_s"),
+            worker_generate_s=_seconds_by_name(r, "worker_generate_s"),
+            response_lengths=_counts(r, "response_lengths"),
+            prompt_lengths=_counts(r, "prompt_lengths"),
         )
+
+
+def _seconds_by_name(r: _Reader, key: str) -> dict[str, float]:
+    """An optional ``{name: seconds}`` object; absent in rows of older versions."""
+    value = r.raw(key, required=False)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+        for k, v in value.items()
+    ):
+        raise ProtocolError(r.at(key), "must map worker names to seconds", value)
+    return {k: float(v) for k, v in value.items()}
+
+
+def _counts(r: _Reader, key: str) -> list[int]:
+    """An optional list of token counts (ints >= 0); absent in rows of older versions."""
+    value = r.raw(key, required=False)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        raise ProtocolError(r.at(key), "must be a list of token counts (integers >= 0)", value)
+    return list(value)
 
 
 def _train_stats(obj: Mapping[str, Any], r: _Reader) -> dict[str, float]:

@@ -138,6 +138,13 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
     assert all(r["answers"] == 8 and 0.0 <= r["reward_mean"] <= 1.0 for r in got)
     assert all(0 <= r["tail_s"] <= r["rollout_s"] for r in got)
     assert all(r["train_kl_ref"] >= 0.0 and r["train_tokens"] > 0 for r in got)
+    # What `longtail simulate --lengths run:DIR` replays: every answer's length, every prompt's,
+    # and each worker's generate seconds.
+    for r in got:
+        assert len(r["response_lengths"]) == 8 and max(r["response_lengths"]) == r["max_length"]
+        assert len(r["prompt_lengths"]) * 2 == 8 and min(r["prompt_lengths"]) > 0  # group 2
+        assert set(r["worker_generate_s"]) <= {"rollout-0", "rollout-1"}, r["worker_generate_s"]
+        assert all(v > 0 for v in r["worker_generate_s"].values())
     # trainer.microBatchTokens 64 splits each ~500-token update (the CPU default, 1024, would not)
     assert all(r["train_micro_batches"] >= 2 for r in got), [r["train_micro_batches"] for r in got]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -78,3 +79,19 @@ def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(ProfileError, match="cannot read a profile"):
         EngineProfile.read(path)
+
+
+def test_engine_steps_and_kv_capacity_round_trip_and_are_checked(tmp_path: Path) -> None:
+    full = dataclasses.replace(
+        _profile(),
+        speculative=[StepPoint(batch=1, context=16, tokens=5, seconds=0.03)],
+        kv_cache_tokens=4096,
+    )
+    path = tmp_path / "p.json"
+    full.write(path)
+    assert EngineProfile.read(path) == full
+    with pytest.raises(ProfileError, match="kv_cache_tokens=0: must be >= 1"):
+        EngineProfile.from_dict(_data() | {"kv_cache_tokens": 0})
+    bad = _data() | {"speculative": [{"batch": 0, "context": 1, "tokens": 5, "seconds": 1.0}]}
+    with pytest.raises(ProfileError, match=r"speculative\[0\]"):
+        EngineProfile.from_dict(bad)

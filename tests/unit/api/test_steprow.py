@@ -24,9 +24,12 @@ def test_a_full_row_round_trips_through_json() -> None:
     row = StepRow(step=4, policy_version=4, drafter_version=-1, reward_mean=0.5, accuracy=0.5,
                   rollout_s=3.0, tail_s=1.0, train_s=1.0, step_s=5.5, sync_s=0.5,
                   failed_workers=["w1"], train={"loss": 0.1, "tokens": 12},
-                  trainer_harvested_s=1.5, eval_accuracy=0.4)  # fmt: skip
+                  trainer_harvested_s=1.5, eval_accuracy=0.4, response_lengths=[5, 64, 7, 1],
+                  worker_generate_s={"rollout-0": 1.25, "rollout-1": 2.0},
+                  prompt_lengths=[12, 30])  # fmt: skip
     data = json.loads(json.dumps(row.to_dict()))
     assert data["train_loss"] == 0.1 and data["train_s"] == 1.0 and "idle_s" not in data
+    assert data["response_lengths"] == [5, 64, 7, 1] and list(data)[-1] == "prompt_lengths"
     assert StepRow.from_dict(data) == row
 
 
@@ -34,6 +37,7 @@ def test_old_rows_load_with_defaults() -> None:
     row = StepRow.from_dict(OLD_ROW)
     assert row.drafter_candidates_rejected == 0 and row.acceptance_collapsed is False
     assert row.trainer_harvested_s is None and row.train == {}
+    assert row.response_lengths == [] and "response_lengths" not in row.to_dict()
     assert {k: v for k, v in row.to_dict().items() if k in OLD_ROW} == OLD_ROW
 
 
@@ -49,6 +53,9 @@ def test_a_diverged_loss_still_loads() -> None:
         ({"reward_mean": None}, "row.reward_mean: must be a number"),
         ({"failed_workers": "w1"}, "row.failed_workers: must be a list of names"),
         ({"train_loss": "x"}, "row.train_loss: must be a number"),
+        ({"response_lengths": [3, -1]}, "row.response_lengths: must be a list of token counts"),
+        ({"prompt_lengths": [2.5]}, "row.prompt_lengths: must be a list of token counts"),
+        ({"worker_generate_s": {"w": "x"}}, "row.worker_generate_s: must map worker names"),
     ],
 )
 def test_malformed_rows_are_refused_naming_the_key(change: dict[str, object], named: str) -> None:

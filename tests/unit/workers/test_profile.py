@@ -32,7 +32,25 @@ def test_quick_profile_writes_a_valid_file(tmp_path: Path, capsys) -> None:
     assert profile.prefill_tokens_per_s > 0
     assert profile.drafter_train_tokens_per_s > 0
     assert profile.trainer_seconds_per_token > 0
+    # Whole engine steps: plain decode at every point, speculative ones at k + 1 = 5 tokens.
+    assert {(p.batch, p.context, p.tokens) for p in profile.speculative} == {
+        (b, c, 5) for b in (1, 3) for c in (8, 24)
+    }
+    assert profile.weight_sync_s > 0
     assert "wrote" in capsys.readouterr().out
+
+
+def test_engine_steps_can_be_timed_beside_neighbour_engines(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "p.json"
+    args = ["profile", "--shape", "micro", "--quick", "--device", "cpu", "--threads", "1",
+            "--concurrent", "2", "--batches", "2", "--contexts", "8",
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr().err
+    profile = EngineProfile.read(out)
+    assert profile.device.endswith("2 engines side by side")
+    assert len(profile.decode) == 1 and profile.decode[0].seconds > 0
+    assert main([*args[:-2], "--concurrent", "0", "--out", str(out)]) == 2
+    assert "--concurrent 0: must be >= 1" in capsys.readouterr().err
 
 
 def test_every_batch_context_and_depth_is_timed() -> None:
@@ -58,13 +76,6 @@ def test_contexts_are_capped_by_the_model_positions() -> None:
     assert capped_contexts([64, 16], None, [4]) == (16, 64)
     with pytest.raises(ValueError, match="--depths 8"):
         capped_contexts([4], 8, [8])
-
-
-def test_vllm_is_refused_not_replaced(tmp_path: Path, capsys) -> None:
-    out = tmp_path / "p.json"
-    assert main(["profile", "--engine", "vllm", "--shape", "micro", "--out", str(out)]) == 2
-    assert "--engine vllm is not implemented yet" in capsys.readouterr().err
-    assert not out.exists()
 
 
 @pytest.mark.parametrize("models", [[], ["--model", "builtin:tiny", "--shape", "micro"]])

@@ -37,14 +37,15 @@ def test_lognormal_lengths_have_the_asked_tail() -> None:
 
 
 def test_parse_lengths_reads_the_cli_form_and_names_bad_keys() -> None:
-    got = parse_lengths("lognormal:median=50,p99_ratio=4,cap_fraction=0.1,seed=3", 4, 2, 100)
-    assert len(got) == 8 and max(got) == 100
+    model = parse_lengths("lognormal:median=50,p99_ratio=4,cap_fraction=0.1,seed=3", 100)
+    got = model.lengths(4, 2)
+    assert len(got) == 8 and max(got) == 100 and model.seed == 3
     with pytest.raises(ValueError, match="known keys"):
-        parse_lengths("lognormal:mean=50", 4, 2, 100)
+        parse_lengths("lognormal:mean=50", 100)
     with pytest.raises(ValueError, match="expected lognormal"):
-        parse_lengths("uniform:median=50", 4, 2, 100)
+        parse_lengths("uniform:median=50", 100)
     with pytest.raises(ValueError, match="p99_ratio"):
-        parse_lengths("lognormal:median=50,p99_ratio=0.5", 4, 2, 100)
+        parse_lengths("lognormal:median=50,p99_ratio=0.5", 100)
 
 
 def test_simulate_cli_prints_a_labelled_table(capsys: pytest.CaptureFixture[str]) -> None:

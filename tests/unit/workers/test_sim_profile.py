@@ -74,6 +74,14 @@ def test_roofline_latencies_behave_like_a_roofline() -> None:
     assert lat.draft_s(1, 1024) < lat.decode_s(1, 1024)
 
 
+def test_roofline_kv_capacity_follows_from_the_gpu_memory() -> None:
+    # Qwen2-7B: 28 layers x 2 (K, V) x 4 KV heads x 128 x 2 bytes = 57,344 bytes a token; 90% of
+    # 80 GB less 15.2 GB of weights leaves about 0.99M tokens.
+    p = roofline_profile("Qwen2-7B")
+    assert p.kv_cache_tokens == pytest.approx(990_000, rel=0.01)
+    assert any("KV cache" in n for n in p.notes)
+
+
 def test_unknown_roofline_model_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"Qwen2-1\.5B"):
         roofline_profile("Llama-70B")

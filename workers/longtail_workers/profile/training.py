@@ -10,6 +10,7 @@ AdamW) on a small batch of random rollouts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -75,20 +76,32 @@ def drafter_train_tokens_per_s(
 
 
 def trainer_seconds_per_token(
-    policy: nn.Module, shape: TrainShape, runs: Repeats, gen: torch.Generator
+    policy: nn.Module,
+    shape: TrainShape,
+    runs: Repeats,
+    gen: torch.Generator,
+    rows: Sequence[tuple[int, int]] | None = None,
 ) -> float:
-    """Seconds of one GRPO update per response token (the trainer's default token budget)."""
+    """Seconds of one GRPO update per sequence token, prompt and response (the trainer's
+    default token budget): the cost follows every token the passes run over. ``rows``:
+    ``(prompt, response)`` tokens per sequence of a real batch (a run's step: mixed lengths
+    cost more per token than one length, through the micro-batches' padding and the long
+    sequences' attention); default: ``shape``'s uniform batch."""
     dev = next(policy.parameters()).device
     vocab = int(policy.get_output_embeddings().out_features)  # type: ignore[operator]
-    b, p, r = shape.sequences, shape.prompt_tokens, shape.response_tokens
-    ids = torch.randint(0, vocab, (b, p + r), generator=gen).to(dev)  # [B, T]
-    response = torch.zeros(b, p + r, dtype=torch.long, device=dev)  # [B, T]
-    response[:, p:] = 1
+    rows = rows or [(shape.prompt_tokens, shape.response_tokens)] * shape.sequences
+    b, width = len(rows), max(p + r for p, r in rows)
+    ids = torch.randint(0, vocab, (b, width), generator=gen).to(dev)  # [B, T]
+    attention = torch.zeros(b, width, dtype=torch.long, device=dev)  # [B, T], right-padded
+    response = torch.zeros(b, width, dtype=torch.long, device=dev)  # [B, T]
+    for i, (p, r) in enumerate(rows):  # as the trainer's rollout_batch.py lays rows out
+        attention[i, : p + r] = 1
+        response[i, p : p + r] = 1
     batch = GrpoBatch(
         input_ids=ids,
-        attention_mask=torch.ones_like(ids),
+        attention_mask=attention,
         response_mask=response,
-        old_logprobs=torch.full((b, p + r), -1.0, device=dev),  # [B, T]
+        old_logprobs=torch.full((b, width), -1.0, device=dev),  # [B, T]
         advantages=torch.randn(b, generator=gen).to(dev),  # [B]
     )
     cfg = TrainConfig(micro_batch_tokens=micro_batch_budget(None, dev))
@@ -98,4 +111,4 @@ def trainer_seconds_per_token(
         seconds = median_seconds(lambda: train_step(policy, optimizer, batch, cfg), dev, runs)
     finally:
         policy.eval()
-    return seconds / (b * r)
+    return seconds / sum(p + r for p, r in rows)

@@ -11,7 +11,8 @@ Called by ``longtail simulate`` (and the docs' projections). Two pieces:
   the overall p99/median set by ``p99_ratio``; lengths are capped at ``max_new_tokens`` and the
   longest ``cap_fraction`` of answers are set to the cap (public reasoning-RL runs report 1-5%
   truncated). Seeded, so a run repeats. :func:`parse_lengths` reads
-  ``lognormal:median=M,p99_ratio=R,cap_fraction=F[,seed=S]``.
+  ``lognormal:median=M,p99_ratio=R,cap_fraction=F[,seed=S]`` into a :class:`LognormalModel`
+  (the lengths of a finished run are read by ``sim/runs.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from dataclasses import dataclass
 
 from longtail_api.spec import RLJobSpec
 from longtail_workers.sim.step import JobShape
@@ -33,7 +35,7 @@ def shape_from_job(
     max_running: int,
     prompt_tokens: int,
     accepted_length: float,
-    weight_sync_s: float = 0.0,
+    weight_sync_s: float | None = None,
 ) -> tuple[JobShape, list[str]]:
     """The job's :class:`JobShape` and notes on what was adapted. Trainer replicas are the
     trainer's GPUs (replicas x GPUs per pod; pods on CPU), as a roofline profile's trainer
@@ -96,11 +98,35 @@ def lognormal_lengths(
     return lengths
 
 
-def parse_lengths(text: str, prompts: int, group: int, cap: int) -> list[int]:
-    """``lognormal:median=M,p99_ratio=R,cap_fraction=F[,seed=S]`` -> lengths."""
+@dataclass(frozen=True)
+class LognormalModel:
+    """The parametric long tail of :func:`lognormal_lengths`, as ``--lengths`` gives it."""
+
+    median: float
+    """Median response length, tokens."""
+    p99_ratio: float
+    """p99 / median of the lengths (public reasoning-RL runs: about 10)."""
+    cap: int
+    """``maxNewTokens``: no answer is longer."""
+    cap_fraction: float
+    """Share of answers set to the cap (truncated)."""
+    seed: int = 0
+    """Seed of the draw."""
+
+    def lengths(self, prompts: int, group: int) -> list[int]:
+        """``prompts x group`` lengths in request order."""
+        return lognormal_lengths(prompts, group, median=self.median, p99_ratio=self.p99_ratio,
+                                 cap=self.cap, cap_fraction=self.cap_fraction,
+                                 seed=self.seed)  # fmt: skip
+
+
+def parse_lengths(text: str, cap: int) -> LognormalModel:
+    """``lognormal:median=M,p99_ratio=R,cap_fraction=F[,seed=S]`` -> the length model."""
     kind, _, args = text.partition(":")
     if kind != "lognormal":
-        raise ValueError(f"--lengths {text!r}: expected lognormal:median=...,p99_ratio=...")
+        raise ValueError(
+            f"--lengths {text!r}: expected lognormal:median=...,p99_ratio=... or run:DIR"
+        )
     try:
         kv = {k.strip(): float(v) for k, v in (a.split("=", 1) for a in args.split(",") if a)}
     except ValueError as exc:
@@ -110,12 +136,12 @@ def parse_lengths(text: str, prompts: int, group: int, cap: int) -> list[int]:
         raise ValueError(
             f"--lengths {text!r}: need median=; known keys: median, p99_ratio, cap_fraction, seed"
         )
-    return lognormal_lengths(
-        prompts,
-        group,
+    model = LognormalModel(
         median=kv["median"],
         p99_ratio=kv.get("p99_ratio", 10.0),
         cap=cap,
         cap_fraction=kv.get("cap_fraction", 0.02),
         seed=int(kv.get("seed", 0)),
     )
+    model.lengths(1, 1)  # check the values now, with the message naming them
+    return model

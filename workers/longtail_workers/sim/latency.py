@@ -95,6 +95,7 @@ class LatencyModel:
         self._decode = Curve(profile.decode, "decode")
         self._verify = Curve(profile.verify, "verify")
         self._draft = Curve(profile.draft, "draft")
+        self._speculative = Curve(profile.speculative) if profile.speculative else None
 
     def decode_s(self, batch: int, context: float) -> float:
         """One plain decode step (1 new token per sequence) of the target."""
@@ -109,7 +110,10 @@ class LatencyModel:
         return self._draft.seconds(batch, context, 1)
 
     def speculative_s(self, batch: int, context: float, depth: int) -> float:
-        """One speculative step of depth ``depth``: ``depth`` draft steps, then one verify."""
+        """One speculative step of depth ``depth``: the engine-measured whole step where the
+        profile has them, else ``depth`` draft steps plus one verify (a roofline profile)."""
+        if self._speculative is not None:
+            return self._speculative.seconds(batch, context, depth + 1)
         return depth * self.draft_s(batch, context) + self.verify_s(batch, context, depth)
 
     def prefill_s(self, prompt_tokens: int) -> float:

@@ -2,23 +2,33 @@
 
 Called by the CLI (``cli/longtail_cli/main.py`` forwards its arguments here). Reads the job,
 a profile (``--profile FILE`` from ``longtail profile``, or ``--roofline MODEL``: the
-first-principles H100-class profile, labelled a projection), response lengths (``--lengths
-lognormal:median=...``), runs :func:`longtail_workers.sim.step.compare` and prints the step,
-rollout, tail, trainer, idle and harvested GPU-seconds side by side with the projected speedup,
-followed by the profile's notes and what was adapted from the job.
+first-principles H100-class profile, labelled a projection) and response lengths (``--lengths
+lognormal:median=...``, a parametric long tail, or ``--lengths run:DIR``, every step of a
+finished run replayed with its own lengths and accepted length), runs
+:func:`longtail_workers.sim.step.compare` and prints the step, rollout, tail, trainer, idle and
+harvested GPU-seconds side by side with the projected speedup, followed by the profile's notes
+and what was adapted from the job. ``--plot FILE.png`` draws the per-worker timeline of one
+step; ``--sensitivity`` adds the table of the inputs that move the projection most.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
 from longtail_api.manifest import ManifestError, validate_file
 from longtail_api.profile import EngineProfile, ProfileError
+from longtail_api.spec import RLJobSpec
 from longtail_workers.sim.job import parse_lengths, shape_from_job
 from longtail_workers.sim.roofline import QWEN2_SHAPES, roofline_profile
-from longtail_workers.sim.step import StepResult, compare
+from longtail_workers.sim.runs import mean_results, read_run, replay
+from longtail_workers.sim.sensitivity import format_rows, sensitivity
+from longtail_workers.sim.step import JobShape, StepResult, compare
+
+DEFAULT_ACCEPTED_LENGTH = 3.0
+"""Accepted length when neither ``--accepted-length`` nor a run gives one."""
 
 ROWS: tuple[tuple[str, str], ...] = (
     ("step_s", "step (s)"),
@@ -28,6 +38,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("weight_sync_s", "weight sync (s)"),
     ("idle_gpu_s", "idle rollout GPU-seconds"),
     ("harvested_gpu_s", "harvested GPU-seconds (drafter training)"),
+    ("preempted", "answers preempted (KV cache full)"),
 )
 
 
@@ -44,17 +55,37 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--lengths",
         default="lognormal:median=2000,p99_ratio=10,cap_fraction=0.02",
-        help="response lengths: lognormal:median=M,p99_ratio=R,cap_fraction=F[,seed=S]",
+        help="response lengths: lognormal:median=M,p99_ratio=R,cap_fraction=F[,seed=S], or "
+        "run:DIR to replay every step of a finished run (its -o directory)",
     )
     ap.add_argument(
         "--accepted-length",
         type=float,
-        default=3.0,
-        help="mean accepted length per SD step (accepted drafts + 1)",
+        default=None,
+        help="mean accepted length per SD step (accepted drafts + 1); default: each step's own "
+        f"with run:DIR, else {DEFAULT_ACCEPTED_LENGTH}",
     )
     ap.add_argument("--max-running", type=int, default=256, help="running batch per worker")
     ap.add_argument("--prompt-tokens", type=int, default=256, help="prompt length, tokens")
-    ap.add_argument("--weight-sync-s", type=float, default=0.0, help="weight sync seconds")
+    ap.add_argument(
+        "--weight-sync-s",
+        type=float,
+        default=None,
+        help="seconds to move a policy version to the workers (default: the profile's)",
+    )
+    ap.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=None,
+        help="KV-cache capacity per rollout worker, tokens (default: the profile's; the "
+        "roofline's follows from the GPU memory; 0: unbounded)",
+    )
+    ap.add_argument("--plot", metavar="FILE.png", help="write the per-worker timeline of a step")
+    ap.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also vary accepted length, tail share and SD threshold one at a time (lognormal)",
+    )
     return ap
 
 
@@ -64,7 +95,8 @@ def format_table(base: StepResult, longtail: StepResult) -> str:
     lines = [f"{'':{width}}  {'baseline':>12}  {'longtail':>12}"]
     for attr, label in ROWS:
         b, lt = getattr(base, attr), getattr(longtail, attr)
-        lines.append(f"{label:{width}}  {b:12.1f}  {lt:12.1f}")
+        digits = 2 if max(abs(b), abs(lt)) < 100 else 1  # CPU steps take seconds, GPU minutes
+        lines.append(f"{label:{width}}  {b:12.{digits}f}  {lt:12.{digits}f}")
     lines.append(
         f"{'projected speedup':{width}}  step {base.step_s / longtail.step_s:.2f}x, "
         f"rollout {base.rollout_s / longtail.rollout_s:.2f}x"
@@ -72,34 +104,77 @@ def format_table(base: StepResult, longtail: StepResult) -> str:
     return "\n".join(lines)
 
 
+def _job(path: str) -> RLJobSpec:
+    results = validate_file(path)
+    spec = results[0].spec
+    if spec is None or not results[0].ok:
+        errors = "; ".join(str(e) for e in results[0].errors)
+        raise ValueError(f"{path}: not a valid RLJob ({errors}); run `longtail validate`")
+    return spec
+
+
+def _simulate(
+    args: argparse.Namespace, spec: RLJobSpec, shape: JobShape, profile: EngineProfile
+) -> tuple[list[tuple[StepResult, StepResult]], str]:
+    """(baseline, Longtail) per simulated step and a line saying where the lengths came from."""
+    if args.lengths.startswith("run:"):
+        run_dir = args.lengths.removeprefix("run:")
+        rows = read_run(run_dir)
+        steps = replay(shape, rows, profile, args.accepted_length)
+        return steps, f"lengths: {len(rows)} steps of run {run_dir} (per-step means below)"
+    model = parse_lengths(args.lengths, spec.algorithm.max_new_tokens)
+    return [compare(shape, model.lengths(shape.prompts, shape.group), profile)], (
+        f"lengths: {args.lengths} (cap {model.cap})"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        results = validate_file(args.job)
-        spec = results[0].spec
-        if spec is None or not results[0].ok:
-            errors = "; ".join(str(e) for e in results[0].errors)
-            raise ValueError(f"{args.job}: not a valid RLJob ({errors}); run `longtail validate`")
+        spec = _job(args.job)
         profile = (
             EngineProfile.read(args.profile) if args.profile else roofline_profile(args.roofline)
         )
+        if args.kv_tokens is not None:
+            if args.kv_tokens < 0:
+                raise ValueError(f"--kv-tokens {args.kv_tokens}: must be >= 0 (0: unbounded)")
+            profile = dataclasses.replace(profile, kv_cache_tokens=args.kv_tokens or None)
+        fixed = args.accepted_length
         shape, notes = shape_from_job(
             spec,
             max_running=args.max_running,
             prompt_tokens=args.prompt_tokens,
-            accepted_length=args.accepted_length,
+            accepted_length=DEFAULT_ACCEPTED_LENGTH if fixed is None else fixed,
             weight_sync_s=args.weight_sync_s,
         )
-        lengths = parse_lengths(
-            args.lengths, shape.prompts, shape.group, spec.algorithm.max_new_tokens
-        )
-        base, longtail = compare(shape, lengths, profile)
+        steps, source = _simulate(args, spec, shape, profile)
+        if args.sensitivity and args.lengths.startswith("run:"):
+            raise ValueError("--sensitivity varies the lognormal length model; drop run:DIR")
+        table = (
+            format_rows(sensitivity(shape, parse_lengths(args.lengths,
+                                                         spec.algorithm.max_new_tokens), profile))
+            if args.sensitivity else None
+        )  # fmt: skip
     except (ManifestError, ProfileError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     label = "ROOFLINE PROJECTION" if profile.source == "roofline" else "measured profile"
     print(f"profile: {label} ({profile.device}, engine {profile.engine})")
+    print(source)
+    base = mean_results([b for b, _ in steps])
+    longtail = mean_results([lt for _, lt in steps])
     print(format_table(base, longtail))
+    if table is not None:
+        print(f"\nsensitivity (one input varied at a time; * = base case, {label}):")
+        print(table)
+    if args.plot:
+        plotted = max(range(len(steps)), key=lambda i: steps[i][0].tail_s)
+        from longtail_workers.sim.plot import timeline_png
+
+        caption = (f"{label}: {profile.device}, engine {profile.engine}; {source}; step "
+                   f"{plotted + 1} of {len(steps)} (longest baseline tail)")  # fmt: skip
+        timeline_png(*steps[plotted], args.plot, caption)
+        print(f"timeline: {args.plot}")
     for note in [*profile.notes, *notes]:
         print(f"note: {note}")
     return 0

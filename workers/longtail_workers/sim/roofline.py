@@ -43,6 +43,13 @@ TRAINER_EXTRA_FORWARDS = 2
 """Forwards the update adds to forward + backward: activation recompute and old log-probs."""
 BYTES_PER_PARAM = 2
 """bf16 weights and KV cache."""
+WEIGHT_SYNC_BYTES_PER_S = 25e9
+"""Assumed rate of a policy broadcast to the rollout GPUs (NCCL over NVLink/InfiniBand)."""
+HBM_BYTES = 80e9
+"""H100 SXM memory, bytes."""
+KV_MEMORY_FRACTION = 0.9
+"""Share of the memory the engine may use (vLLM's default ``gpu_memory_utilization``); the KV
+cache gets what the weights leave of it (activations not subtracted)."""
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 """Profiled running batch sizes."""
 CONTEXTS = (0, 1024, 4096, 8192, 16384, 32768)
@@ -127,6 +134,14 @@ def _draft_points(m: ModelShape) -> list[StepPoint]:
     return _curve(matmul, kv_bytes_per_token(m, layers=1), 1, m.hidden_size, 1)
 
 
+def kv_capacity_tokens(m: ModelShape) -> int:
+    """Tokens the KV cache of one GPU holds next to the weights (:data:`KV_MEMORY_FRACTION`)."""
+    free = HBM_BYTES * KV_MEMORY_FRACTION - m.params * BYTES_PER_PARAM
+    if free <= 0:
+        raise ValueError(f"{m.params:,} parameters do not fit one {HBM_BYTES / 1e9:.0f} GB GPU")
+    return int(free // kv_bytes_per_token(m))
+
+
 def notes() -> list[str]:
     """The assumptions, as printed with every result that uses a roofline profile."""
     return [
@@ -136,9 +151,11 @@ def notes() -> list[str]:
         "(decode/verify/draft), "
         f"{PREFILL_FLOPS_FRACTION:.0%} (prefill), {TRAIN_FLOPS_FRACTION:.0%} (training)",
         f"{FORWARD_OVERHEAD_S * 1e3:g} ms fixed overhead per forward; one GPU per model copy",
+        f"weight sync: bf16 weights broadcast at {WEIGHT_SYNC_BYTES_PER_S / 1e9:.0f} GB/s",
         f"trainer: (6 + 2 x {TRAINER_EXTRA_FORWARDS}) FLOPs per parameter per token on ONE GPU: "
         "set the job shape's trainer replicas to the trainer GPUs",
-        "KV-cache capacity and preemption are not modelled (every running sequence fits)",
+        f"KV cache: {KV_MEMORY_FRACTION:.0%} of {HBM_BYTES / 1e9:.0f} GB less the weights, per "
+        "rollout GPU; a full cache preempts the newest answer (recompute)",
     ]
 
 
@@ -163,6 +180,8 @@ def roofline_profile(
         draft=_draft_points(m),
         prefill_tokens_per_s=PEAK_FLOPS * PREFILL_FLOPS_FRACTION / (2 * m.params),
         drafter_train_tokens_per_s=PEAK_FLOPS * TRAIN_FLOPS_FRACTION / drafter_train_flops,
+        kv_cache_tokens=kv_capacity_tokens(m),
+        weight_sync_s=m.params * BYTES_PER_PARAM / WEIGHT_SYNC_BYTES_PER_S,
         trainer_seconds_per_token=train_flops / (PEAK_FLOPS * TRAIN_FLOPS_FRACTION),
         notes=[f"model shape: {model} (public config)", *notes()],
     )

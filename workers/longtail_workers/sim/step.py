@@ -12,8 +12,9 @@ Called by ``longtail simulate`` (and the projections in docs/performance.md) thr
    ``harvest.idleSeconds`` trains the drafter from ``idleSeconds`` after it ran dry until the
    rollout ends. Polling granularity is ignored (idleness is seen the moment it reaches the
    threshold), and so are trainer GPUs even when ``trainer`` is an eligible role.
-3. **Trainer.** Response tokens x the profile's trainer seconds per token, divided by the
-   trainer replicas; then the weight sync (an input).
+3. **Trainer.** The update's tokens (prompt + response of every answer) x the profile's trainer
+   seconds per token, divided by the trainer replicas; then the weight sync (the profile's, or
+   an input).
 
 GPU-seconds are worker seconds x GPUs per rollout worker. The accepted length is an input and
 stays fixed over the step (the drafter's improvement during harvest is not modelled).
@@ -57,15 +58,16 @@ class JobShape:
     """Mean accepted length of a speculative step (accepted drafts + 1, see ``sim/worker.py``)."""
     trainer_replicas: int = 1
     """Trainer data-parallel replicas the update's tokens are split over."""
-    weight_sync_s: float = 0.0
-    """Seconds to publish the new weights to the rollout workers after the update."""
+    weight_sync_s: float | None = None
+    """Seconds to move the new weights to the rollout workers after the update (None: the
+    profile's measured or roofline figure)."""
 
     def __post_init__(self) -> None:
         for name in ("rollout_workers", "gpus_per_worker", "prompts", "group", "max_running",
                      "trainer_replicas"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 1")
-        if self.prompt_tokens < 0 or self.weight_sync_s < 0:
+        if self.prompt_tokens < 0 or (self.weight_sync_s or 0.0) < 0:
             raise ValueError(
                 f"prompt_tokens={self.prompt_tokens}, weight_sync_s={self.weight_sync_s}: "
                 "must be >= 0"
@@ -111,6 +113,8 @@ class StepResult:
     """Drafter training tokens the harvested time buys (profile rate x harvested seconds)."""
     response_tokens: int
     """Response tokens generated."""
+    preempted: int
+    """Answers preempted by a full KV cache (and prefilled again later)."""
     workers: list[WorkerRun]
     """Per-worker outcomes."""
     segments: list[Segment]
@@ -156,6 +160,7 @@ def simulate_step(shape: JobShape, lengths: Sequence[int], profile: EngineProfil
             max_running=shape.max_running,
             prompt_tokens=shape.prompt_tokens,
             accepted_length=shape.accepted_length,
+            kv_tokens=profile.kv_cache_tokens,
         )
         for w, shard in enumerate(shard_round_robin(n, shape.rollout_workers, shape.group))
     ]
@@ -169,19 +174,22 @@ def simulate_step(shape: JobShape, lengths: Sequence[int], profile: EngineProfil
         idle_s += idle
         harvested_s += harvested
     tokens = sum(r.tokens for r in runs)
-    trainer_s = tokens * profile.trainer_seconds_per_token / shape.trainer_replicas
+    update_tokens = tokens + n * shape.prompt_tokens  # every sequence's prompt goes through too
+    trainer_s = update_tokens * profile.trainer_seconds_per_token / shape.trainer_replicas
+    sync_s = profile.weight_sync_s if shape.weight_sync_s is None else shape.weight_sync_s
     return StepResult(
         source=profile.source,
-        step_s=rollout_s + trainer_s + shape.weight_sync_s,
+        step_s=rollout_s + trainer_s + sync_s,
         rollout_s=rollout_s,
         first_done_s=first_done_s,
         tail_s=rollout_s - first_done_s,
         trainer_s=trainer_s,
-        weight_sync_s=shape.weight_sync_s,
+        weight_sync_s=sync_s,
         idle_gpu_s=idle_s * shape.gpus_per_worker,
         harvested_gpu_s=harvested_s * shape.gpus_per_worker,
         drafter_train_tokens=harvested_s * profile.drafter_train_tokens_per_s,
         response_tokens=tokens,
+        preempted=sum(r.preempted for r in runs),
         workers=runs,
         segments=segments,
     )

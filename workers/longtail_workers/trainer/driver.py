@@ -308,7 +308,13 @@ class StepDriver:
     def _row(self, step: int, out: RolloutOutcome, rewards: list[float], correct: list[bool],
              stats: dict[str, float], train_s: float, sync_s: float) -> StepRow:  # fmt: skip
         lengths = [len(s.output_token_ids) for s in out.samples]
+        group = self.spec.algorithm.group_size
+        prompt_lengths = [len(s.prompt_token_ids) for s in out.samples[::group]]
         eng = [r.engine for r in out.replies]
+        worker_seconds: dict[str, float] = {}
+        for reply in out.replies:  # a worker answers more than once after a re-dispatch
+            seconds = reply.engine.get("seconds", 0.0)
+            worker_seconds[reply.worker] = worker_seconds.get(reply.worker, 0.0) + seconds
         tokens = sum(e.get("tokens", 0.0) for e in eng)
         sd_tokens = sum(e.get("sdTokens", 0.0) for e in eng)
         rows = sum(e.get("acceptedRows", 0.0) for e in eng)
@@ -334,6 +340,9 @@ class StepDriver:
             train_s=train_s,
             sync_s=sync_s,
             step_s=0.0,  # set by one_step once the step is over
+            worker_generate_s=worker_seconds,
+            response_lengths=lengths,
+            prompt_lengths=prompt_lengths,
         )
 
     def _new_rejections(self) -> int:

@@ -1,0 +1,168 @@
+"""Benchmark: the step simulator's prediction against real `longtail run` steps, same sitting.
+
+Run: ``.venv/bin/python bench/sim_validate.py [--steps N] [--profile FILE]`` on an idle machine.
+
+1. For each job shape below, runs the job twice with ``bench/rl_step.py``'s runner: as written
+   (adaptive SD + harvest) and with ``--no-speculative --no-harvest`` (the baseline).
+2. Takes a CPU engine profile of ``builtin:tiny`` with ``longtail profile`` (one torch thread per
+   rollout worker and two for the trainer, as example 01's resources give them; the engine steps
+   timed with two engines side by side, as the job's two rollout workers run, keeping 3 drafts a
+   speculative step; the GRPO update timed on the first baseline run's median step), unless
+   ``--profile`` names one.
+3. Replays every step of each run in the simulator (``sim/runs.py``: the step's own response
+   and prompt lengths; the Longtail arm also its own accepted length) and compares the mean
+   predicted step, rollout and trainer seconds with the measured ones.
+
+Prints a Markdown table and writes ``bench/results/sim_validate.json``. The acceptance bar of
+issue #24 is the mean step time of both arms within +-15% for at least two shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from longtail_api.manifest import validate_file
+from longtail_api.profile import EngineProfile
+from longtail_workers.sim.job import shape_from_job
+from longtail_workers.sim.runs import mean_results, read_run, replay
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from rl_step import run_job  # noqa: E402  (the one runner of `longtail run` for benchmarks)
+
+RESULTS = ROOT / "bench" / "results" / "sim_validate.json"
+PROFILE_ARGS = [
+    "--model", "builtin:tiny", "--device", "cpu", "--threads", "1", "--trainer-threads", "2",
+    "--concurrent", "2", "--accepted-length", "4",
+    "--batches", "1,2,4,8,16,32,64", "--contexts", "32,64,128,256,384",
+    "--depths", "2,4,6", "--repeats", "5",
+]  # fmt: skip
+SHAPES: dict[str, dict[str, Any]] = {
+    # Example 01 as shipped: 2 workers x 64 answers, cap 256, SD at <= 8 running.
+    "A: example 01 (16 x 8, cap 256, threshold 8)": {},
+    # Fewer, larger groups and a longer cap: a longer tail, SD at <= 16 running.
+    "B: 8 x 16, cap 384, threshold 16": {
+        "algorithm": {"promptsPerStep": 8, "groupSize": 16, "maxNewTokens": 384},
+        "speculative": {"batchThreshold": 16},
+    },
+}
+
+
+def job_file(tmp: Path, name: str, overrides: dict[str, Any], steps: int) -> Path:
+    doc = yaml.safe_load((ROOT / "examples" / "01-tiny-arith.yaml").read_text())
+    for section, values in overrides.items():
+        doc["spec"][section].update(values)
+    doc["spec"]["algorithm"]["totalSteps"] = steps
+    doc["spec"]["algorithm"]["evalEverySteps"] = 0  # eval is outside the step: skip its time
+    path = tmp / f"{name.split(':')[0]}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def take_profile(path: Path, run_dir: Path) -> None:
+    cmd = [sys.executable, "-m", "longtail_cli.main", "profile", *PROFILE_ARGS,
+           "--train-batch", f"run:{run_dir}", "--out", str(path)]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def compare_arm(job: Path, run_dir: Path, profile: EngineProfile, arm: int) -> dict[str, float]:
+    """Measured vs predicted means of one run (arm 0: baseline, 1: Longtail)."""
+    spec = validate_file(job)[0].spec
+    assert spec is not None
+    shape, _ = shape_from_job(spec, max_running=256, prompt_tokens=0, accepted_length=1.0)
+    rows = read_run(run_dir)
+    predicted = mean_results([pair[arm] for pair in replay(shape, rows, profile)])
+    return {
+        "steps": len(rows),
+        "measured_step_s": mean([r.step_s for r in rows]),
+        "predicted_step_s": predicted.step_s,
+        "measured_rollout_s": mean([r.rollout_s + r.sync_s for r in rows]),
+        "predicted_rollout_s": predicted.rollout_s + predicted.weight_sync_s,
+        "predicted_sync_s": predicted.weight_sync_s,
+        "measured_slowest_generate_s": mean(
+            [max(r.worker_generate_s.values(), default=0.0) for r in rows]
+        ),
+        "measured_tail_s": mean([r.tail_s for r in rows]),
+        "predicted_tail_s": predicted.tail_s,
+        "measured_train_s": mean([r.train_s for r in rows]),
+        "predicted_train_s": predicted.trainer_s,
+        "accepted_length": mean([r.mean_accepted_length or 0.0 for r in rows]),
+    }
+
+
+def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
+    lines = [
+        "| shape | arm | step measured | step predicted | error | rollout + weight sync meas. / "
+        "pred. | slowest worker's generate call meas. / rollout pred. | tail meas. / pred. | "
+        "train meas. / pred. |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, arms in results.items():
+        for arm, f in arms.items():
+            err = f["predicted_step_s"] / f["measured_step_s"] - 1
+            lines.append(
+                f"| {name} | {arm} | {f['measured_step_s']:.2f} s | {f['predicted_step_s']:.2f} s"
+                f" | {err:+.1%} | {f['measured_rollout_s']:.2f} / {f['predicted_rollout_s']:.2f}"
+                f" | {f['measured_slowest_generate_s']:.2f} / "
+                f"{f['predicted_rollout_s'] - f['predicted_sync_s']:.2f}"
+                f" | {f['measured_tail_s']:.2f} / {f['predicted_tail_s']:.2f}"
+                f" | {f['measured_train_s']:.2f} / {f['predicted_train_s']:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--profile", type=Path, help="use this profile instead of taking one")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="longtail-sim-validate-"))
+    load_before = os.getloadavg()[0]
+    runs = {}
+    for name, overrides in SHAPES.items():
+        job = job_file(tmp, name, overrides, args.steps)
+        out = tmp / name.split(":")[0]
+        run_job(job, out / "longtail", baseline=False)
+        run_job(job, out / "baseline", baseline=True)
+        runs[name] = (job, out)
+    profile_path = args.profile or tmp / "profile.json"
+    if args.profile is None:  # after the runs: the GRPO update is timed on the first one's mix
+        take_profile(profile_path, next(iter(runs.values()))[1] / "baseline")
+    profile = EngineProfile.read(profile_path)
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for name, (job, out) in runs.items():
+        results[name] = {
+            "longtail": compare_arm(job, out / "longtail", profile, 1),
+            "baseline": compare_arm(job, out / "baseline", profile, 0),
+        }
+    report = {
+        "profile": str(profile_path),
+        "profile_device": profile.device,
+        "steps": args.steps,
+        "shapes": results,
+        "load_average_1m": [load_before, os.getloadavg()[0]],
+        "run_dir": str(tmp),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(results))
+    print(f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}; runs under {tmp}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

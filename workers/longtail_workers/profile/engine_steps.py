@@ -1,0 +1,158 @@
+"""Whole engine steps, timed through the torch engine itself: plain decode and speculative steps.
+
+Called by :mod:`longtail_workers.profile.main` after the bare forwards (``forwards.py``). A
+forward is not all a step costs: the engine also samples (temperature, top-p, one seeded stream
+per row), checks stops, appends to and compacts its caches and, in a speculative step, drafts
+``k`` tokens, verifies them and runs the rejection sampler. On a small model those are a large
+share of the step (docs/performance.md, "Step simulator: validation"), so the simulator's decode
+and speculative-step latencies come from here: for every batch size and context of the grid,
+:class:`~longtail_workers.engine.torch_engine.TorchEngine` generates ``batch`` answers to
+random prompts of ``context`` tokens (no stop token, so every row runs every step), and the
+median of the steps after the first quarter is the point (the first speculative step re-prefills
+the drafter, and the next few cost less than the steady state until its cache has grown).
+Speculative steps are forced on (threshold at the batch, no warm-up, one fixed strategy of depth
+``k``). What a step costs depends on how many drafts it accepts (accepted tokens are kept in the
+target's cache and fed through the drafter at the next step), so the untrained drafter's guesses
+are judged by :func:`forced_acceptance`, which accepts a set number of them: every row then gains
+the profile's accepted length per step, as a trained drafter's rows do on average. That rule is
+for timing only: it is not lossless, and nothing but the profiler uses it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_api.profile import StepPoint
+from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.engine.rejection import AcceptanceRule, Verdict
+from longtail_workers.engine.sampling import sample_from_probs
+from longtail_workers.engine.stats import RolloutStats, StepMode, StepRecord
+from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.profile.forwards import StepGrid
+
+
+@dataclass
+class _Recorder(RolloutStats):
+    """The engine's statistics, keeping every step's record too."""
+
+    records: list[StepRecord] = field(default_factory=list)
+
+    def record(self, step: StepRecord) -> None:
+        super().record(step)
+        self.records.append(step)
+
+
+@dataclass(frozen=True)
+class EngineCurves:
+    """Whole-step latencies measured through the engine."""
+
+    decode: list[StepPoint]
+    """Plain decode steps (tokens 1)."""
+    speculative: list[StepPoint]
+    """Speculative steps of depth k (tokens k+1): k draft steps, the verify, the sampler."""
+
+
+def forced_acceptance(accepted_drafts: int) -> AcceptanceRule:
+    """An acceptance rule that keeps the first ``accepted_drafts`` drafts of every row (at most
+    k) and samples the next token from the target at that position: timing only, not lossless."""
+
+    def rule(
+        p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor, u_accept: torch.Tensor,
+        u_next: torch.Tensor,
+    ) -> Verdict:  # fmt: skip
+        b, k = drafts.shape
+        accepted = torch.full((b,), min(accepted_drafts, k), dtype=torch.long, device=p.device)
+        rows = torch.arange(b, device=p.device)
+        dist = p[rows, accepted][:, None, :]  # [B, 1, V]
+        next_token = sample_from_probs(dist, u_next[rows, accepted][:, None]).squeeze(1)
+        return Verdict(accepted=accepted, next_token=next_token)
+
+    return rule
+
+
+def speculative_spec(depth: int, batch: int) -> SpeculativeSpec:
+    """Speculation forced on up to ``batch`` rows: no warm-up, one fixed strategy of depth
+    ``depth`` (also ``vllm_steps.py``'s)."""
+    return SpeculativeSpec(
+        enabled=True,
+        batch_threshold=batch,
+        warmup_steps=0,
+        strategies=[StrategySpec(draft_depth=depth)],
+        selector=SelectorSpec(type="fixed"),
+    )
+
+
+def _median_step(
+    engine: TorchEngine, mode: StepMode, batch: int, context: int, new_tokens: int, vocab: int,
+    gen: torch.Generator,
+) -> float:  # fmt: skip
+    """Median seconds of the ``mode`` steps of one generate call of ``new_tokens`` tokens per
+    row, the first quarter left out."""
+    prompt = torch.randint(0, vocab, (context,), generator=gen).tolist()
+    requests = [
+        GenerationRequest(prompt, new_tokens, temperature=1.0, seed=i) for i in range(batch)
+    ]
+    recorder = _Recorder()
+    engine.stats = recorder
+    engine.generate(requests)
+    times = [r.latency_s for r in recorder.records if r.mode == mode and r.batch_size == batch]
+    if len(times) < 4:
+        raise RuntimeError(
+            f"profiling {mode} steps at batch {batch}, context {context}: the engine ran "
+            f"{len(times)} such steps for {new_tokens} new tokens; expected 4 or more"
+        )
+    return statistics.median(times[max(1, len(times) // 4) :])
+
+
+def engine_curves(
+    model: nn.Module,
+    drafter: EagleDrafter,
+    grid: StepGrid,
+    steps: int,
+    gen: torch.Generator,
+    say: Callable[[str], None],
+    max_positions: int | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+    accepted_drafts: int = 0,
+) -> EngineCurves:
+    """Plain and speculative step latencies at every (batch, context[, depth]) of ``grid``;
+    ``steps``: engine steps per point; ``accepted_drafts``: drafts every speculative step keeps
+    (:func:`forced_acceptance`). A context too long for ``max_positions`` plus the generated
+    tokens is profiled at the longest prompt that fits (and recorded as such).
+    ``should_stop`` is asked before every point (a neighbour's way out, ``neighbours.py``)."""
+    vocab = int(model.get_output_embeddings().out_features)  # type: ignore[operator]
+    room = (steps + 1) * (max(grid.depths) + 1)  # the most a speculative run can generate
+    if max_positions is not None and max_positions <= room:
+        raise ValueError(
+            f"the model has {max_positions} positions; {steps} engine steps of depth up to "
+            f"{max(grid.depths)} need more than {room}: use smaller --depths"
+        )
+    contexts = sorted({min(c, (max_positions or c + room) - room) for c in grid.contexts})
+    decode: list[StepPoint] = []
+    speculative: list[StepPoint] = []
+    for context in contexts:
+        for batch in grid.batches:
+            if should_stop():
+                return EngineCurves(decode, speculative)
+            config = EngineConfig(max_running=batch)
+            plain = TorchEngine(model, config=config)
+            s = _median_step(plain, "plain", batch, context, steps + 1, vocab, gen)
+            decode.append(StepPoint(batch, context, 1, s))
+            line = f"engine batch {batch:4d} context {context:6d}: plain step {s * 1e3:8.3f} ms"
+            for depth in grid.depths:
+                sd = TorchEngine(model, config=config, speculative=speculative_spec(depth, batch),
+                                 drafter=drafter,
+                                 acceptance_rule=forced_acceptance(accepted_drafts))  # fmt: skip
+                tokens = (steps + 1) * (min(accepted_drafts, depth) + 1)
+                s = _median_step(sd, "sd", batch, context, tokens, vocab, gen)
+                speculative.append(StepPoint(batch, context, depth + 1, s))
+                line += f", SD k={depth} {s * 1e3:8.3f} ms"
+            say(line)
+    return EngineCurves(decode, speculative)
