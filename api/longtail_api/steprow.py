@@ -26,7 +26,8 @@ TRAIN_PREFIX = "train_"
 """Prefix of the optimizer statistics' keys (``train_loss``, ``train_grad_norm``, ...)."""
 _OPTIONAL = ("trainer_harvested_s", "eval_accuracy", "eval_sampled_accuracy", "idle_s",
              "harvested_s")  # fmt: skip
-_LISTS = ("response_lengths", "prompt_lengths")  # last in a row: long, and not CSV columns
+# Per-answer lists come last in a row: they are long, and not CSV columns.
+_LISTS = ("response_lengths", "prompt_lengths", "answer_spec_steps", "answer_accepted_drafts")
 
 
 @dataclass
@@ -92,6 +93,12 @@ class StepRow:
     ``[i*group:(i+1)*group]``): the long tail ``longtail simulate --lengths run:DIR`` replays."""
     prompt_lengths: list[int] = field(default_factory=list)
     """Prompt tokens of every prompt of the step, in order."""
+    answer_spec_steps: list[int] = field(default_factory=list)
+    """Speculative steps of every answer, in request order (0: it never speculated)."""
+    answer_accepted_drafts: list[int] = field(default_factory=list)
+    """Draft tokens accepted for every answer over those steps: its accepted length is
+    ``1 + accepted / steps``, which the simulator replays per answer (the long answers of the
+    tail accept fewer than the step's mean)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON line's object; optional fields without a value are left out."""
@@ -150,6 +157,8 @@ class StepRow:
             worker_generate_s=_seconds_by_name(r, "worker_generate_s"),
             response_lengths=_counts(r, "response_lengths"),
             prompt_lengths=_counts(r, "prompt_lengths"),
+            answer_spec_steps=_counts(r, "answer_spec_steps"),
+            answer_accepted_drafts=_counts(r, "answer_accepted_drafts"),
         )
 
 

@@ -145,6 +145,7 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
         assert len(r["prompt_lengths"]) * 2 == 8 and min(r["prompt_lengths"]) > 0  # group 2
         assert set(r["worker_generate_s"]) <= {"rollout-0", "rollout-1"}, r["worker_generate_s"]
         assert all(v > 0 for v in r["worker_generate_s"].values())
+        assert len(r["answer_spec_steps"]) == len(r["answer_accepted_drafts"]) == 8
     # trainer.microBatchTokens 64 splits each ~500-token update (the CPU default, 1024, would not)
     assert all(r["train_micro_batches"] >= 2 for r in got), [r["train_micro_batches"] for r in got]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [

@@ -26,10 +26,11 @@ def test_a_full_row_round_trips_through_json() -> None:
                   failed_workers=["w1"], train={"loss": 0.1, "tokens": 12},
                   trainer_harvested_s=1.5, eval_accuracy=0.4, response_lengths=[5, 64, 7, 1],
                   worker_generate_s={"rollout-0": 1.25, "rollout-1": 2.0},
+                  answer_spec_steps=[0, 3, 0, 0], answer_accepted_drafts=[0, 5, 0, 0],
                   prompt_lengths=[12, 30])  # fmt: skip
     data = json.loads(json.dumps(row.to_dict()))
     assert data["train_loss"] == 0.1 and data["train_s"] == 1.0 and "idle_s" not in data
-    assert data["response_lengths"] == [5, 64, 7, 1] and list(data)[-1] == "prompt_lengths"
+    assert data["response_lengths"] == [5, 64, 7, 1] and list(data)[-1] == "answer_accepted_drafts"
     assert StepRow.from_dict(data) == row
 
 

@@ -125,3 +125,18 @@ def test_simulate_cli_replays_a_run_and_plots(
     assert "--sensitivity varies the lognormal length model" in capsys.readouterr().err
     assert main([*args[:3], "--kv-tokens", "-1"]) == 2
     assert "--kv-tokens -1: must be >= 0" in capsys.readouterr().err
+
+
+def test_each_answer_speculates_at_its_own_accepted_length(tmp_path: Path) -> None:
+    # One worker, 1 prompt x 2 answers of 11 tokens, SD on from the start (threshold 2, depth
+    # 4). The run recorded answer A at 2 steps / 4 accepted drafts (3 tokens a step) and B at 5
+    # steps / 0 accepted (1 a step): after the prefill's first token, A needs 4 steps (3+3+3+1)
+    # and B 10, so the worker runs 10 speculative steps (the step's mean, 2.0, would need 5).
+    r = row(1, [11, 11], 2.0, [])
+    r.answer_spec_steps, r.answer_accepted_drafts = [2, 5], [4, 0]
+    s = shape(group=2, speculative=sd(2, depth=4))
+    ((_, lt),) = replay(s, read_run(write_run(tmp_path, [r])), flat_profile())
+    assert (lt.workers[0].speculative_steps, lt.response_tokens) == (10, 22)
+    assert lt.rollout_s == pytest.approx(10 * (4 * DRAFT_S + VERIFY_S))
+    ((_, mean),) = replay(s, read_run(tmp_path), flat_profile(), accepted_length=2.0)
+    assert mean.workers[0].speculative_steps == 5

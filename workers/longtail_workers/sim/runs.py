@@ -60,7 +60,8 @@ def replay(
     accepted_length: float | None = None,
 ) -> list[tuple[StepResult, StepResult]]:
     """(baseline, Longtail) per step of ``rows``. A step's accepted length is ``accepted_length``
-    when given, else the step's own (the run's mean for a step that did not speculate)."""
+    when given, else each answer's own where the run recorded it (the step's mean for an answer
+    that did not speculate), else the step's (the run's mean for a step that did not)."""
     fallback = run_accepted_length(rows)
     out = []
     for row in rows:
@@ -78,8 +79,18 @@ def replay(
             accepted_length=max(1.0, accepted_length or row.mean_accepted_length or fallback),
         )
         lengths = [max(1, x) for x in row.response_lengths]
-        out.append(compare(step_shape, lengths, profile))
+        per_answer = None if accepted_length else answer_accepted(row, step_shape.accepted_length)
+        out.append(compare(step_shape, lengths, profile, per_answer))
     return out
+
+
+def answer_accepted(row: StepRow, default: float) -> list[float] | None:
+    """Each answer's accepted length (accepted drafts + 1 per speculative step) where the row
+    recorded it, ``default`` for an answer that never speculated; None when not recorded."""
+    steps, drafts = row.answer_spec_steps, row.answer_accepted_drafts
+    if not steps or len(steps) != len(row.response_lengths) or len(drafts) != len(steps):
+        return None
+    return [1.0 + a / s if s else default for s, a in zip(steps, drafts, strict=True)]
 
 
 def mean_results(results: Sequence[StepResult]) -> StepResult:

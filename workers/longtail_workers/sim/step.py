@@ -139,9 +139,15 @@ def _tail_segments(
     return segs, idle, rollout_s - start
 
 
-def simulate_step(shape: JobShape, lengths: Sequence[int], profile: EngineProfile) -> StepResult:
+def simulate_step(
+    shape: JobShape,
+    lengths: Sequence[int],
+    profile: EngineProfile,
+    accepted: Sequence[float] | None = None,
+) -> StepResult:
     """Simulate one step; ``lengths``: response tokens of the ``prompts x group`` answers, in
-    request order (the answers of prompt i are ``lengths[i*group:(i+1)*group]``)."""
+    request order (the answers of prompt i are ``lengths[i*group:(i+1)*group]``);
+    ``accepted``: each answer's own accepted length, in the same order (default: the shape's)."""
     n = shape.prompts * shape.group
     if len(lengths) != n:
         raise ValueError(
@@ -150,6 +156,8 @@ def simulate_step(shape: JobShape, lengths: Sequence[int], profile: EngineProfil
         )
     if any(x < 1 for x in lengths):
         raise ValueError(f"response lengths must be >= 1 token, got min {min(lengths)}")
+    if accepted is not None and (len(accepted) != n or min(accepted) < 1.0):
+        raise ValueError(f"accepted lengths: give {n}, each >= 1 (accepted drafts + 1)")
     latency = LatencyModel(profile)
     runs = [
         simulate_worker(
@@ -161,6 +169,7 @@ def simulate_step(shape: JobShape, lengths: Sequence[int], profile: EngineProfil
             prompt_tokens=shape.prompt_tokens,
             accepted_length=shape.accepted_length,
             kv_tokens=profile.kv_cache_tokens,
+            accepted=None if accepted is None else [accepted[i] for i in shard],
         )
         for w, shard in enumerate(shard_round_robin(n, shape.rollout_workers, shape.group))
     ]
@@ -196,10 +205,14 @@ def simulate_step(shape: JobShape, lengths: Sequence[int], profile: EngineProfil
 
 
 def compare(
-    shape: JobShape, lengths: Sequence[int], profile: EngineProfile
+    shape: JobShape,
+    lengths: Sequence[int],
+    profile: EngineProfile,
+    accepted: Sequence[float] | None = None,
 ) -> tuple[StepResult, StepResult]:
-    """(baseline, Longtail): the same step without and with SD + harvest."""
+    """(baseline, Longtail): the same step without and with SD + harvest (``accepted``: per
+    answer, see :func:`simulate_step`)."""
     return (
         simulate_step(shape.baseline(), lengths, profile),
-        simulate_step(shape, lengths, profile),
+        simulate_step(shape, lengths, profile, accepted),
     )

@@ -343,6 +343,8 @@ class StepDriver:
             worker_generate_s=worker_seconds,
             response_lengths=lengths,
             prompt_lengths=prompt_lengths,
+            answer_spec_steps=[s.spec_steps for s in out.samples],
+            answer_accepted_drafts=[s.accepted_tokens for s in out.samples],
         )
 
     def _new_rejections(self) -> int:
