@@ -13,7 +13,10 @@ Run: ``.venv/bin/python bench/sim_validate.py [--steps N] [--profile FILE]`` on 
    and prompt lengths; the Longtail arm also its own accepted length) and compares the mean
    predicted step, rollout and trainer seconds with the measured ones.
 
-Prints a Markdown table and writes ``bench/results/sim_validate.json``. The acceptance bar of
+A quick engine probe before and after the runs measures how much the machine's speed drifted
+during the sitting (this shared VM drifts by up to 2x within an hour); a sitting that drifted by
+more than 10% is reported and exits 1. Prints a Markdown table and writes
+``bench/results/sim_validate.json``. The acceptance bar of
 issue #24 is the mean step time of both arms within +-15% for at least two shapes.
 """
 
@@ -74,6 +77,30 @@ def take_profile(path: Path, run_dir: Path) -> None:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
+PROBE_ARGS = [
+    "--model", "builtin:tiny", "--device", "cpu", "--threads", "1",
+    "--batches", "1,8,32", "--contexts", "64", "--depths", "4", "--repeats", "5",
+]  # fmt: skip
+DRIFT_LIMIT = 0.10
+"""Largest change of the machine's speed during a sitting (probe after / before - 1) for the
+sitting to count: this shared VM's speed drifts by up to 2x within an hour."""
+
+
+def speed_probe(path: Path) -> EngineProfile:
+    """A quick engine profile (seconds): taken before and after the runs to see the machine's
+    speed drift during the sitting."""
+    cmd = [sys.executable, "-m", "longtail_cli.main", "profile", *PROBE_ARGS, "--out", str(path)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return EngineProfile.read(path)
+
+
+def drift(before: EngineProfile, after: EngineProfile) -> float:
+    """Median ratio of the two probes' decode steps at the same points, minus one."""
+    first = {(p.batch, p.context): p.seconds for p in before.decode}
+    ratios = sorted(p.seconds / first[(p.batch, p.context)] for p in after.decode)
+    return ratios[len(ratios) // 2] - 1.0
+
+
 def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -132,6 +159,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="longtail-sim-validate-"))
     load_before = os.getloadavg()[0]
+    probe_before = speed_probe(tmp / "probe-before.json")
     runs = {}
     for name, overrides in SHAPES.items():
         job = job_file(tmp, name, overrides, args.steps)
@@ -143,6 +171,7 @@ def main(argv: list[str]) -> int:
     if args.profile is None:  # after the runs: the GRPO update is timed on the first one's mix
         take_profile(profile_path, next(iter(runs.values()))[1] / "baseline")
     profile = EngineProfile.read(profile_path)
+    machine_drift = drift(probe_before, speed_probe(tmp / "probe-after.json"))
     results: dict[str, dict[str, dict[str, float]]] = {}
     for name, (job, out) in runs.items():
         results[name] = {
@@ -155,12 +184,20 @@ def main(argv: list[str]) -> int:
         "steps": args.steps,
         "shapes": results,
         "load_average_1m": [load_before, os.getloadavg()[0]],
+        "machine_drift": machine_drift,
+        "sitting_counts": abs(machine_drift) <= DRIFT_LIMIT,
         "run_dir": str(tmp),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(results))
     print(f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}; runs under {tmp}")
+    print(f"machine speed drift during the sitting: {machine_drift:+.1%} (decode steps, after / "
+          "before the runs)")  # fmt: skip
+    if abs(machine_drift) > DRIFT_LIMIT:
+        print(f"WARNING: the machine's speed changed by more than {DRIFT_LIMIT:.0%}: this "
+              "sitting does not count; run it again on a steadier machine")  # fmt: skip
+        return 1
     return 0
 
 
