@@ -192,12 +192,7 @@ class VllmEngine(RolloutEngine):
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Complete every request (see :class:`RolloutEngine`); results in request order."""
-        for r in requests:
-            r.validate(self.target.vocab_size, self.target.max_positions)
-        prompts = [
-            TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_token_ids]) for r in requests
-        ]
-        params = [_sampling_params(r) for r in requests]
+        prompts, params = self._vllm_inputs(requests)
         t0 = time.perf_counter()
         self.running = len(requests)
         try:
@@ -208,6 +203,17 @@ class VllmEngine(RolloutEngine):
         self._recompute(list(requests), results)
         self._record(outputs, results, time.perf_counter() - t0)
         return results
+
+    def _vllm_inputs(
+        self, requests: Sequence[GenerationRequest]
+    ) -> tuple[list[TokensPrompt], list[SamplingParams]]:
+        """Check ``requests`` against the model and turn them into vLLM's prompts and params."""
+        for r in requests:
+            r.validate(self.target.vocab_size, self.target.max_positions)
+        prompts = [
+            TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_token_ids]) for r in requests
+        ]
+        return prompts, [_sampling_params(r) for r in requests]
 
     def time_generate(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> tuple[float, int]:
         """``(wall-clock seconds, engine steps)`` of one bare ``LLM.generate`` of ``prompts``,
@@ -224,12 +230,7 @@ class VllmEngine(RolloutEngine):
             GenerationRequest(list(p), max_tokens, temperature=1.0, seed=i)
             for i, p in enumerate(prompts)
         ]
-        for r in requests:
-            r.validate(self.target.vocab_size, self.target.max_positions)
-        ids = [
-            TokensPrompt(prompt_token_ids=[int(t) for t in r.prompt_token_ids]) for r in requests
-        ]
-        params = [_sampling_params(r) for r in requests]
+        ids, params = self._vllm_inputs(requests)
         t0 = time.perf_counter()
         outputs = self.llm.generate(ids, params, use_tqdm=False)
         seconds = _since(t0)
