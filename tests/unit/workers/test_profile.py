@@ -11,6 +11,8 @@ from tiny_targets import tiny_qwen2
 from longtail_api.profile import EngineProfile
 from longtail_cli.main import main
 from longtail_workers.engine.target import TargetModel
+from longtail_workers.engine.torch_engine import EngineConfig
+from longtail_workers.profile.engine_steps import engine_curves, step_config
 from longtail_workers.profile.forwards import StepGrid, capped_contexts, step_curves
 from longtail_workers.profile.models import make_drafter
 from longtail_workers.profile.timing import Repeats
@@ -84,3 +86,17 @@ def test_exactly_one_model_source(tmp_path: Path, capsys, models: list[str]) -> 
     assert main(["profile", *models, "--device", "cpu", "--out", str(out)]) == 2
     assert "give exactly one of --model" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_point_larger_than_the_default_prefill_budget_runs_at_its_full_batch() -> None:
+    # 64 prompts of 1,024 tokens are four of the engine's default prefill groups: admitted one
+    # group a step, the first rows finished before the batch was ever full (found on an H200 at
+    # batch 256, context 2,048).
+    policy = tiny_qwen2(max_position_embeddings=1100)
+    drafter = make_drafter(policy, "tiny", seed=0)
+    grid = StepGrid(batches=(64,), contexts=(1024,), depths=(2,))
+    curves = engine_curves(policy, drafter, grid, 6, torch.Generator(), lambda _: None)
+    assert [(p.batch, p.context) for p in curves.decode] == [(64, 1024)]
+    assert [(p.batch, p.tokens) for p in curves.speculative] == [(64, 3)]
+    assert step_config(64, 1024).max_prefill_tokens >= 64 * 1024
+    assert step_config(1, 8).max_prefill_tokens == EngineConfig.max_prefill_tokens

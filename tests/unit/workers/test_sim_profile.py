@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from longtail_api.profile import EngineProfile, ProfileError, StepPoint
@@ -85,3 +87,14 @@ def test_roofline_kv_capacity_follows_from_the_gpu_memory() -> None:
 def test_unknown_roofline_model_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"Qwen2-1\.5B"):
         roofline_profile("Llama-70B")
+
+
+PROFILES = sorted((Path(__file__).parents[3] / "bench" / "profiles").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
+def test_committed_profiles_are_valid_and_measured(path: Path) -> None:
+    profile = EngineProfile.read(path)
+    assert profile.source == "measured"
+    model = LatencyModel(profile)
+    assert model.decode_s(1, 128) > 0

@@ -89,6 +89,16 @@ def speculative_spec(depth: int, batch: int) -> SpeculativeSpec:
     )
 
 
+def step_config(batch: int, context: int) -> EngineConfig:
+    """An engine that admits all ``batch`` prompts of ``context`` tokens in one prefill group.
+
+    The engine admits one prefill group per step; with the default budget a large point
+    (256 prompts of 2,048 tokens: 32 groups) would finish its first rows before the last were
+    admitted and never run a step at the full batch."""
+    budget = max(EngineConfig.max_prefill_tokens, batch * context)
+    return EngineConfig(max_running=batch, max_prefill_tokens=budget)
+
+
 def _median_step(
     engine: TorchEngine, mode: StepMode, batch: int, context: int, new_tokens: int, vocab: int,
     gen: torch.Generator,
@@ -141,7 +151,7 @@ def engine_curves(
         for batch in grid.batches:
             if should_stop():
                 return EngineCurves(decode, speculative)
-            config = EngineConfig(max_running=batch)
+            config = step_config(batch, context)
             plain = TorchEngine(model, config=config)
             s = _median_step(plain, "plain", batch, context, steps + 1, vocab, gen)
             decode.append(StepPoint(batch, context, 1, s))
