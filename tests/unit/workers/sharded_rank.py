@@ -92,10 +92,15 @@ def main(scenario: str, rank: int, world_size: int, port: int, out: Path) -> int
         layer = policy.model.model.layers[1]  # type: ignore[union-attr,index]
         layer.register_forward_pre_hook(lambda *_: os._exit(1))  # dies inside the update
     channel = CommandChannel(world)
-    if rank == 0:
-        lead(policy, channel, scenario, out)
-        return 0
-    return follow(policy, channel)
+    try:
+        if rank == 0:
+            lead(policy, channel, scenario, out)
+            return 0
+        return follow(policy, channel)
+    finally:
+        # As the trainer service does: stop the heartbeat and leave the group before exiting
+        # (otherwise a rank can abort at exit, "terminate called without an active exception").
+        world.close()
 
 
 if __name__ == "__main__":
