@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from longtail_workers.local.launcher import free_port
 from longtail_workers.local.progress import Progress
 from longtail_workers.local.restarts import Restarts
 from longtail_workers.local.run import stop_signals
@@ -177,3 +178,8 @@ def test_no_restart_with_torch_distributed_weight_sync() -> None:
     (line,) = r.check(children, trainer)
     assert children[0] is w0 and w0.restarts == 0 and "--weight-sync dist" in line
     assert r.summary()["restarted_workers"] == []
+
+
+def test_free_port_never_hands_out_a_port_twice() -> None:
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)

@@ -24,12 +24,30 @@ from pathlib import Path
 
 from longtail_api.podenv import PARENT_PID as PARENT_PID_ENV
 
+_HANDED_OUT: set[int] = set()
+"""Ports :func:`free_port` already gave this process: never given twice."""
+_PORT_TRIES = 64
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago and that this process was not given
+    before: the kernel can hand the same ephemeral port to two successive ``bind(0)`` calls
+    once the first socket is closed, and two children given one port meet at the wrong URL
+    (seen in CI: a rollout worker's URL answered by the trainer)."""
+    held: list[socket.socket] = []  # kept bound until the end, so each try gets a new port
+    try:
+        for _ in range(_PORT_TRIES):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    finally:
+        for s in held:
+            s.close()
+    raise OSError(f"no new loopback port in {_PORT_TRIES} tries ({len(_HANDED_OUT)} handed out)")
 
 
 class ChildFailed(RuntimeError):
