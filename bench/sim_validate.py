@@ -102,18 +102,16 @@ def speed_probe(path: Path) -> EngineProfile:
     return EngineProfile.read(path)
 
 
-def drift(before: EngineProfile, after: EngineProfile) -> float:
-    """Median ratio of the two probes' decode steps at the same points, minus one."""
-    first = {(p.batch, p.context): p.seconds for p in before.decode}
-    ratios = sorted(p.seconds / first[(p.batch, p.context)] for p in after.decode)
-    return ratios[len(ratios) // 2] - 1.0
-
-
 def _ratio(a: list[StepPoint], b: list[StepPoint]) -> float:
     """Median of ``a``'s seconds over ``b``'s at the same points."""
     base = {(p.batch, p.context, p.tokens): p.seconds for p in b}
     ratios = sorted(p.seconds / base[(p.batch, p.context, p.tokens)] for p in a)
     return ratios[len(ratios) // 2]
+
+
+def drift(before: EngineProfile, after: EngineProfile) -> float:
+    """Median ratio of the two probes' decode steps at the same points, minus one."""
+    return _ratio(after.decode, before.decode) - 1.0
 
 
 def speed_factors(
