@@ -97,6 +97,11 @@ class EngineProfile:
     kv_cache_tokens: int | None = None
     """Tokens (prompt + generated, all running answers together) one rollout worker's KV cache
     holds; None: not bounded (the torch engine grows its cache as needed)."""
+    drafter_catch_up_tokens_per_s: float | None = None
+    """Response tokens per second the drafter reads when speculation switches on (it catches
+    up on every running row's response so far before its first draft), measured through the
+    engine as the first speculative step's excess over the next ones; None: not measured
+    (the switch is free in the simulation)."""
     speculative: list[StepPoint] = field(default_factory=list)
     """Whole speculative steps of depth k (``tokens`` = k+1) measured through the engine: k draft
     steps, the verify, the rejection sampler. Empty (roofline): the simulator adds k draft
@@ -124,11 +129,25 @@ class EngineProfile:
             raise ProfileError(
                 f"kv_cache_tokens={self.kv_cache_tokens!r}: must be >= 1, or null for unbounded"
             )
+        rate = self.drafter_catch_up_tokens_per_s
+        if rate is not None and not rate > 0:
+            raise ProfileError(
+                f"drafter_catch_up_tokens_per_s={rate!r}: must be > 0, or null (not measured)"
+            )
         for name in ("prefill_tokens_per_s", "drafter_train_tokens_per_s",
                      "trainer_seconds_per_token"):  # fmt: skip
             value = getattr(self, name)
             if not value > 0:
                 raise ProfileError(f"{name}={value!r}: must be > 0")
+
+    @property
+    def padded_context(self) -> bool:
+        """Whether a step's cost follows the longest running sequence rather than the mean:
+        the torch engine keeps one left-padded KV cache per running batch, so every row
+        attends over as many slots as the longest one holds (a batch of 80- and 11-token
+        prompts decodes at context 80+); vLLM's paged attention (and the roofline) read each
+        sequence's own tokens."""
+        return self.engine == "torch"
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as plain JSON."""

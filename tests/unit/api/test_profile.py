@@ -53,7 +53,13 @@ def test_missing_field_is_named() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["prefill_tokens_per_s", "drafter_train_tokens_per_s", "trainer_seconds_per_token"]
+    "name",
+    [
+        "prefill_tokens_per_s",
+        "drafter_train_tokens_per_s",
+        "trainer_seconds_per_token",
+        "drafter_catch_up_tokens_per_s",
+    ],
 )
 @pytest.mark.parametrize("value", [0.0, -1.0])
 def test_non_positive_rate_is_named(name: str, value: float) -> None:

@@ -12,7 +12,7 @@ from longtail_api.profile import EngineProfile
 from longtail_cli.main import main
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.engine.torch_engine import EngineConfig
-from longtail_workers.profile.engine_steps import engine_curves, step_config
+from longtail_workers.profile.engine_steps import catch_up_tokens_per_s, engine_curves, step_config
 from longtail_workers.profile.forwards import StepGrid, capped_contexts, step_curves
 from longtail_workers.profile.models import make_drafter
 from longtail_workers.profile.timing import Repeats
@@ -100,3 +100,13 @@ def test_a_point_larger_than_the_default_prefill_budget_runs_at_its_full_batch()
     assert [(p.batch, p.tokens) for p in curves.speculative] == [(64, 3)]
     assert step_config(64, 1024).max_prefill_tokens >= 64 * 1024
     assert step_config(1, 8).max_prefill_tokens == EngineConfig.max_prefill_tokens
+
+
+def test_the_drafters_catch_up_is_timed_when_sd_switches_on() -> None:
+    # 8 answers of which 4 stop at 48 tokens: SD (threshold 4) switches on and its first step
+    # reads 4 x 48 response pairs, far more than the 4 x 3 of the next ones: a positive excess.
+    policy = tiny_qwen2(max_position_embeddings=128)
+    drafter = make_drafter(policy, "tiny", seed=0)
+    gen = torch.Generator().manual_seed(0)
+    rate = catch_up_tokens_per_s(policy, drafter, 4, 8, 48, 4, 3, gen, accepted_drafts=2)
+    assert rate is not None and rate > 0

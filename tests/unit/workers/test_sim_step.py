@@ -137,6 +137,18 @@ def test_sd_switches_on_when_running_batch_reaches_threshold() -> None:
     ]
 
 
+def test_switching_sd_on_pays_the_drafters_catch_up() -> None:
+    # As above, with the drafter reading 100 response tokens/s: at the switch C and D hold 2
+    # tokens each, so the first SD step costs 4 / 100 s more; later SD steps nothing more.
+    profile = dataclasses.replace(flat_profile(), drafter_catch_up_tokens_per_s=100.0)
+    r = simulate_step(shape(speculative=sd(2), accepted_length=3.0), [1, 2, 20, 20], profile)
+    assert r.rollout_s == pytest.approx(DECODE_S + 0.04 + 6 * (2 * DRAFT_S + VERIFY_S))
+    # a drafter context window of 1 pair caps what it reads at 1 token a row
+    s = shape(speculative=dataclasses.replace(sd(2), drafter_context_window=1), accepted_length=3.0)
+    r = simulate_step(s, [1, 2, 20, 20], profile)
+    assert r.rollout_s == pytest.approx(DECODE_S + 0.02 + 6 * (2 * DRAFT_S + VERIFY_S))
+
+
 def test_sd_warmup_delays_the_switch() -> None:
     # Warm-up 1: one more plain step at 2 running (C, D at 3), then 17 tokens at 3 per step.
     r = simulate_step(
@@ -173,6 +185,37 @@ def test_a_full_kv_cache_holds_answers_back_and_preempts_the_newest() -> None:
     assert [seg.kind for seg in r.segments] == ["decode", "prefill"]
     unbounded = simulate_step(shape(group=2), [4, 4], flat_profile())
     assert unbounded.preempted == 0 and unbounded.rollout_s == pytest.approx(3 * DECODE_S)
+
+
+def context_profile(engine: str) -> EngineProfile:
+    """A decode step costs 1 ms per token of context (points at 100 and 200, linear between)."""
+    return dataclasses.replace(
+        flat_profile(),
+        engine=engine,
+        decode=[StepPoint(1, 100, 1, 0.1), StepPoint(1, 200, 1, 0.2)],
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "decode_s"),
+    [
+        # torch pads every row to the longest: 150 + 1 tokens, then (the 150-token prompt's
+        # answer done after its one step) the other's 100 + 2, 100 + 3.
+        ("torch", 0.151 + 0.102 + 0.103),
+        # vLLM reads each row's own tokens: the mean (150 + 100) / 2 + 1, then 102, 103.
+        ("vllm", 0.126 + 0.102 + 0.103),
+    ],
+)
+def test_context_is_the_longest_row_for_a_padded_engine(engine: str, decode_s: float) -> None:
+    # two prompts of 150 and 100 tokens, one answer each (2 and 4 tokens): prefill 250 tokens
+    # at 100 tok/s = 2.5 s and the first token of each, then 3 decode steps.
+    s = shape(prompts=2, group=1, prompt_tokens=0)
+    r = simulate_step(s, [2, 4], context_profile(engine), prompts=[150, 100])
+    assert r.rollout_s == pytest.approx(2.5 + decode_s)
+    assert r.workers[0].decode_steps == 3
+    assert r.trainer_s == pytest.approx((6 + 250) * 0.001)  # the update reads each prompt
+    with pytest.raises(ValueError, match="prompt lengths: give 2"):
+        simulate_step(s, [2, 4], context_profile(engine), prompts=[150])
 
 
 def test_compare_baseline_has_no_sd_and_no_harvest() -> None:

@@ -166,3 +166,37 @@ def engine_curves(
                 line += f", SD k={depth} {s * 1e3:8.3f} ms"
             say(line)
     return EngineCurves(decode, speculative)
+
+
+def catch_up_tokens_per_s(
+    model: nn.Module, drafter: EagleDrafter, batch: int, prompt: int, generated: int, depth: int,
+    repeats: int, gen: torch.Generator, accepted_drafts: int = 0,
+) -> float | None:  # fmt: skip
+    """Response tokens per second the drafter reads when speculation switches on, or None when
+    too small to see: ``2 x batch`` answers decode plainly until the ``batch`` short ones end
+    at ``generated`` tokens; SD (threshold ``batch``) then switches on and its first step
+    catches up on ``batch x generated`` response pairs. The first step's excess over the
+    median of the next ones, median of ``repeats`` runs, is that catch-up's cost."""
+    vocab = int(model.get_output_embeddings().out_features)  # type: ignore[operator]
+    excess: list[float] = []
+    for _ in range(repeats):
+        engine = TorchEngine(model, config=step_config(2 * batch, prompt),
+                             speculative=speculative_spec(depth, batch), drafter=drafter,
+                             acceptance_rule=forced_acceptance(accepted_drafts))  # fmt: skip
+        recorder = _Recorder()
+        engine.stats = recorder
+        ids = torch.randint(0, vocab, (prompt,), generator=gen).tolist()
+        long = generated + 9 * (min(accepted_drafts, depth) + 1)  # 8 more speculative steps
+        engine.generate([
+            GenerationRequest(ids, generated if i < batch else long, temperature=1.0, seed=i)
+            for i in range(2 * batch)
+        ])  # fmt: skip
+        sd = [r.latency_s for r in recorder.records if r.mode == "sd"]
+        if len(sd) < 4:
+            raise RuntimeError(
+                f"profiling the drafter's catch-up at batch {batch}: the engine ran {len(sd)} "
+                "speculative steps; expected 4 or more"
+            )
+        excess.append(sd[0] - statistics.median(sd[1:]))
+    seconds = statistics.median(excess)
+    return batch * generated / seconds if seconds > 0 else None

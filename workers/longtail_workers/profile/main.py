@@ -25,7 +25,7 @@ from longtail_api.profile import EngineProfile
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.models.loading import resolve_device
-from longtail_workers.profile.engine_steps import EngineCurves, engine_curves
+from longtail_workers.profile.engine_steps import EngineCurves, catch_up_tokens_per_s, engine_curves
 from longtail_workers.profile.forwards import (
     StepGrid,
     capped_contexts,
@@ -222,6 +222,24 @@ def _whole_steps(args: argparse.Namespace, policy: torch.nn.Module, drafter: Eag
                          accepted_drafts=_accepted_drafts(args))  # fmt: skip
 
 
+def _catch_up(args: argparse.Namespace, policy: torch.nn.Module, drafter: EagleDrafter,
+              grid: StepGrid, preset: Preset, gen: torch.Generator) -> float | None:  # fmt: skip
+    """The torch engine's drafter catch-up rate (``engine_steps.catch_up_tokens_per_s``) at
+    batch 16 (or the grid's largest below) after up to 128 tokens; None for vLLM, whose
+    drafter is not ours."""
+    if args.engine == "vllm":
+        return None
+    batch = max([b for b in grid.batches if b <= 16] or [min(grid.batches)])
+    generated = min(128, max(grid.contexts))
+    return catch_up_tokens_per_s(policy, drafter, batch, min(grid.contexts), generated,
+                                 max(grid.depths), preset.runs.repeats, gen,
+                                 _accepted_drafts(args))  # fmt: skip
+
+
+def _rate(tokens_per_s: float | None) -> str:
+    return "too small to measure" if tokens_per_s is None else f"{tokens_per_s:,.0f} tokens/s"
+
+
 def _accepted_drafts(args: argparse.Namespace) -> int:
     if not args.accepted_length >= 1:
         raise ValueError(
@@ -297,7 +315,9 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
     with _neighbours(args, device, grid, preset):
         steps = _whole_steps(args, policy, drafter, grid, preset, gen, say)
         prefill = prefill_tokens_per_s(target, prompts, tokens, preset.runs, gen)
+        catch_up = _catch_up(args, policy, drafter, grid, preset, gen)
     say(f"prefill: {prefill:,.0f} tokens/s")
+    say(f"drafter catch-up when SD switches on: {_rate(catch_up)}")
     sync_s = weight_sync_seconds(policy, preset.runs.repeats)
     say(f"weight sync (publish, pull over loopback HTTP, load): {sync_s * 1e3:.1f} ms")
     shape = preset.train
@@ -318,6 +338,7 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
         draft=curves.draft,
         speculative=steps.speculative,
         prefill_tokens_per_s=prefill,
+        drafter_catch_up_tokens_per_s=catch_up,
         drafter_train_tokens_per_s=drafter_rate,
         trainer_seconds_per_token=per_token,
         weight_sync_s=sync_s,

@@ -116,6 +116,12 @@ class LatencyModel:
             return self._speculative.seconds(batch, context, depth + 1)
         return depth * self.draft_s(batch, context) + self.verify_s(batch, context, depth)
 
+    def catch_up_s(self, response_tokens: float) -> float:
+        """The drafter reading ``response_tokens`` (all rows together) when speculation
+        switches on; 0 where the profile did not measure it."""
+        rate = self.profile.drafter_catch_up_tokens_per_s
+        return response_tokens / rate if rate else 0.0
+
     def prefill_s(self, prompt_tokens: int) -> float:
         """Prefill of ``prompt_tokens`` prompt tokens at the profile's prefill rate."""
         return prompt_tokens / self.profile.prefill_tokens_per_s

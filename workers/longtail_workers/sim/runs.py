@@ -4,8 +4,8 @@ Called by ``sim/main.py`` and ``bench/sim_validate.py``. A run directory's ``met
 (written by the trainer, one :class:`~longtail_api.steprow.StepRow` per step) holds, per step,
 every answer's response length in request order, the prompt lengths and the mean accepted
 length of the step's speculative steps. :func:`read_run` loads the steps that carry lengths;
-:func:`replay` simulates each of them, baseline and Longtail, with that step's lengths, mean
-prompt length and (unless fixed by the caller) accepted length, and :func:`mean_results` sums
+:func:`replay` simulates each of them, baseline and Longtail, with that step's lengths, prompt
+lengths and (unless fixed by the caller) accepted lengths, and :func:`mean_results` sums
 the figures up per step. Pure Python (no torch).
 """
 
@@ -80,7 +80,8 @@ def replay(
         )
         lengths = [max(1, x) for x in row.response_lengths]
         per_answer = None if accepted_length else answer_accepted(row, step_shape.accepted_length)
-        out.append(compare(step_shape, lengths, profile, per_answer))
+        own = row.prompt_lengths if len(row.prompt_lengths) == shape.prompts else None
+        out.append(compare(step_shape, lengths, profile, per_answer, own))
     return out
 
 

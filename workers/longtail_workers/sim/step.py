@@ -144,10 +144,12 @@ def simulate_step(
     lengths: Sequence[int],
     profile: EngineProfile,
     accepted: Sequence[float] | None = None,
+    prompts: Sequence[int] | None = None,
 ) -> StepResult:
     """Simulate one step; ``lengths``: response tokens of the ``prompts x group`` answers, in
     request order (the answers of prompt i are ``lengths[i*group:(i+1)*group]``);
-    ``accepted``: each answer's own accepted length, in the same order (default: the shape's)."""
+    ``accepted``: each answer's own accepted length, in the same order (default: the shape's);
+    ``prompts``: each prompt's length, in order (default: the shape's ``prompt_tokens``)."""
     n = shape.prompts * shape.group
     if len(lengths) != n:
         raise ValueError(
@@ -158,6 +160,11 @@ def simulate_step(
         raise ValueError(f"response lengths must be >= 1 token, got min {min(lengths)}")
     if accepted is not None and (len(accepted) != n or min(accepted) < 1.0):
         raise ValueError(f"accepted lengths: give {n}, each >= 1 (accepted drafts + 1)")
+    if prompts is not None and (len(prompts) != shape.prompts or min(prompts) < 0):
+        raise ValueError(f"prompt lengths: give {shape.prompts} (one per prompt), each >= 0")
+    per_answer = [shape.prompt_tokens] * n if prompts is None else [
+        prompts[i // shape.group] for i in range(n)
+    ]  # fmt: skip
     latency = LatencyModel(profile)
     runs = [
         simulate_worker(
@@ -166,10 +173,11 @@ def simulate_step(
             latency,
             shape.speculative,
             max_running=shape.max_running,
-            prompt_tokens=shape.prompt_tokens,
+            prompt_tokens=[per_answer[i] for i in shard],
             accepted_length=shape.accepted_length,
             kv_tokens=profile.kv_cache_tokens,
             accepted=None if accepted is None else [accepted[i] for i in shard],
+            padded=profile.padded_context,
         )
         for w, shard in enumerate(shard_round_robin(n, shape.rollout_workers, shape.group))
     ]
@@ -183,7 +191,7 @@ def simulate_step(
         idle_s += idle
         harvested_s += harvested
     tokens = sum(r.tokens for r in runs)
-    update_tokens = tokens + n * shape.prompt_tokens  # every sequence's prompt goes through too
+    update_tokens = tokens + sum(per_answer)  # every sequence's prompt goes through too
     trainer_s = update_tokens * profile.trainer_seconds_per_token / shape.trainer_replicas
     sync_s = profile.weight_sync_s if shape.weight_sync_s is None else shape.weight_sync_s
     return StepResult(
@@ -209,10 +217,11 @@ def compare(
     lengths: Sequence[int],
     profile: EngineProfile,
     accepted: Sequence[float] | None = None,
+    prompts: Sequence[int] | None = None,
 ) -> tuple[StepResult, StepResult]:
     """(baseline, Longtail): the same step without and with SD + harvest (``accepted``: per
-    answer, see :func:`simulate_step`)."""
+    answer, ``prompts``: per prompt, see :func:`simulate_step`)."""
     return (
-        simulate_step(shape.baseline(), lengths, profile),
-        simulate_step(shape, lengths, profile, accepted),
+        simulate_step(shape.baseline(), lengths, profile, prompts=prompts),
+        simulate_step(shape, lengths, profile, accepted, prompts),
     )

@@ -15,8 +15,14 @@ answer has its own (a replayed run's per-answer figure, or the job's mean for al
 fractional one is applied deterministically: the answer carries a credit, adds its accepted
 length every speculative step and advances by the whole tokens of its credit (e.g. 2.5 gives
 2, 3, 2, 3, ...). A sequence never advances past its response length (the engine
-truncates at the stop token or ``max_new_tokens``). The context of a step is the prompt plus
-the running sequences' mean generated tokens.
+truncates at the stop token or ``max_new_tokens``). The context of a step is the running
+answers' mean length (prompt + generated), or, for an engine that pads every row to the
+longest (``EngineProfile.padded_context``: the torch engine), the longest running answer's: a
+batch that holds one 80-token prompt among 11-token ones decodes at context 80 and more.
+
+When speculation switches on (the step before did not speculate), the drafter first reads every
+running row's response so far (the engine's catch-up, ``engine/specdec.py``): that step costs
+the profile's ``drafter_catch_up_tokens_per_s`` on top.
 
 KV cache: with a capacity (``kv_tokens``, from the profile), an answer is admitted only while
 the running answers' tokens (prompt + generated) and its own fit; when the running answers grow
@@ -32,7 +38,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from longtail_api.policies import SpeculativeSpec
 from longtail_workers.engine.sd_policy import SpecDecodePolicy
@@ -79,14 +85,25 @@ class WorkerRun:
     """Its busy timeline (idle and harvest segments are added by the step)."""
 
 
+class _Queued(NamedTuple):
+    """A waiting answer: its length, the tokens it had generated before a preemption (0 for a
+    new one), its accepted length and its prompt's length."""
+
+    length: int
+    done: int
+    rate: float
+    prompt: int
+
+
 class _Answer:
-    """One running answer: where the common progress stood at its start, its length, the extra
-    tokens its speculative steps gained beyond one a step, and its own acceptance."""
+    """One running answer: where the common progress stood at its start, its length, its
+    prompt's, the extra tokens its speculative steps gained beyond one a step, and its own
+    acceptance."""
 
-    __slots__ = ("credit", "extra", "length", "rate", "start")
+    __slots__ = ("credit", "extra", "length", "prompt", "rate", "start")
 
-    def __init__(self, start: int, length: int, rate: float) -> None:
-        self.start, self.length, self.rate = start, length, rate
+    def __init__(self, start: int, length: int, rate: float, prompt: int) -> None:
+        self.start, self.length, self.rate, self.prompt = start, length, rate, prompt
         self.extra = 0
         self.credit = 0.0  # fractional accepted length carried to its next speculative step
 
@@ -94,36 +111,60 @@ class _Answer:
         """The common progress at which it is complete."""
         return self.start + self.length - self.extra
 
+    def offset(self) -> int:
+        """Its tokens (prompt + generated) less the common progress."""
+        return self.prompt + self.extra - self.start
+
 
 class _Running:
     """The running batch as one progress counter: every step gives every running answer one
     token (a speculative step gives each its extra accepted tokens on top), so an answer
     finishes when the progress reaches ``start + length - extra`` (a heap of those points, with
     stale entries skipped). A plain step costs O(log n), a speculative one O(n log n) over the
-    (few) answers still running, which keeps a 64-worker, 32K-token step to seconds."""
+    (few) answers still running, which keeps a 64-worker, 32K-token step to seconds. The
+    longest running answer is kept the same way (a max-heap of offsets, stale entries
+    skipped)."""
 
     def __init__(self) -> None:
         self.progress = 0
         self.heap: list[tuple[int, int]] = []  # (end progress, id); stale when it moved
+        self.longest: list[tuple[int, int]] = []  # (-offset, id); stale when it moved
         self.alive: dict[int, _Answer] = {}  # id -> answer, in admission order
-        self.generated_sum = 0  # sum over running answers of extra - start (context mean)
+        self.offset_sum = 0  # sum over running answers of their offset (context mean)
+        self.prompt_sum = 0  # sum over running answers of their prompt tokens
         self._ids = 0
 
     def __len__(self) -> int:
         return len(self.alive)
 
-    def admit(self, length: int, first: int, rate: float) -> None:
-        """An answer of ``length`` tokens of which ``first`` are generated once its prefill is
-        done (1: the prefill's sampled token; more for an answer resumed after preemption),
-        gaining ``rate`` tokens per speculative step on average."""
-        answer = _Answer(self.progress - first, length, rate)
+    def admit(self, length: int, first: int, rate: float, prompt: int) -> None:
+        """An answer of ``length`` tokens to a ``prompt``-token prompt, of which ``first`` are
+        generated once its prefill is done (1: the prefill's sampled token; more for an answer
+        resumed after preemption), gaining ``rate`` tokens per speculative step on average."""
+        answer = _Answer(self.progress - first, length, rate, prompt)
         self.alive[self._ids] = answer
         heapq.heappush(self.heap, (answer.end(), self._ids))
+        heapq.heappush(self.longest, (-answer.offset(), self._ids))
         self._ids += 1
-        self.generated_sum -= answer.start
+        self.offset_sum += answer.offset()
+        self.prompt_sum += prompt
 
-    def mean_generated(self) -> float:
-        return self.progress + self.generated_sum / len(self.alive)
+    def mean_tokens(self) -> float:
+        """Mean tokens (prompt + generated) of the running answers."""
+        return self.progress + self.offset_sum / len(self.alive)
+
+    def generated_tokens(self) -> float:
+        """Response tokens of the running answers, all together."""
+        return len(self.alive) * self.progress + self.offset_sum - self.prompt_sum
+
+    def longest_tokens(self) -> int:
+        """Tokens (prompt + generated) of the longest running answer."""
+        while True:
+            neg, i = self.longest[0]
+            a = self.alive.get(i)
+            if a is not None and a.offset() == -neg:
+                return self.progress - neg
+            heapq.heappop(self.longest)  # retired, preempted or grown since: stale
 
     def advance(self, speculative_cap: float | None = None) -> int:
         """One step: every running answer gains one token, or with ``speculative_cap`` (depth
@@ -137,9 +178,10 @@ class _Running:
                 a.credit -= whole
                 if whole > 1:
                     a.extra += whole - 1
-                    self.generated_sum += whole - 1
+                    self.offset_sum += whole - 1
                     emitted += whole - 1
                     heapq.heappush(self.heap, (a.end(), i))
+                    heapq.heappush(self.longest, (-a.offset(), i))
         self.progress += 1
         return emitted - self.retire()
 
@@ -154,16 +196,18 @@ class _Running:
                 continue  # preempted or finished earlier, or its end moved: a stale entry
             del self.alive[i]
             over += self.progress - end
-            self.generated_sum -= a.extra - a.start
+            self.offset_sum -= a.offset()
+            self.prompt_sum -= a.prompt
         return over
 
-    def preempt_newest(self) -> tuple[int, int, float]:
-        """Take the most recently admitted answer out (vLLM's recompute preemption); returns its
-        ``(length, tokens generated so far, rate)`` to queue it again."""
+    def preempt_newest(self) -> _Queued:
+        """Take the most recently admitted answer out (vLLM's recompute preemption); returns it
+        as queued again, with the tokens it had generated."""
         i = next(reversed(self.alive))
         a = self.alive.pop(i)
-        self.generated_sum -= a.extra - a.start
-        return a.length, self.progress - a.start + a.extra, a.rate
+        self.offset_sum -= a.offset()
+        self.prompt_sum -= a.prompt
+        return _Queued(a.length, self.progress - a.start + a.extra, a.rate, a.prompt)
 
 
 def _add(segments: list[Segment], worker: int, start: float, end: float, kind: SegmentKind) -> None:
@@ -184,54 +228,64 @@ def simulate_worker(
     speculative: SpeculativeSpec,
     *,
     max_running: int,
-    prompt_tokens: int,
+    prompt_tokens: int | Sequence[int],
     accepted_length: float,
     kv_tokens: int | None = None,
     accepted: Sequence[float] | None = None,
+    padded: bool = False,
 ) -> WorkerRun:
     """Generate ``lengths`` (response tokens per answer, in dealt order) on one worker;
-    ``kv_tokens``: the KV cache's capacity in tokens (None: unbounded); ``accepted``: each
-    answer's own accepted length (default: ``accepted_length`` for all)."""
+    ``prompt_tokens``: every answer's prompt length, or each one's; ``kv_tokens``: the KV
+    cache's capacity in tokens (None: unbounded); ``accepted``: each answer's own accepted
+    length (default: ``accepted_length`` for all); ``padded``: a step's context is the longest
+    running answer's, not the mean (``EngineProfile.padded_context``)."""
     rates = list(accepted) if accepted is not None else [accepted_length] * len(lengths)
-    if len(rates) != len(lengths):
-        raise ValueError(f"{len(rates)} accepted lengths for {len(lengths)} answers")
+    prompts = (
+        [prompt_tokens] * len(lengths) if isinstance(prompt_tokens, int) else list(prompt_tokens)
+    )
+    if len(rates) != len(lengths) or len(prompts) != len(lengths):
+        raise ValueError(
+            f"{len(rates)} accepted lengths and {len(prompts)} prompt lengths for "
+            f"{len(lengths)} answers: give one per answer"
+        )
     policy = SpecDecodePolicy(speculative)
     policy.reset()  # a worker's latch starts off at every rollout
-    # (length, tokens generated before a preemption, accepted length)
-    waiting: deque[tuple[int, int, float]] = deque(
-        (n, 0, r) for n, r in zip(lengths, rates, strict=True)
-    )
+    waiting = deque(_Queued(n, 0, r, p) for n, r, p in zip(lengths, rates, prompts, strict=True))
     running = _Running()
     run = WorkerRun(worker=worker, answers=len(lengths), done_s=0.0, tokens=0)
     t = 0.0
+    speculating = False  # the last decode step speculated (the drafter's cache is live)
 
     def kv_used() -> float:
-        return len(running) * (prompt_tokens + running.mean_generated()) if running else 0.0
+        return len(running) * running.mean_tokens() if running else 0.0
 
     while waiting or running:
         admitted, prefill, used = 0, 0, kv_used()
         while waiting and len(running) < max_running:
-            length, done, rate = waiting[0]
-            need = prompt_tokens + done + 1
+            q = waiting[0]
+            need = q.prompt + q.done + 1
             if kv_tokens is not None and running and used + need > kv_tokens:
                 break  # the cache is full: wait for answers to finish
             waiting.popleft()
-            running.admit(length, first=done + 1, rate=rate)  # the prefill samples a token
-            admitted, prefill, used = admitted + 1, prefill + prompt_tokens + done, used + need
+            running.admit(q.length, first=q.done + 1, rate=q.rate, prompt=q.prompt)
+            admitted, prefill, used = admitted + 1, prefill + q.prompt + q.done, used + need
         if admitted:
             dt = latency.prefill_s(prefill)
             _add(run.segments, worker, t, t + dt, "prefill")
             t += dt
-            run.tokens += admitted
+            run.tokens += admitted  # the prefill samples each admitted answer's first token
             running.retire()  # answers of one token are done
             if not running:
                 continue
         n = len(running)
-        context = prompt_tokens + running.mean_generated()
+        context = running.longest_tokens() if padded else running.mean_tokens()
         if policy.observe(n):
             choice = policy.choose(n)
             depth = choice.draft_depth
             dt = latency.speculative_s(n, context, depth)
+            if not speculating:  # switching on: the drafter reads every row's response so far
+                dt += latency.catch_up_s(_catch_up_tokens(running, speculative))
+            speculating = True
             emitted = running.advance(speculative_cap=depth + 1.0)
             policy.record(choice, emitted, dt)
             run.speculative_steps += 1
@@ -239,6 +293,7 @@ def simulate_worker(
         else:
             dt = latency.decode_s(n, context)
             emitted = running.advance()
+            speculating = False
             run.decode_steps += 1
             kind = "decode"
         _add(run.segments, worker, t, t + dt, kind)
@@ -249,3 +304,11 @@ def simulate_worker(
             run.preempted += 1
     run.done_s = t
     return run
+
+
+def _catch_up_tokens(running: _Running, speculative: SpeculativeSpec) -> float:
+    """Response tokens the drafter reads when speculation switches on: every running row's
+    response so far, at most ``drafterContextWindow`` a row."""
+    tokens = running.generated_tokens()
+    window = speculative.drafter_context_window
+    return tokens if window is None else min(tokens, float(len(running) * window))
