@@ -171,6 +171,21 @@ def test_a_lost_rollout_worker_is_restarted_up_to_backoff_limit() -> None:
     }
 
 
+def test_a_run_with_no_rollout_worker_left_says_so() -> None:
+    trainer = FakeChild("trainer", "trainer")
+    w0, w1 = FakeChild("rollout-0", "rollout", code=1), FakeChild("rollout-1", "rollout")
+    children: list[Any] = [w0, w1, trainer]
+    r = Restarts(limit=0)
+    r.check(children, trainer)
+    assert r.none_left(children) is None  # rollout-1 still generates
+    w1.proc.code = 1
+    r.check(children, trainer)
+    why = r.none_left(children)
+    assert why is not None and "every rollout worker has exited (rollout-0, rollout-1" in why
+    assert "spec.backoffLimit=0" in why and "--resume" in why
+    assert Restarts(limit=0).none_left([trainer]) is None  # a run without rollout children
+
+
 def test_no_restart_with_torch_distributed_weight_sync() -> None:
     trainer, w0 = FakeChild("trainer", "trainer"), FakeChild("rollout-0", "rollout", code=-9)
     children: list[Any] = [w0, trainer]

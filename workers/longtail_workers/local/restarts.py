@@ -9,8 +9,9 @@ pod up to ``backoffLimit``. The trainer has already re-dispatched the lost worke
 the others; at the start of each step it health-checks the workers it marked down
 (``RolloutPool.revive``), so the restarted worker takes work again once it has loaded its model.
 Past the limit, or with ``--weight-sync dist`` (a torch.distributed group cannot take a new
-member), the worker stays down and the run goes on with the others, failing only when none is
-left, as before. Any other child that exits (the verifier) is reported, not restarted. The lost
+member), the worker stays down and the run goes on with the others; when none is left
+(:meth:`Restarts.none_left`) the run stops at once with the reason instead of waiting on the
+trainer. Any other child that exits (the verifier) is reported, not restarted. The lost
 and restarted workers end up in ``summary.json``, the report and the run's last lines.
 """
 
@@ -76,6 +77,20 @@ class Restarts:
                 "it takes work again from the next step once it has loaded"
             )
         return lines
+
+    def none_left(self, children: list[Child]) -> str | None:
+        """Why the run cannot go on when every rollout worker is down for good (after
+        :meth:`check` restarted what it could), else None: the trainer would wait for one
+        until its own timeout."""
+        rollout = [c for c in children if c.role == "rollout"]
+        if not rollout or any(c.alive for c in rollout):
+            return None
+        names = ", ".join(c.name for c in rollout)
+        return (
+            f"every rollout worker has exited ({names}; {len(self.restarted)} restarts made, "
+            f"spec.backoffLimit={self.limit}): nothing is left to generate; see "
+            "logs/rollout-*.log for why, fix it and resume with `longtail run --resume`"
+        )
 
     def summary(self) -> dict[str, list[str]]:
         """``lost_workers`` and ``restarted_workers`` for ``summary.json`` and the report."""

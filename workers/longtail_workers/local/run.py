@@ -305,7 +305,7 @@ def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
               progress: Progress, stop: threading.Event, restarts: Restarts) -> int:  # fmt: skip
     """Poll and display until the trainer exits; forward a stop request to it; restart lost
     rollout workers (``restarts``), replacing them in ``children``."""
-    asked_stop = False
+    asked_stop, failed = False, False
     while trainer.alive:
         if stop.is_set() and not asked_stop:
             progress.message("stopping: the trainer checkpoints the last completed step ...")
@@ -319,10 +319,17 @@ def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
         if not asked_stop and not stop.is_set():
             for line in restarts.check(children, trainer):
                 progress.message(line)
+            why = restarts.none_left(children)
+            if why is not None:
+                progress.message(f"error: {why}")
+                trainer.signal(signal.SIGTERM)  # it checkpoints the last completed step
+                asked_stop = failed = True
         time.sleep(0.5)
     rc = trainer.proc.wait()
     if rc != 0:
         progress.message(f"trainer failed (exit {rc}):\n{trainer.tail()}")
+        return 1
+    if failed:
         return 1
     return STOPPED if asked_stop else 0
 
