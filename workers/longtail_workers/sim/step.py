@@ -173,7 +173,7 @@ def simulate_step(
             latency,
             shape.speculative,
             max_running=shape.max_running,
-            prompt_tokens=[per_answer[i] for i in shard],
+            prompts=[per_answer[i] for i in shard],
             accepted_length=shape.accepted_length,
             kv_tokens=profile.kv_cache_tokens,
             accepted=None if accepted is None else [accepted[i] for i in shard],

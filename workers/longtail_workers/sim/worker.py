@@ -228,21 +228,18 @@ def simulate_worker(
     speculative: SpeculativeSpec,
     *,
     max_running: int,
-    prompt_tokens: int | Sequence[int],
+    prompts: Sequence[int],
     accepted_length: float,
     kv_tokens: int | None = None,
     accepted: Sequence[float] | None = None,
     padded: bool = False,
 ) -> WorkerRun:
     """Generate ``lengths`` (response tokens per answer, in dealt order) on one worker;
-    ``prompt_tokens``: every answer's prompt length, or each one's; ``kv_tokens``: the KV
+    ``prompts``: each answer's prompt length, same order; ``kv_tokens``: the KV
     cache's capacity in tokens (None: unbounded); ``accepted``: each answer's own accepted
     length (default: ``accepted_length`` for all); ``padded``: a step's context is the longest
     running answer's, not the mean (``EngineProfile.padded_context``)."""
     rates = list(accepted) if accepted is not None else [accepted_length] * len(lengths)
-    prompts = (
-        [prompt_tokens] * len(lengths) if isinstance(prompt_tokens, int) else list(prompt_tokens)
-    )
     if len(rates) != len(lengths) or len(prompts) != len(lengths):
         raise ValueError(
             f"{len(rates)} accepted lengths and {len(prompts)} prompt lengths for "
