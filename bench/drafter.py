@@ -242,7 +242,8 @@ def main(argv: list[str]) -> int:
     training = DrafterTrainingSpec(
         learning_rate=1e-3, window_tokens=128, max_steps_per_window=max(args.static_steps, 10**4)
     )
-    registry = DrafterRegistry(tempfile.mkdtemp(prefix="longtail-bench-drafter-"))
+    scratch = tempfile.TemporaryDirectory(prefix="longtail-bench-drafter-")  # removed at exit
+    registry = DrafterRegistry(scratch.name)
     engine = TorchEngine(model, speculative=spec, drafter=EagleDrafter(model, target_id=tid))
     worker = RolloutWorker(
         engine, target_id=tid, name="bench-0", training=training, registry=registry

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -99,8 +100,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("job", nargs="?", default=str(ROOT / "examples" / "01-tiny-arith.yaml"))
     ap.add_argument("--steps", type=int, default=None, help="override algorithm.totalSteps")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--keep-runs", action="store_true", help="keep both runs' directories (checkpoints, ...)"
+    )
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="longtail-rl-step-"))
+    try:
+        return compare_arms(args, tmp)
+    finally:  # each call's checkpoints would otherwise stay in /tmp
+        if not args.keep_runs:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def compare_arms(args: argparse.Namespace, tmp: Path) -> int:
+    """Runs the job with and without Longtail, writes and prints the comparison."""
     doc = yaml.safe_load(Path(args.job).read_text())
     if args.steps:
         doc["spec"]["algorithm"]["totalSteps"] = args.steps
@@ -124,7 +137,7 @@ def main(argv: list[str]) -> int:
             "load_average_1m_after": os.getloadavg()[0],
             "platform": platform.platform(),
         },
-        "run_dirs": [longtail["dir"], baseline["dir"]],
+        "run_dirs": [longtail["dir"], baseline["dir"]] if args.keep_runs else None,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -210,8 +211,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--profile", type=Path, help="use this profile instead of taking one")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--keep-runs", action="store_true", help="keep the runs' directories (~300 MB a sitting)"
+    )
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="longtail-sim-validate-"))
+    try:
+        return sitting(args, tmp)
+    finally:  # a sitting's checkpoints would otherwise pile up in /tmp, one set per sitting
+        if not args.keep_runs:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sitting(args: argparse.Namespace, tmp: Path) -> int:
+    """Runs both shapes' arms between speed probes, profiles, and compares; 1 if it can't count."""
     load_before = os.getloadavg()[0]
     probes = [speed_probe(tmp / "probe-0.json")]  # then one after every run
     runs = {}
@@ -250,12 +263,13 @@ def main(argv: list[str]) -> int:
         "machine_drift": machine_drift,
         "speed_factors_engine_trainer": factors,
         "sitting_counts": counts,
-        "run_dir": str(tmp),
+        "run_dir": str(tmp) if args.keep_runs else None,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(results))
-    print(f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}; runs under {tmp}")
+    kept = f"; runs kept under {tmp}" if args.keep_runs else ""
+    print(f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}{kept}")
     print(f"machine speed drift during the sitting: {machine_drift:+.1%} (decode steps, after / "
           "before the runs)")  # fmt: skip
     print("speed during each run / during the profile (engine, GRPO update): "
