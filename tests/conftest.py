@@ -4,7 +4,9 @@ and ``tiny_targets``) on sys.path so tests import them by name under --import-mo
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,22 @@ _RANK_ENV = (
     rendezvous.MASTER_ADDR, rendezvous.MASTER_PORT, rendezvous.NNODES, rendezvous.NODE_RANK,
     rendezvous.LOCAL_WORLD_SIZE, rendezvous.WORLD_SIZE, rendezvous.RANK, rendezvous.LOCAL_RANK,
 )  # fmt: skip
+MIN_FREE_TMP = 2 << 30
+"""Free bytes the suite needs in the temp directory: its runs and checkpoints take ~1 GB there
+(pytest keeps the last three sessions' ``tmp_path`` trees)."""
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop before the first test when the temp directory is nearly full: otherwise every test
+    that writes a file errors in setup with ENOSPC and the real cause drowns in the output."""
+    tmp = tempfile.gettempdir()
+    free = shutil.disk_usage(tmp).free
+    if free < MIN_FREE_TMP:
+        pytest.exit(
+            f"only {free / 2**30:.2f} GiB free in the temp directory {tmp} (the suite needs "
+            f"{MIN_FREE_TMP / 2**30:.0f} GiB): free space there or point TMPDIR at a larger disk",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 @pytest.fixture(autouse=True)
