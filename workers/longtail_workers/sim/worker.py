@@ -149,6 +149,10 @@ class _Running:
         self.offset_sum += answer.offset()
         self.prompt_sum += prompt
 
+    def kv_tokens(self) -> float:
+        """Tokens the running answers hold in the KV cache (prompt + generated, all rows)."""
+        return len(self) * self.mean_tokens() if len(self) else 0.0
+
     def mean_tokens(self) -> float:
         """Mean tokens (prompt + generated) of the running answers."""
         return self.progress + self.offset_sum / len(self.alive)
@@ -253,19 +257,8 @@ def simulate_worker(
     t = 0.0
     speculating = False  # the last decode step speculated (the drafter's cache is live)
 
-    def kv_used() -> float:
-        return len(running) * running.mean_tokens() if running else 0.0
-
     while waiting or running:
-        admitted, prefill, used = 0, 0, kv_used()
-        while waiting and len(running) < max_running:
-            q = waiting[0]
-            need = q.prompt + q.done + 1
-            if kv_tokens is not None and running and used + need > kv_tokens:
-                break  # the cache is full: wait for answers to finish
-            waiting.popleft()
-            running.admit(q.length, first=q.done + 1, rate=q.rate, prompt=q.prompt)
-            admitted, prefill, used = admitted + 1, prefill + q.prompt + q.done, used + need
+        admitted, prefill = _admit(waiting, running, max_running, kv_tokens)
         if admitted:
             dt = latency.prefill_s(prefill)
             _add(run.segments, worker, t, t + dt, "prefill")
@@ -296,11 +289,28 @@ def simulate_worker(
         _add(run.segments, worker, t, t + dt, kind)
         t += dt
         run.tokens += emitted
-        while kv_tokens is not None and len(running) > 1 and kv_used() > kv_tokens:
+        while kv_tokens is not None and len(running) > 1 and running.kv_tokens() > kv_tokens:
             waiting.appendleft(running.preempt_newest())
             run.preempted += 1
     run.done_s = t
     return run
+
+
+def _admit(
+    waiting: deque[_Queued], running: _Running, max_running: int, kv_tokens: int | None
+) -> tuple[int, int]:
+    """Move answers from the front of ``waiting`` into ``running`` while a slot is free and
+    (with a capacity) the KV cache holds them; returns (answers admitted, tokens to prefill)."""
+    admitted, prefill, used = 0, 0, running.kv_tokens()
+    while waiting and len(running) < max_running:
+        q = waiting[0]
+        need = q.prompt + q.done + 1
+        if kv_tokens is not None and running and used + need > kv_tokens:
+            break  # the cache is full: wait for answers to finish
+        waiting.popleft()
+        running.admit(q.length, first=q.done + 1, rate=q.rate, prompt=q.prompt)
+        admitted, prefill, used = admitted + 1, prefill + q.prompt + q.done, used + need
+    return admitted, prefill
 
 
 def _catch_up_tokens(running: _Running, speculative: SpeculativeSpec) -> float:
