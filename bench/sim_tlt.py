@@ -38,8 +38,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--medians", default=",".join(str(m) for m in MEDIANS))
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    spec = validate_file(JOB)[0].spec
-    assert spec is not None, f"{JOB} is not a valid RLJob"
+    (checked,) = validate_file(JOB)
+    if checked.errors or checked.spec is None:
+        raise SystemExit(f"{JOB} is not a valid RLJob: " + "; ".join(map(str, checked.errors)))
+    spec = checked.spec
     profile = roofline_profile("Qwen2-7B")
     rows = []
     for median in (int(m) for m in args.medians.split(",")):

@@ -21,6 +21,7 @@ from longtail_api.schema import build_crd, render_crd, rljob_json_schema
 REPO = Path(__file__).resolve().parents[3]
 CRD = REPO / "crds" / "rljob.yaml"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+BENCH_JOBS = sorted((REPO / "bench" / "jobs").glob("*.yaml"))  # jobs the benchmarks simulate
 
 
 def _api_dataclasses() -> list[type]:
@@ -118,7 +119,7 @@ def test_defaults_in_schema_match_dataclass_defaults() -> None:
     assert speculative["default"]["selector"]["buckets"] == [1, 2, 4, 8, 16, 32]
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXAMPLES + BENCH_JOBS, ids=lambda p: p.name)
 def test_examples_validate_against_crd_schema(path: Path) -> None:
     schema = rljob_json_schema()
     for doc in load_yaml_documents(path):

@@ -19,6 +19,7 @@ from longtail_api.spec import RLJobSpec
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+BENCH_JOBS = sorted((REPO / "bench" / "jobs").glob("*.yaml"))  # jobs the benchmarks simulate
 
 MINIMAL: dict[str, Any] = {
     "apiVersion": "longtail.dev/v1alpha1",
@@ -44,7 +45,7 @@ def test_examples_exist_and_are_numbered() -> None:
     assert all(n[:2].isdigit() and n[2] == "-" for n in names)
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXAMPLES + BENCH_JOBS, ids=lambda p: p.name)
 def test_examples_validate(path: Path) -> None:
     (result,) = validate_file(path)
     assert result.errors == []
