@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +46,7 @@ from longtail_workers.sim.runs import mean_results, read_run, replay
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from rl_step import run_job  # noqa: E402  (the one runner of `longtail run` for benchmarks)
+from rl_step import run_job, run_scratch  # noqa: E402  (the one runner of `longtail run` for benchmarks)
 
 RESULTS = ROOT / "bench" / "results" / "sim_validate.json"
 PROFILE_ARGS = [
@@ -215,12 +213,8 @@ def main(argv: list[str]) -> int:
         "--keep-runs", action="store_true", help="keep the runs' directories (~300 MB a sitting)"
     )
     args = ap.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="longtail-sim-validate-"))
-    try:
+    with run_scratch("longtail-sim-validate-", keep=args.keep_runs) as tmp:
         return sitting(args, tmp)
-    finally:  # a sitting's checkpoints would otherwise pile up in /tmp, one set per sitting
-        if not args.keep_runs:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def sitting(args: argparse.Namespace, tmp: Path) -> int:
