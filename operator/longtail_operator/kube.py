@@ -4,16 +4,22 @@ Thin on purpose: ``reconcile.py`` decides, this module only talks to the API ser
 are read raw (``_preload_content=False`` + ``json.loads``) rather than deserialised into the
 client's model classes: a 64-pod list costs milliseconds instead of tens of them. Every failure
 becomes a :class:`KubeError` carrying the HTTP status and the server's message; "already exists"
-on create and "not found" on delete are successes (reconciles are idempotent).
+on create and "not found" on delete are successes (reconciles are idempotent). A call that got
+no answer (connection refused or reset, timeout, TLS failure: urllib3 raises ``MaxRetryError``
+once its retries are spent, which is no ``OSError``) is a ``KubeError`` with status 0, so an
+API-server outage is one more retryable error of the job loops (``runtime.py``), never a crash.
+Every call has a timeout (``timeout_s``): a hung API server cannot stall a loop for good.
 """
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import json
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -23,13 +29,20 @@ from longtail_operator.derive import Event
 
 COMPONENT = "longtail-operator"
 _SEQ = itertools.count()  # unique Event names within one process
+TIMEOUT_S = 30.0
+"""Default limit of one API call (connect + read); the longest we make is a LIST of a job's pods."""
+PROBE_TIMEOUT_S = 2.0
+"""Limit of the readiness probe's call: under the chart's readinessProbe timeout (5 s)."""
+# Transport failures: urllib3's own (MaxRetryError, ProtocolError, ReadTimeoutError, ...), the
+# socket's, and http.client's (a connection closed mid-answer).
+_NO_ANSWER = (urllib3.exceptions.HTTPError, OSError, http.client.HTTPException)
 
 
 class KubeError(RuntimeError):
     """An API call failed; ``status`` is the HTTP status (0: no answer)."""
 
     def __init__(self, what: str, status: int, message: str) -> None:
-        super().__init__(f"{what}: HTTP {status}: {message}")
+        super().__init__(f"{what}: HTTP {status}: {message}" if status else f"{what}: {message}")
         self.status = status
 
 
@@ -43,23 +56,48 @@ def _message(exc: ApiException) -> str:
 class Kube:
     """API calls on behalf of one operator identity (the ApiClient's credentials)."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
-        self.api_client = api_client
+    def __init__(self, api_client: client.ApiClient, timeout_s: float = TIMEOUT_S) -> None:
+        self.api_client, self.timeout_s = api_client, timeout_s
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.networking = client.NetworkingV1Api(api_client)
+        self.version = client.VersionApi(api_client)
 
-    def _call(self, what: str, fn: Any, *args: Any, ok: tuple[int, ...] = (), **kw: Any) -> Any:
+    def _call(
+        self,
+        what: str,
+        fn: Any,
+        *args: Any,
+        ok: tuple[int, ...] = (),
+        timeout: float | None = None,
+        **kw: Any,
+    ) -> Any:
+        """``fn(*args, **kw)``'s JSON answer; ``None`` for a status in ``ok``; else KubeError."""
+        limit = self.timeout_s if timeout is None else timeout
         try:
-            resp = fn(*args, _preload_content=False, **kw)
+            resp = fn(*args, _preload_content=False, _request_timeout=limit, **kw)
+            data: bytes = resp.data  # read here: the body can fail mid-way too
         except ApiException as exc:
             if exc.status in ok:
                 return None
-            raise KubeError(what, exc.status or 0, _message(exc)) from exc
-        except OSError as exc:  # urllib3 connection errors are OSErrors
-            raise KubeError(what, 0, str(exc)) from exc
-        data: bytes = resp.data
-        return json.loads(data) if data else None
+            if not exc.status:  # the client's own: a TLS failure
+                raise KubeError(what, 0, f"no answer from the API server: {exc.reason}") from exc
+            raise KubeError(what, exc.status, _message(exc)) from exc
+        except _NO_ANSWER as exc:
+            raise KubeError(what, 0, f"no answer from the API server: {exc!r}") from exc
+        try:
+            return json.loads(data) if data else None
+        except ValueError as exc:  # a proxy's error page, or a body cut short
+            raise KubeError(what, 0, f"no JSON in the answer ({exc}): {data[:200]!r}") from exc
+
+    def probe(self) -> str | None:
+        """None when the API server answers this identity (``GET /version``, readable by every
+        authenticated user), else why not: the operator's readiness (``metrics.Health``)."""
+        try:
+            self._call("GET /version", self.version.get_code, timeout=PROBE_TIMEOUT_S)
+        except KubeError as exc:
+            return str(exc)
+        return None
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._call(  # type: ignore[no-any-return]

@@ -4,8 +4,9 @@ Collectors are built from the shared :mod:`longtail_api.metrics` specs (``OPERAT
 so names, help and labels are written once for the operator, dashboards and alerts.
 ``handlers.py`` creates one :class:`OperatorMetrics` and one :class:`HealthServer` at start-up;
 the reconcile and harvest code record into it. ``/healthz`` answers 200 while the kopf event
-loop's heartbeat is fresh, ``/readyz`` 200 once the operator has started and its last API call
-succeeded.
+loop's heartbeat is fresh, ``/readyz`` 200 once the operator has started and while the
+Kubernetes API server answers it (:attr:`Health.api_probe`, asked on every ``/readyz``, so it
+is true with no RLJob at all and turns 200 again as soon as the API server is back).
 """
 
 from __future__ import annotations
@@ -115,10 +116,18 @@ class OperatorMetrics:
 class Health:
     """Liveness heartbeat and readiness flag shared by kopf handlers and the HTTP server."""
 
-    def __init__(self, stale_after_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        stale_after_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        api_probe: Callable[[], str | None] | None = None,
+    ) -> None:
         self.stale_after_s, self.clock = stale_after_s, clock
         self.started = False
-        self.api_ok = True
+        self.api_probe = api_probe
+        """None when the API server answers, else why not (``Kube.probe``; ``runtime.Operator``
+        sets it). Asked on each ``/readyz``: a flag set by the job loops would stay true with
+        no RLJob, and flap with one job's RBAC error against another's success."""
         self.last_beat = clock()
 
     def beat(self) -> None:
@@ -133,8 +142,9 @@ class Health:
     def ready(self) -> tuple[bool, str]:
         if not self.started:
             return False, "starting"
-        if not self.api_ok:
-            return False, "the last Kubernetes API call failed"
+        problem = self.api_probe() if self.api_probe is not None else None
+        if problem is not None:
+            return False, f"the Kubernetes API server does not answer: {problem}"
         return True, "ready"
 
 

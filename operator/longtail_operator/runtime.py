@@ -5,13 +5,18 @@
 
 - the job loop reconciles when woken (the RLJob or one of its pods changed: kopf event
   handlers call :meth:`Operator.wake`), and at least every ``reconcile_period_s``; on an API
-  error (``kopf.TemporaryError``) it waits with exponential backoff, up to 30 s;
+  error (``kopf.TemporaryError``) it waits with exponential backoff, up to 30 s, but only up to
+  2 s while the API server does not answer at all (``KubeError`` status 0: an outage or a
+  restart, which costs the server nothing to retry), so a job converges within about 2 s of the
+  API server's return;
 - the harvest loop, while the job runs with harvest enabled, calls :meth:`Harvester.step` every
   ``spec.harvest.pollPeriodSeconds`` and wakes the job loop when an assignment or an
   acknowledgement changed, so the status shows it within one reconcile.
 
 Both loops check ``stopped`` (kopf's flag, set when the RLJob is deleted or the operator stops)
-at least every 0.25 s.
+at least every 0.25 s. Neither dies on an API error: every failure of a call is a ``KubeError``
+(``kube.py``), which the job loop retries and the harvest loop logs and retries next poll. The
+operator's readiness asks the API server itself (:meth:`Kube.probe`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import kopf
 from longtail_api.spec import RLJobSpec
 from longtail_operator.clients import WorkerClient
 from longtail_operator.harvester import Harvester
-from longtail_operator.kube import Kube
+from longtail_operator.kube import Kube, KubeError
 from longtail_operator.metrics import Health, OperatorMetrics
 from longtail_operator.observe import parse_status
 from longtail_operator.reconcile import JobRuntime, Reconciler
@@ -37,6 +42,21 @@ from longtail_operator.sources import IdlenessSource, PrometheusSource, WorkerSt
 log = logging.getLogger(__name__)
 TICK_S = 0.25
 MAX_BACKOFF_S = 30.0
+"""Longest wait between failed reconciles of one job when the API server answered (403, 422,
+a 5xx: retrying fast helps neither it nor us)."""
+NO_ANSWER_BACKOFF_S = 2.0
+"""Longest wait while the API server does not answer: how long after its return a job waits."""
+LOG_EVERY_S = 60.0
+"""A job loop failing again and again logs the first failure, then one line a minute."""
+
+
+def next_backoff(previous: float, exc: kopf.TemporaryError) -> float:
+    """The wait after a failed reconcile: doubling from ``exc.delay``, capped by the kind of
+    failure (``exc.__cause__``, the ``KubeError`` the reconciler raised it from)."""
+    cause = exc.__cause__
+    no_answer = isinstance(cause, KubeError) and cause.status == 0
+    cap = NO_ANSWER_BACKOFF_S if no_answer else MAX_BACKOFF_S
+    return min(cap, max(exc.delay or 1.0, previous * 2))
 
 
 class Stopped(Protocol):
@@ -50,6 +70,7 @@ class Operator:
         self, kube: Kube, settings: Settings, metrics: OperatorMetrics, health: Health
     ) -> None:
         self.kube, self.settings, self.metrics, self.health = kube, settings, metrics, health
+        health.api_probe = kube.probe  # ready while the API server answers this identity
         self.reconciler = Reconciler(kube, settings, metrics)
         self.workers = WorkerClient(timeout=settings.http_timeout_s)
         self._jobs: dict[tuple[str, str], JobRuntime] = {}
@@ -93,18 +114,29 @@ class Operator:
     def run_job(self, stopped: Stopped, namespace: str, name: str) -> None:
         """The job loop (see the module text)."""
         rt = self.runtime(namespace, name)
-        key, backoff = (namespace, name), 0.0
+        key, backoff, failures, warned = (namespace, name), 0.0, 0, -LOG_EVERY_S
         while not stopped:
             try:
                 phase = self.reconciler.reconcile(rt)
-                backoff = 0.0
-                self.health.api_ok = True
             except kopf.TemporaryError as exc:
-                self.health.api_ok = False
-                backoff = min(MAX_BACKOFF_S, max(exc.delay or 1.0, backoff * 2))
-                log.warning("reconcile of %s/%s failed (retry in %.1f s): %s", *key, backoff, exc)
+                backoff, failures = next_backoff(backoff, exc), failures + 1
+                # The first failure, then one line a minute: an outage is not a flood of lines.
+                level, now = logging.DEBUG, time.monotonic()
+                if failures == 1 or now - warned >= LOG_EVERY_S:
+                    level, warned = logging.WARNING, now
+                log.log(
+                    level,
+                    "reconcile of %s/%s failed %d time(s) (retry in %.1f s): %s",
+                    *key,
+                    failures,
+                    backoff,
+                    exc,
+                )
                 self._sleep(stopped, key, backoff)
                 continue
+            if failures:
+                log.warning("reconcile of %s/%s works again after %d failure(s)", *key, failures)
+            backoff, failures = 0.0, 0
             if phase is None:  # deleted: the daemon is about to be stopped
                 break
             self._publish_phases()
@@ -154,7 +186,7 @@ class Operator:
                     source = self._source(rt, spec, cache)
                     if harvester.step(spec.harvest, rt.targets, source, rt.trainer_target):
                         self.wake(*key)
-                except (OSError, RuntimeError) as exc:  # API read of the initial status
+                except (OSError, RuntimeError) as exc:  # KubeError: API read of the initial status
                     log.warning("harvest step of %s/%s failed: %s", namespace, name, exc)
             deadline = time.monotonic() + period
             while not stopped and time.monotonic() < deadline:
