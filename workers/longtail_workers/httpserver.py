@@ -14,6 +14,12 @@ a new handler running in a thread of its own (the handlers may block: torch, sco
 switches), then sends its :class:`~longtail_workers.httprequest.Answer`. Bodies a handler did
 not read are discarded by uvicorn when the connection is kept; large bodies are sent in pieces,
 so a slow reader holds no second copy of policy weights.
+
+uvicorn times out only an idle kept-alive connection, never one that is still sending its
+request line and headers, so a client trickling header bytes (slow loris) held a connection
+forever. :class:`_HeaderDeadlineProtocol` (uvicorn's h11 protocol plus one timer) closes a
+connection whose request headers are not complete ``header_timeout_s`` (default
+:data:`HEADER_TIMEOUT_S`) after it opened, or after the first byte of a later request on it.
 """
 
 from __future__ import annotations
@@ -29,18 +35,23 @@ import time
 from http import HTTPMethod
 from typing import ClassVar, Self
 
+import h11
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from longtail_workers.httprequest import Answer, JSONRequestHandler
 
 _PIECE = 1 << 20
 """Bodies over this go out in pieces of this size (uvicorn waits for each to drain)."""
 _START_TIMEOUT_S = 30.0
+HEADER_TIMEOUT_S = 15.0
+"""Seconds a client may take to send a request's line and headers (slow-loris bound); the
+workers' clients send theirs in one write, so only a stalled or hostile client meets it."""
 
 
 class BackgroundHTTPServer:
@@ -58,11 +69,26 @@ class BackgroundHTTPServer:
     """Logged at info level (with the URL) through the subclass module's logger."""
     stopped_log: ClassVar[str | None] = None
 
-    def __init__(self, host: str, port: int, *, request_timeout_s: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        request_timeout_s: float,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+    ) -> None:
+        if not header_timeout_s > 0:
+            raise ValueError(
+                f"{type(self).__name__}: header_timeout_s={header_timeout_s!r}; must be > 0 "
+                f"seconds (default {HEADER_TIMEOUT_S:g})"
+            )
         self._address = (host, port)
         self.request_timeout_s = request_timeout_s
         """Idle timeout of a connection and of each wait for request body bytes, so a stalled
         client cannot hold a thread forever."""
+        self.header_timeout_s = header_timeout_s
+        """Seconds from a connection's start (or a later request's first byte) to its complete
+        request headers; then the connection is closed (slow loris)."""
         self.auth_token: str | None = None
         """The job's token: required on every write (non-GET/HEAD) request; None: open."""
         self._server: uvicorn.Server | None = None
@@ -83,7 +109,8 @@ class BackgroundHTTPServer:
         app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=every_method)])
         config = uvicorn.Config(
             app,
-            http="h11",  # keeps header names' case; httptools lowercases them
+            # h11 keeps header names' case (httptools lowercases them); plus a header deadline
+            http=_HeaderDeadlineProtocol.bound(self.header_timeout_s, self._log),
             loop="asyncio",
             ws="none",
             lifespan="off",
@@ -221,6 +248,54 @@ class BackgroundHTTPServer:
             time.perf_counter() - started,
         )
         return _AnswerResponse(answer, head=request.method == "HEAD")
+
+
+class _HeaderDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on the request line and headers (module text)."""
+
+    header_timeout_s: ClassVar[float] = HEADER_TIMEOUT_S
+    log: ClassVar[logging.Logger] = logging.getLogger(__name__)
+    _deadline: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def bound(cls, header_timeout_s: float, log: logging.Logger) -> type[H11Protocol]:
+        """This protocol with the server's timeout and logger (uvicorn takes a class)."""
+        attrs = {"header_timeout_s": header_timeout_s, "log": log}
+        return type("HeaderDeadlineProtocol", (cls,), attrs)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self.conn.their_state is h11.IDLE:
+            self._arm()  # a later request's first byte (the idle wait is keep-alive's)
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the request line and headers are in
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.header_timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.log.info(
+                "closed a connection from %s: no complete request headers within %gs",
+                f"{self.client[0]}:{self.client[1]}" if self.client else "?",
+                self.header_timeout_s,
+            )
+            self.transport.close()
 
 
 def _error_answer(status: int, text: str) -> Answer:
