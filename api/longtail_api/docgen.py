@@ -16,6 +16,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
+from longtail_api import mutability
 from longtail_api.fields import class_doc, constraints, field_docs, format_number, json_name
 from longtail_api.schema import _json_default
 from longtail_api.spec import RLJobSpec
@@ -27,6 +28,8 @@ HEADER = """\
 Every field of `spec`, in YAML spelling, with its type, default and bounds. `longtail validate
 FILE` checks a manifest against exactly these rules (plus the cross-field rules listed at the
 end) and reports every error with its path. `kubectl explain rljob.spec` shows the same text.
+Column *running*: `live` fields apply to a running job at once; `frozen` ones change only while
+it is suspended (docs/operator.md, "Editing a running job").
 """
 
 CROSS_FIELD = """\
@@ -91,13 +94,18 @@ def _section(cls: type, path: str, out: list[str]) -> None:
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
     out += [f"## `{path}`", "", class_doc(cls).replace("``", "`"), ""]
-    out += ["| field | type | default | bounds | description |", "|---|---|---|---|---|"]
+    out += [
+        "| field | type | default | bounds | running | description |",
+        "|---|---|---|---|---|---|",
+    ]
     nested: list[tuple[type, str]] = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         doc = " ".join(docs.get(f.name, "").split()).replace("``", "`").replace("|", "\\|")
         name = json_name(f)
-        out.append(f"| `{name}` | {_type_name(tp)} | {_default(f)} | {_bounds(f)} | {doc} |")
+        kind = mutability.kind(f"{path}.{name}".removeprefix("spec."))
+        row = f"| `{name}` | {_type_name(tp)} | {_default(f)} | {_bounds(f)} | {kind} | {doc} |"
+        out.append(row)
         inner = [a for a in (typing.get_args(tp) or (tp,)) if isinstance(a, type)]
         inner = [a for a in inner if dataclasses.is_dataclass(a)]
         if inner:

@@ -19,8 +19,9 @@ import yaml
 
 from longtail_api import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 from longtail_api.fields import class_doc, constraints, field_docs, json_name
+from longtail_api.mutability import cel_rules
 from longtail_api.spec import RLJobSpec
-from longtail_api.status import RLJobStatus
+from longtail_api.status import SPEC_ACCEPTED, RLJobStatus
 
 CATEGORIES = ["longtail", "rl"]
 GENERATED_HEADER = (
@@ -37,11 +38,21 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Idle", "type": "integer", "jsonPath": ".status.gpus.idle"},
     {"name": "Harvested", "type": "integer", "jsonPath": ".status.gpus.harvested"},
     {"name": "Drafter", "type": "integer", "jsonPath": ".status.gpus.drafter"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
+    # Accepted, or why the job still runs its last accepted spec (InvalidSpec,
+    # ImmutableFieldChanged, WaitingForPodsToStop): the SpecAccepted condition's reason.
+    {
+        "name": "Spec",
+        "type": "string",
+        "jsonPath": f'.status.conditions[?(@.type=="{SPEC_ACCEPTED}")].reason',
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
 # Cross-field rules for clusters that enforce CEL (>= 1.25). Older API servers drop them, so
-# the operator re-checks every rule with ``longtail_api.rules`` before acting on a spec.
+# the operator re-checks every rule with ``longtail_api.rules`` before acting on a spec. The
+# frozen fields' transition rules (``mutability.cel_rules``) follow them in the CRD; the
+# operator enforces those everywhere too (``longtail_operator.specgate``).
 SPEC_CEL_RULES: list[dict[str, str]] = [
     {
         "rule": "!self.speculative.enabled || self.drafterTraining.enabled"
@@ -150,7 +161,7 @@ def object_schema(cls: type) -> dict[str, Any]:
 def build_crd() -> dict[str, Any]:
     """The RLJob CustomResourceDefinition as a dict."""
     spec = object_schema(RLJobSpec)
-    spec["x-kubernetes-validations"] = SPEC_CEL_RULES
+    spec["x-kubernetes-validations"] = SPEC_CEL_RULES + cel_rules()
     root = {
         "type": "object",
         "description": f"{KIND} is an RL training job with adaptive speculative rollout.",

@@ -32,8 +32,15 @@ CONDITION_TYPES: tuple[str, ...] = (
     "Complete",
     "Failed",
     "ValidationFailed",
+    "SpecAccepted",
 )
-"""Condition types the operator sets (``<Role>Ready`` per role)."""
+"""Condition types the operator sets (``<Role>Ready`` per role). ``SpecAccepted``: whether the
+job runs the spec as written (True ``Accepted``), or, False, still the last accepted one:
+``InvalidSpec`` (the edit fails validation), ``ImmutableFieldChanged`` (a frozen field changed
+while the job runs, ``longtail_api.mutability``) or ``WaitingForPodsToStop`` (a frozen change
+while suspended, applied once the job's pods are gone)."""
+
+SPEC_ACCEPTED = "SpecAccepted"
 
 
 @dataclass
@@ -176,6 +183,9 @@ class RLJobStatus:
     """GPU accounting."""
     roles: dict[str, RoleStatus] = spec_field(default_factory=dict)
     """Readiness per role name."""
+    ready: str | None = spec_field(None, pattern=r"^[0-9]+/[0-9]+$", pattern_hint="ready/total")
+    """Ready worker pods of every role over the pods the spec asks for, e.g. ``3/4`` (the
+    Ready column, as for Deployments)."""
     trainer: TrainerGroupStatus = spec_field(default_factory=TrainerGroupStatus)
     """The trainer group's world size and restarts."""
     workers: list[WorkerStatus] = spec_field(default_factory=list)

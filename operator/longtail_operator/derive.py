@@ -6,10 +6,14 @@ loop's snapshot) and calls :func:`plan`; it then executes the returned :class:`P
 delete, checkpoint, write status, post events). Level-triggered: the plan depends only on what
 is observed now, never on which event woke the reconcile, so running it twice is harmless.
 
-Phase, in order of precedence: a finished job stays finished; an invalid spec changes nothing
-(ValidationFailed); ``activeDeadlineSeconds`` passed -> Failed/DeadlineExceeded; the trainer
+The spec planned with is the one ``specgate.py`` chose: the edit as written, or, for an invalid
+edit or a frozen field changed while the job runs, the last accepted spec (``SpecAccepted``
+says which and why; the pods stay managed). Phase, in order of precedence: a finished job stays
+finished; a job that never had a valid spec changes nothing (ValidationFailed);
+``activeDeadlineSeconds`` passed -> Failed/DeadlineExceeded; the trainer
 reports complete -> Succeeded, failed -> Failed/TrainerFailed; a role's failed pods exceed
-``backoffLimit`` -> Failed/BackoffLimitExceeded; ``suspend`` -> Suspended; else Running when
+``backoffLimit`` -> Failed/BackoffLimitExceeded (both operator-made failures first ask the
+running trainer for a checkpoint, as suspend does); ``suspend`` -> Suspended; else Running when
 every role's replicas are ready, Initializing while any pod exists, Pending before. A failed
 pod's termination message (its last log lines: the pods use ``FallbackToLogsOnError``) goes into
 a WorkerFailed event, which ``reconcile.py`` posts before it deletes the pod. With the harvest
@@ -28,19 +32,24 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from longtail_api.spec import RLJobSpec
-from longtail_api.status import Condition, RLJobStatus, RoleStatus
+from longtail_api.status import SPEC_ACCEPTED, Condition, RLJobStatus, RoleStatus
 from longtail_api.workerapi import TrainerStatus
 from longtail_operator import access, builders, trainergroup
 from longtail_operator.builders import JobRef
 from longtail_operator.harvester import HarvestSnapshot
 from longtail_operator.observe import PodView, parse_time, rfc3339
 from longtail_operator.settings import Settings
+from longtail_operator.specgate import SpecGate
 from longtail_operator.trainergroup import GroupPlan
 
 TERMINAL = ("Succeeded", "Failed")
+CHECKPOINT_BEFORE = {"BackoffLimitExceeded": "backoff-limit", "DeadlineExceeded": "deadline"}
+"""Failures the operator decides (not the trainer): the running trainer is asked for a last
+checkpoint before its pods go, so the run can be continued from it (checkpoint reason)."""
 WARNING_REASONS = frozenset(
     {
         "InvalidSpec",
+        "ImmutableFieldChanged",
         "DrafterStale",
         "DeadlineExceeded",
         "TrainerFailed",
@@ -66,8 +75,11 @@ class Event:
 class Observed:
     job: JobRef
     spec: RLJobSpec | None
+    """The spec to run under (``specgate.decide``); None when the job never had a valid one."""
     raw_spec: dict[str, Any]
+    """The same as stored (the ConfigMap's content)."""
     errors: tuple[str, ...]
+    """Validation errors of the spec as written (the edit)."""
     previous: RLJobStatus
     pods: tuple[PodView, ...]
     services: frozenset[str]
@@ -83,6 +95,8 @@ class Observed:
     trainer_policy: bool | None = None
     """Whether the trainer group's NetworkPolicy exists; None when the operator manages none
     (or did not look)."""
+    gate: SpecGate | None = None
+    """Why ``spec`` is or is not the spec as written (``SpecAccepted``); None: accepted."""
 
 
 @dataclass
@@ -97,7 +111,8 @@ class Plan:
     checkpoint: bool = False
     """Ask the trainer to checkpoint before deleting the pods (suspend, trainer world change)."""
     checkpoint_reason: str = "suspend"
-    """Why, as the checkpoint request says it (``suspend`` or ``resize``)."""
+    """Why, as the checkpoint request says it (``suspend``, ``resize``, or a
+    :data:`CHECKPOINT_BEFORE` value)."""
     counted: list[str] = field(default_factory=list)
 
 
@@ -255,9 +270,37 @@ def _conditions(
         want["Complete"] = ("True", reason, message)
     if phase == "Failed":
         want["Failed"] = ("True", reason, message)
-    if any(c.type == "ValidationFailed" for c in obs.previous.conditions):
-        want["ValidationFailed"] = ("False", "SpecValid", "the spec passed validation")
+    want.update(_spec_conditions(obs))
     return want
+
+
+def _spec_conditions(obs: Observed) -> dict[str, tuple[str, str, str]]:
+    """``ValidationFailed`` (the edit's errors; shown once it was True) and ``SpecAccepted``
+    (whether the job runs the spec as written, ``specgate.py``)."""
+    want: dict[str, tuple[str, str, str]] = {}
+    if obs.errors or obs.spec is None:
+        errors = "; ".join(obs.errors) or "the spec could not be parsed"
+        want["ValidationFailed"] = ("True", "InvalidSpec", errors[:32000])
+    elif any(c.type == "ValidationFailed" for c in obs.previous.conditions):
+        want["ValidationFailed"] = ("False", "SpecValid", "the spec passed validation")
+    gate = obs.gate
+    if gate is None or gate.accepted:
+        want[SPEC_ACCEPTED] = ("True", "Accepted", "the job runs the spec as written")
+    else:
+        want[SPEC_ACCEPTED] = ("False", gate.reason, gate.message)
+    return want
+
+
+def _condition_events(previous: list[Condition], changed: list[Condition]) -> list[Event]:
+    """Events of changed conditions, without repeats: an invalid edit is told once (by
+    ``ValidationFailed``, with its errors), and a job's first ``SpecAccepted`` True is no news."""
+    had = {c.type for c in previous}
+    return [
+        _event_for(c)
+        for c in changed
+        if c.type != SPEC_ACCEPTED
+        or (c.reason != "InvalidSpec" and (c.status == "False" or SPEC_ACCEPTED in had))
+    ]
 
 
 def _drafter_condition(
@@ -347,21 +390,28 @@ def _event_for(cond: Condition) -> Event:
 
 
 def _invalid(obs: Observed) -> Plan:
+    """A job that never had a valid spec: conditions only, nothing else touched."""
     st = copy.deepcopy(obs.previous)
     st.observed_generation = obs.job.generation
-    errors = "; ".join(obs.errors) or "the spec could not be parsed"
     want: dict[str, tuple[str, str, str]] = {
         c.type: (c.status, c.reason, c.message) for c in st.conditions
     }
-    want["ValidationFailed"] = ("True", "InvalidSpec", errors[:32000])
+    want.update(_spec_conditions(obs))
     now = rfc3339(obs.now)
     st.conditions, changed = merge_conditions(st.conditions, want, now, obs.job.generation)
-    return Plan(status=st, events=[_event_for(c) for c in changed])
+    return Plan(status=st, events=_condition_events(obs.previous.conditions, changed))
+
+
+def _last_checkpoint(obs: Observed, p: Plan) -> bool:
+    """Whether trainer pod 0 runs and this plan deletes it: ask it for a checkpoint first."""
+    trainer = [q for q in obs.pods if q.role == "trainer" and q.index == 0 and q.ip]
+    trainer = [q for q in trainer if q.phase == "Running"]
+    return bool(trainer) and trainer[0].name in p.delete_pods
 
 
 def plan(obs: Observed, settings: Settings) -> Plan:
     """Everything to do for one RLJob now (see the module text)."""
-    if obs.spec is None or obs.errors:
+    if obs.spec is None:
         return _invalid(obs)
     spec, prev = obs.spec, obs.previous
     st = copy.deepcopy(prev)
@@ -373,6 +423,8 @@ def plan(obs: Observed, settings: Settings) -> Plan:
         p.events.append(Event("Warning", "WorkerFailed", f"pod {q.name} failed: {q.message}"))
     group = _trainer_group(obs, spec)
     st.roles = _roles(obs, spec, new_failed, group)
+    ready = sum(r.ready for r in st.roles.values())
+    st.ready = f"{ready}/{sum(r.total for r in st.roles.values())}"
     phase, reason, message = _phase(obs, spec, st.roles)
     running = phase == ""
     _workers(obs, spec, settings, p, group if running else None)
@@ -388,11 +440,10 @@ def plan(obs: Observed, settings: Settings) -> Plan:
     if running or phase == "Suspended":
         _support_objects(obs, spec, settings, p)
     if phase == "Suspended":
-        trainer = [q for q in obs.pods if q.role == "trainer" and q.index == 0 and q.ip]
-        trainer = [q for q in trainer if q.phase == "Running"]
-        p.checkpoint = bool(trainer) and trainer[0].name in p.delete_pods
-        p.checkpoint_reason = "suspend"
+        p.checkpoint, p.checkpoint_reason = _last_checkpoint(obs, p), "suspend"
         st.start_time = None  # the deadline restarts on resume, as for Kubernetes Jobs
+    if phase == "Failed" and reason in CHECKPOINT_BEFORE:  # also while the Failed job's pods go
+        p.checkpoint, p.checkpoint_reason = _last_checkpoint(obs, p), CHECKPOINT_BEFORE[reason]
     if running:
         creating = sum(1 for m in p.create if m["kind"] == "Pod")
         all_ready = all(r.ready >= r.total for r in st.roles.values())
@@ -417,7 +468,7 @@ def plan(obs: Observed, settings: Settings) -> Plan:
     st.conditions, changed = merge_conditions(
         prev.conditions, want, rfc3339(obs.now), obs.job.generation
     )
-    p.events.extend(_event_for(c) for c in changed)
+    p.events.extend(_condition_events(prev.conditions, changed))
     _action_events(obs, p)
     return p
 

@@ -25,7 +25,7 @@ from longtail_api.auth import new_token
 from longtail_api.manifest import validate_manifest
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator import access, builders, derive, trainergroup
+from longtail_operator import access, builders, derive, specgate, trainergroup
 from longtail_operator.builders import JobRef
 from longtail_operator.clients import TrainerClient
 from longtail_operator.derive import Event, Observed, Plan
@@ -54,6 +54,9 @@ class JobRuntime:
     checkpoint_started: float | None = None
     checkpoint_done: bool = False
     last_error: str | None = None
+    invalid: bool = False
+    """The spec as written failed validation at the last reconcile (the job may still run
+    under its last accepted spec)."""
     token: str | None = field(default=None, repr=False)
     """The job's token, read from (or first written to) its Secret; never logged."""
 
@@ -105,7 +108,7 @@ class Reconciler:
             rt.last_error = str(exc)
             self._record("retry", started, "ApiError")
             raise kopf.TemporaryError(str(exc), delay=1.0) from exc
-        invalid = rt.spec is None and phase is not None
+        invalid = rt.invalid and phase is not None
         self._record(
             "invalid" if invalid else "ok", started, "ValidationFailed" if invalid else None
         )
@@ -123,17 +126,28 @@ class Reconciler:
         meta = body["metadata"]
         job = JobRef(rt.name, rt.namespace, meta["uid"], int(meta.get("generation", 1)))
         checked = validate_manifest({k: v for k, v in body.items() if k != "status"})
-        rt.spec = checked.spec if checked.ok else None
-        self._ensure_token(rt, job, (body.get("status") or {}).get("phase"))
+        previous = parse_status(body.get("status"))
         pods_raw, services, configmaps = self.kube.list_children(job.namespace, job.name)
         pods = [v for v in (PodView.from_pod(p) for p in _owned(pods_raw, job.uid)) if v]
         cm = next(iter(_owned(configmaps, job.uid)), None)
+        errors = tuple(str(e) for e in checked.errors)
+        gate = specgate.decide(
+            checked.spec,
+            body.get("spec") or {},
+            errors,
+            (cm.get("data") or {}) if cm is not None else None,
+            pods,
+            finished=previous.phase in derive.TERMINAL,
+        )
+        rt.spec = gate.spec  # the spec the job runs under: the edit, or the last accepted one
+        self._ensure_token(rt, job, (body.get("status") or {}).get("phase"))
         obs = Observed(
             job=job,
             spec=rt.spec,
-            raw_spec=body.get("spec") or {},
-            errors=tuple(str(e) for e in checked.errors),
-            previous=parse_status(body.get("status")),
+            raw_spec=gate.raw_spec,
+            errors=errors,
+            gate=gate,
+            previous=previous,
             pods=tuple(pods),
             services=frozenset(s["metadata"]["name"] for s in _owned(services, job.uid)),
             configmap=(cm.get("data") or {}) if cm is not None else None,
@@ -160,6 +174,7 @@ class Reconciler:
             if event not in failures:
                 self.kube.post_event(job, event)
         rt.phase = plan.status.phase
+        rt.invalid = bool(errors)
         rt.targets, rt.trainer_target = self._targets(rt.spec, pods, plan)
         if self.metrics is not None:
             gpus = plan.status.gpus
@@ -208,8 +223,11 @@ class Reconciler:
         return None if isinstance(answer, str) else answer
 
     def _checkpoint(self, rt: JobRuntime, plan: Plan, pods: list[PodView]) -> None:
-        """Suspend: ask the trainer to checkpoint before its pod goes; retry until the
-        checkpoint timeout, keeping the pods meanwhile."""
+        """Suspend, or a failure the operator decides (``derive.CHECKPOINT_BEFORE``): ask the
+        trainer to checkpoint before its pod goes; retry until the checkpoint timeout, keeping
+        the pods meanwhile. Called before the status is written: when the trainer answers at
+        once, its checkpoint is on disk before the phase says Suspended or Failed; otherwise
+        the phase says so while the pods wait for the retried checkpoint."""
         if not plan.checkpoint:
             if rt.spec is not None and not rt.spec.suspend:
                 rt.checkpoint_started, rt.checkpoint_done = None, False
@@ -235,7 +253,10 @@ class Reconciler:
             plan.events.append(Event("Normal", "CheckpointSaved", msg))
         elif left <= 0:
             rt.checkpoint_done = True
-            msg = f"no checkpoint before suspend ({answer}); resuming uses the last periodic one"
+            msg = (
+                f"no checkpoint before the pods go ({plan.checkpoint_reason}: {answer}); "
+                "resuming uses the last periodic one"
+            )
             plan.events.append(Event("Warning", "CheckpointFailed", msg))
         else:
             plan.delete_pods.clear()  # keep the pods; the next reconcile asks again

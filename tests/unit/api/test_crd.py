@@ -96,8 +96,10 @@ def test_crd_metadata_and_printer_columns() -> None:
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     cols = [c["name"] for c in version["additionalPrinterColumns"]]
-    want = ["Phase", "Step", "Reward", "Accept", "GPUs", "Idle", "Harvested", "Drafter", "Age"]
-    assert cols == want
+    want = ["Phase", "Step", "Reward", "Accept", "GPUs", "Idle", "Harvested", "Drafter"]
+    assert cols == [*want, "Ready", "Spec", "Age"]
+    spec_col = version["additionalPrinterColumns"][-2]["jsonPath"]
+    assert spec_col == '.status.conditions[?(@.type=="SpecAccepted")].reason'
     spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     assert spec_schema["required"] == ["model", "dataset"]
     replicas = spec_schema["properties"]["rollout"]["properties"]["replicas"]

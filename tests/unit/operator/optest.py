@@ -13,6 +13,7 @@ import yaml
 from longtail_api.manifest import validate_manifest
 from longtail_api.spec import RLJobSpec
 from longtail_api.status import RLJobStatus
+from longtail_operator import specgate
 from longtail_operator.builders import JobRef
 from longtail_operator.derive import Observed
 from longtail_operator.observe import PodView
@@ -70,14 +71,27 @@ def all_pods(spec: RLJobSpec, **kw: Any) -> list[PodView]:
 
 
 def observed(manifest: dict[str, Any], pods: list[PodView], **kw: Any) -> Observed:
+    """What ``reconcile.py`` observes: the spec to run under is the spec gate's choice
+    (``specgate.decide``) from the manifest as written, the ConfigMap and the pods."""
     result = validate_manifest(manifest)
     services = frozenset(f"{JOB.name}-{r}" for r in ("trainer", "verifier", "rollout"))
+    errors = tuple(str(e) for e in result.errors)
+    previous = kw.get("previous", RLJobStatus())
+    gate = specgate.decide(
+        result.spec,
+        copy.deepcopy(manifest["spec"]),
+        errors,
+        kw.get("configmap"),
+        pods,
+        finished=previous.phase in ("Succeeded", "Failed"),
+    )
     defaults: dict[str, Any] = {
         "job": JOB,
-        "spec": result.spec if result.ok else None,
-        "raw_spec": copy.deepcopy(manifest["spec"]),
-        "errors": tuple(str(e) for e in result.errors),
-        "previous": RLJobStatus(),
+        "spec": gate.spec,
+        "raw_spec": gate.raw_spec,
+        "errors": errors,
+        "gate": gate,
+        "previous": previous,
         "pods": tuple(pods),
         "services": services,
         "configmap": None,
