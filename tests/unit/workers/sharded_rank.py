@@ -4,8 +4,10 @@ Run as ``python sharded_rank.py SCENARIO RANK WORLD PORT OUT``. Rank 0 leads thr
 :class:`~longtail_workers.trainer.group.PolicyLeader`, the other ranks run
 :func:`~longtail_workers.trainer.group.follow`, exactly as ``longtail worker trainer`` does.
 Scenarios: ``steps`` (update 1, gather, DCP checkpoint, update 2, gather; rank 0 saves what it
-saw to ``OUT/result.pt``) and ``die`` (rank 1 exits in its first forward pass; rank 0 writes the
-error it got to ``OUT/error.txt``). The model and batches come from :func:`tiny_policy` and
+saw to ``OUT/result.pt``), ``die`` (rank 1 exits in its first forward pass; rank 0 writes the
+error it got to ``OUT/error.txt``) and ``diskfull`` (update 1, then a DCP checkpoint into
+``OUT/disk``, a full filesystem the test mounted; each rank writes the error it got to
+``OUT/error-RANK.txt``). The model and batches come from :func:`tiny_policy` and
 :func:`batches`, which the test also uses for its world-1 reference.
 """
 
@@ -13,12 +15,15 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_workers.trainer.batch import GrpoBatch
+from longtail_workers.trainer.checkpoint import CheckpointWriteError
 from longtail_workers.trainer.group import CommandChannel, PolicyLeader, follow
 from longtail_workers.trainer.optim import TrainConfig
 from longtail_workers.trainer.policy import Policy
@@ -73,6 +78,11 @@ def lead(policy: Policy, channel: CommandChannel, scenario: str, out: Path) -> N
         (out / "error.txt").write_text("no error")
         return
     stats1 = leader.train(first, 1)
+    if scenario == "diskfull":
+        save = partial(leader.save, out / "disk", step=1, model_sha256=None, policy_version=1,
+                       drafter_version=-1, keep_last=2)  # fmt: skip
+        save_onto_a_full_disk(save, out, 0)
+        return
     full1 = leader.full_state()
     leader.save(out / "ckpt", step=1, model_sha256=None, policy_version=1, drafter_version=-1,
                 keep_last=2)  # fmt: skip
@@ -81,6 +91,21 @@ def lead(policy: Policy, channel: CommandChannel, scenario: str, out: Path) -> N
     leader.close(True)
     torch.save({"stats1": stats1, "full1": full1, "stats2": stats2, "full2": full2},
                out / "result.pt")  # fmt: skip
+
+
+def save_onto_a_full_disk(save: Callable[[], object], out: Path, rank: int) -> None:
+    try:
+        save()
+    except CheckpointWriteError as exc:
+        (out / f"error-{rank}.txt").write_text(f"errno={exc.errno}\n{exc}")
+        return
+    (out / f"error-{rank}.txt").write_text("no error")
+
+
+def follow_onto_a_full_disk(policy: Policy, channel: CommandChannel, out: Path, rank: int) -> int:
+    """A follower until the save fails on it (as in ``follow``, which lets the error out)."""
+    save_onto_a_full_disk(partial(follow, policy, channel), out, rank)
+    return 0
 
 
 def main(scenario: str, rank: int, world_size: int, port: int, out: Path) -> int:
@@ -96,6 +121,8 @@ def main(scenario: str, rank: int, world_size: int, port: int, out: Path) -> int
         if rank == 0:
             lead(policy, channel, scenario, out)
             return 0
+        if scenario == "diskfull":
+            return follow_onto_a_full_disk(policy, channel, out, rank)
         return follow(policy, channel)
     finally:
         # As the trainer service does: stop the heartbeat and leave the group before exiting

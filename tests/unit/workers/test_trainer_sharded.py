@@ -10,6 +10,7 @@ that dies inside an update fails it on rank 0 with an error naming that rank, ne
 
 from __future__ import annotations
 
+import errno
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import sharded_rank
 import torch
+from tmpfs import small_disk
 
 from longtail_workers.trainer.checkpoint import latest_checkpoint, read_state
 from longtail_workers.trainer.world import TrainerWorld
@@ -127,6 +129,20 @@ def test_a_rank_dying_mid_update_fails_it_naming_the_rank(tmp_path: Path) -> Non
     error = (tmp_path / "error.txt").read_text()
     assert "trainer rank(s) 1 of 2 stopped during the GRPO update of step 1" in error, error
     assert error.endswith("ranks=[1]")
+
+
+def test_a_full_disk_fails_the_sharded_checkpoint_on_every_rank_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    with small_disk(tmp_path / "disk", "64k") as disk:
+        results = run_world("diskfull", tmp_path)
+        assert [rc for rc, _ in results] == [0, 0], [text[-3000:] for _, text in results]
+        for rank in (0, 1):
+            error = (tmp_path / f"error-{rank}.txt").read_text()
+            assert error.startswith(f"errno={errno.ENOSPC}\n"), error
+            assert "No space left on device" in error, error
+            assert f"could not be written to {disk / 'step-000001'}" in error, error
+        assert latest_checkpoint(disk) is None and not list(disk.glob(".tmp-*"))
 
 
 def test_rows_are_dealt_once_each_longest_first_to_the_lightest_rank() -> None:

@@ -19,12 +19,17 @@ weights and refuses a mismatch. Every rank writes its shards into the same tempo
 fsyncs and renames the directory into place; only directories whose ``state.json`` parses count.
 A crash mid-write therefore leaves the last good checkpoint untouched, and the next save or load
 ignores the debris. Older checkpoints beyond ``keep_last`` are deleted only after the new one is
-in place. Checkpoints of earlier versions (``model.safetensors`` + ``optimizer.pt``) still load
+in place. A write that fails (a full disk, a quota, an I/O error) raises
+:class:`CheckpointWriteError`, an ``OSError`` carrying the OS errno, naming the checkpoint's
+directory, the OS reason (``No space left on device``), its tensors' size and the free space, the last
+complete checkpoint (intact) and the fix; every rank raises it (DCP shares each rank's failure).
+Checkpoints of earlier versions (``model.safetensors`` + ``optimizer.pt``) still load
 at world 1.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -42,9 +47,11 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from longtail_workers.trainer.diskspace import first_line, free_bytes, mib, os_error_in, state_bytes
 from longtail_workers.trainer.sharding import full_state_dict, load_sharded_state, sharded_state
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.weights.checksum import state_dict_checksum
@@ -73,6 +80,11 @@ class CheckpointState:
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be read (message names the directory and what is wrong)."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; ``errno`` is the OS's (``ENOSPC`` for a full disk) and
+    the message names the directory, the reason, the space figures and the fix."""
 
 
 def _fsync(path: Path) -> None:
@@ -108,34 +120,87 @@ def save_checkpoint(
     root = Path(root)
     final = root / f"step-{step:06d}"
     tmp = root / (tmp_name or f".tmp-{uuid.uuid4().hex}")
-    tmp.mkdir(parents=True, exist_ok=True)
     try:
         if model_sha256 is None:
             full = full_state_dict(model, world)  # a collective when sharded
             model_sha256 = "" if full is None else state_dict_checksum(full)
         state = sharded_state(model, optimizer)
-        with _quiet_single_process():
-            dcp_save(state, checkpoint_id=tmp / DCP_DIR, no_dist=not world.sharded)
-        if not world.leader:
-            return final  # rank 0 finishes (dcp.save returned there after every shard was written)
-        meta = CheckpointState(
-            step, policy_version, drafter_version, model_sha256, time.time(), extra or {},
-            world.size,
-        )  # fmt: skip
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
-        _fsync(tmp / STATE_FILE)
-        _fsync(tmp / DCP_DIR)
-        _fsync(tmp)
-        if final.exists():  # the same step saved again (stop right after a periodic save)
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync(root)
+        with _write_errors(step, root, final, state_bytes(state)):
+            tmp.mkdir(parents=True, exist_ok=True)
+            with _quiet_single_process():
+                dcp_save(state, checkpoint_id=tmp / DCP_DIR, no_dist=not world.sharded)
+            if not world.leader:
+                return final  # rank 0 finishes (dcp.save returned there after every shard)
+            meta = CheckpointState(
+                step, policy_version, drafter_version, model_sha256, time.time(), extra or {},
+                world.size,
+            )  # fmt: skip
+            _commit(tmp, final, meta)
     finally:
         if world.leader and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     _prune(root, keep_last)
     log.info("checkpoint of step %d written to %s (%d rank(s))", step, final, world.size)
     return final
+
+
+def _commit(tmp: Path, final: Path, meta: CheckpointState) -> None:
+    """Rank 0: write ``state.json``, fsync everything, rename ``tmp`` to ``final``."""
+    (tmp / STATE_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+    _fsync(tmp / STATE_FILE)
+    _fsync(tmp / DCP_DIR)
+    _fsync(tmp)
+    if final.exists():  # the same step saved again (stop right after a periodic save)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync(final.parent)
+
+
+@contextmanager
+def _write_errors(step: int, root: Path, final: Path, needed: int) -> Iterator[None]:
+    """Turn a failed write into :class:`CheckpointWriteError` (read the free space before the
+    caller deletes the partial write). A failure that is not the filesystem's (a rank's
+    collective) passes through; DCP's ``CheckpointException``, a ``BaseException``, becomes a
+    :class:`CheckpointError`."""
+    try:
+        yield
+    except (OSError, RuntimeError, CheckpointException) as exc:
+        cause, free = os_error_in(exc), free_bytes(root)
+        # A lost peer (ConnectionError is an OSError) fails the group, not the disk.
+        code = None if cause is None or isinstance(cause, ConnectionError) else cause.errno
+        if code is None and free is not None and free < needed:
+            code = errno.ENOSPC  # torch kept only "unexpected pos" but the disk is full
+        if code is None:
+            if isinstance(exc, CheckpointException):
+                raise CheckpointError(
+                    f"the checkpoint of step {step} could not be written to {final}: "
+                    f"{first_line(exc)}"
+                ) from exc
+            raise
+        raise _write_error(step, root, final, code, cause, exc, needed, free) from exc
+
+
+def _write_error(
+    step: int, root: Path, final: Path, code: int, cause: OSError | None, exc: BaseException,
+    needed: int, free: int | None,
+) -> CheckpointWriteError:  # fmt: skip
+    reason = f"{os.strerror(code)} (errno {code}, {errno.errorcode.get(code, '?')})"
+    if cause is None:
+        reason += f"; torch reported {first_line(exc)}"
+    elif cause.filename:
+        reason += f" writing {cause.filename}"
+    latest = latest_checkpoint(root)
+    kept = f"the last complete checkpoint, {latest}, is intact" if latest else (
+        "there is no earlier checkpoint"
+    )  # fmt: skip
+    err = CheckpointWriteError(
+        f"the checkpoint of step {step} could not be written to {final}: {reason}; its tensors "
+        f"take {mib(needed)}, {mib(free)} is free there; {kept}. Free space in {root} or set "
+        "spec.checkpoint.location to a larger disk, then resume (`longtail run --resume "
+        "RUN_DIR`; a trainer pod resumes when it restarts)"
+    )
+    err.errno = code  # not filename: OSError.__str__ would then print "[Errno N] None: PATH"
+    return err
 
 
 def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
