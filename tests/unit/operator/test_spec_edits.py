@@ -12,6 +12,7 @@ test_operator_edits.py``.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import yaml
@@ -193,6 +194,12 @@ def test_lowering_backoff_limit_below_the_failures_checkpoints_before_failing() 
     # While the Failed job's pods wait for the checkpoint, each reconcile asks again.
     later = plan(observed(edit, pods, configmap=configmap(accepted), previous=p.status), SETTINGS)
     assert later.checkpoint and later.status.phase == "Failed"
+    # The deadline, the other failure the operator decides, does the same.
+    late = RLJobStatus(phase="Running", start_time=rfc3339(NOW - timedelta(seconds=61)))
+    timed = example(activeDeadlineSeconds=60)
+    d = plan(observed(timed, pods, configmap=configmap(accepted), previous=late), SETTINGS)
+    assert conds(d)["Failed"] == ("True", "DeadlineExceeded")
+    assert d.checkpoint and d.checkpoint_reason == "deadline"
     # No running trainer: nothing to ask.
     no_trainer = [q for q in pods if q.role != "trainer"]
     bare = plan(observed(edit, no_trainer, configmap=configmap(accepted), previous=up), SETTINGS)
