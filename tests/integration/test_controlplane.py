@@ -212,6 +212,8 @@ def test_printer_columns_and_status_subresource(
         "IDLE",
         "HARVESTED",
         "DRAFTER",
+        "READY",
+        "SPEC",
         "AGE",
     ]
     assert out[1].split()[0] == name
