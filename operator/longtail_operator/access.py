@@ -1,15 +1,24 @@
-"""Who may talk to a job's pods: the job's token Secret and its NetworkPolicy (pure builders).
+"""Who may talk to a job's pods: the job's token, its Secret and its NetworkPolicy (pure builders).
 
-- **Secret** ``<job>-auth`` (:func:`job_secret`): key ``token``, made once by ``reconcile.py``
-  when the job has none, owned by the RLJob (garbage-collected with it), ``immutable`` and never
-  regenerated while the job exists. Every pod reads it as ``LONGTAIL_AUTH_TOKEN``
-  (``builders.token_env``); the operator reads it back (:func:`secret_token`) for its own role
-  switches and checkpoint requests. The token is never logged or written to the status.
+- **Token**: ``HMAC-SHA256(key, "<namespace>/<name>/<uid>")`` (:func:`job_token`), base64url.
+  ``key`` is one operator-wide key, the Secret ``LONGTAIL_OPERATOR_TOKEN_KEY_SECRET`` in the
+  operator's own namespace (:func:`key_secret`, :func:`token_key`), read by name at start-up
+  (``handlers.py``) and made there when absent. So the operator knows every job's token without
+  reading any job's Secret: its RBAC grants ``get`` on that one Secret only, never on Secrets
+  in the jobs' namespaces.
+- **Secret** ``<job>-auth`` (:func:`job_secret`): key ``token``, created by ``reconcile.py``
+  with the derived token when the job has none (409: it exists), owned by the RLJob
+  (garbage-collected with it) and ``immutable``. Every pod reads it as
+  ``LONGTAIL_AUTH_TOKEN`` (``builders.token_env``); the operator never reads it back: it
+  derives the same token for its own role switches and checkpoint requests. Tokens are never
+  logged or written to the status. Label ``longtail.dev/token-key`` names the key's
+  fingerprint (:func:`key_id`, not secret), so ``kubectl get secrets -L longtail.dev/token-key``
+  shows which jobs predate a key rotation.
 - **NetworkPolicy** ``<job>-workers`` (:func:`network_policy`, when
   ``LONGTAIL_OPERATOR_NETWORK_POLICY`` is true): ingress to the job's pods only on the worker
   ports (trainer, weights, verifier, rollout) and only from the job's own pods, the operator's
-  pods (by labels, in namespaces matching ``..._OPERATOR_NAMESPACE_LABELS``, any when empty)
-  and, when set, from namespaces matching ``..._METRICS_NAMESPACE_LABELS`` (Prometheus).
+  pods (by labels, in the operator's namespace: :func:`operator_namespace_selector`) and, when
+  set, from namespaces matching ``..._METRICS_NAMESPACE_LABELS`` (Prometheus).
 - **NetworkPolicy** ``<job>-trainers`` (:func:`trainer_network_policy`, same setting): the
   job's trainer pods reach each other on every TCP port: the rendezvous port on pod 0, and the
   ephemeral ports torch.distributed's gloo and NCCL pick for their own connections. A second
@@ -23,6 +32,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,9 +48,17 @@ from longtail_operator.builders import (
 )
 from longtail_operator.settings import Settings
 
+KEY_FIELD = "key"
+"""Key of the token key in the operator's key Secret."""
+KEY_BYTES = 32
+"""Length of a key the operator makes; the shortest it accepts."""
+LABEL_KEY_ID = "longtail.dev/token-key"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+"""Set on every namespace by Kubernetes >= 1.21 (absent on 1.20 unless an admin adds it)."""
 
-class SecretError(ValueError):
-    """The job's Secret exists but cannot be used (not this job's, or no token in it)."""
+
+class TokenKeyError(ValueError):
+    """The operator's key Secret exists but holds no usable key (the message says the fix)."""
 
 
 def network_policy_name(job: str) -> str:
@@ -59,41 +78,72 @@ def _metadata(job: JobRef, name: str) -> dict[str, Any]:
     }
 
 
-def job_secret(job: JobRef, token: str) -> dict[str, Any]:
-    """The job's token Secret (``stringData``: the API server stores it base64-encoded)."""
+def key_id(key: bytes) -> str:
+    """A fingerprint of ``key`` that reveals nothing of it (for labels and log lines)."""
+    return hmac.new(key, b"longtail key id", hashlib.sha256).hexdigest()[:16]
+
+
+def job_token(key: bytes, job: JobRef) -> str:
+    """The job's token: the same for one RLJob (namespace, name, uid) under one key; a new
+    RLJob of the same name (another uid) gets another."""
+    message = f"{job.namespace}/{job.name}/{job.uid}".encode()
+    digest = hmac.new(key, message, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+
+
+def key_secret(namespace: str, name: str, key: bytes) -> dict[str, Any]:
+    """The operator's key Secret, as it makes it when absent (``immutable``: rotate by
+    deleting it, see docs/operator.md)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(job, secret_name(job.name)),
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/name": "longtail",
+                "app.kubernetes.io/component": "operator",
+            },
+        },
+        "type": "Opaque",
+        "immutable": True,
+        "data": {KEY_FIELD: base64.b64encode(key).decode("ascii")},
+    }
+
+
+def token_key(secret: dict[str, Any]) -> bytes:
+    """The key in the operator's key Secret as the API returns it; :class:`TokenKeyError`
+    naming the Secret and the fix when it holds none, or one shorter than 32 bytes."""
+    meta = secret.get("metadata") or {}
+    where = f"Secret {meta.get('namespace')}/{meta.get('name')}"
+    raw = (secret.get("data") or {}).get(KEY_FIELD, "")
+    try:
+        key = base64.b64decode(raw, validate=True)
+    except binascii.Error:
+        key = b""
+    if len(key) < KEY_BYTES:
+        raise TokenKeyError(
+            f"{where}: data.{KEY_FIELD} must hold at least {KEY_BYTES} random bytes "
+            f"(base64), got {len(key)}; delete the Secret and restart the operator to make a "
+            f"new key, or create it with `kubectl -n {meta.get('namespace')} create secret "
+            f"generic {meta.get('name')} --from-literal={KEY_FIELD}=$(openssl rand -hex 32)`"
+            " (running jobs keep their old tokens: see docs/operator.md, key rotation)"
+        )
+    return key
+
+
+def job_secret(job: JobRef, token: str, key: bytes) -> dict[str, Any]:
+    """The job's token Secret (``stringData``: the API server stores it base64-encoded)."""
+    meta = _metadata(job, secret_name(job.name))
+    meta["labels"] = {**meta["labels"], LABEL_KEY_ID: key_id(key)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": meta,
         "type": "Opaque",
         "immutable": True,
         "stringData": {TOKEN_KEY: token},
     }
-
-
-def secret_token(secret: dict[str, Any], job: JobRef) -> str:
-    """The token in the job's Secret as the API returns it; :class:`SecretError` when the
-    Secret is not owned by this RLJob or holds no token (the message says how to fix it)."""
-    meta = secret.get("metadata") or {}
-    where = f"Secret {job.namespace}/{secret_name(job.name)}"
-    owners = [r.get("uid") for r in meta.get("ownerReferences") or []]
-    if job.uid not in owners:
-        raise SecretError(
-            f"{where} exists but is not owned by RLJob {job.name} (uid {job.uid}), so it is not "
-            f"this job's token; delete it (kubectl -n {job.namespace} delete secret "
-            f"{secret_name(job.name)}) and the operator makes a new one"
-        )
-    raw = (secret.get("data") or {}).get(TOKEN_KEY, "")
-    try:
-        token = base64.b64decode(raw, validate=True).decode("ascii").strip()
-    except (binascii.Error, UnicodeDecodeError):
-        token = ""
-    if not token:
-        raise SecretError(
-            f"{where}: data.{TOKEN_KEY} is missing or not base64 text; delete the Secret and "
-            "the operator makes a new one (the job's pods must then be recreated)"
-        )
-    return token
 
 
 def label_map(items: Iterable[str]) -> dict[str, str]:
@@ -114,13 +164,18 @@ def worker_ports(settings: Settings) -> list[dict[str, Any]]:
     return [{"protocol": "TCP", "port": port} for port in numbers]
 
 
+def operator_namespace_selector(settings: Settings) -> dict[str, Any]:
+    """The operator's namespace: the configured labels, else its name label. Never empty (an
+    empty selector would admit pods with the operator's labels from every namespace)."""
+    labels = label_map(settings.network_policy_operator_namespace_labels)
+    return {"matchLabels": labels or {NAMESPACE_NAME_LABEL: settings.operator_namespace}}
+
+
 def network_policy(job: JobRef, settings: Settings) -> dict[str, Any]:
     """Ingress to the job's pods: its own pods, the operator, optionally Prometheus."""
     ports = worker_ports(settings)
     operator_peer: dict[str, Any] = {
-        "namespaceSelector": {
-            "matchLabels": label_map(settings.network_policy_operator_namespace_labels)
-        },
+        "namespaceSelector": operator_namespace_selector(settings),
         "podSelector": {"matchLabels": label_map(settings.network_policy_operator_labels)},
     }
     rules: list[dict[str, Any]] = [

@@ -327,6 +327,9 @@ def worker_pod(
             # Never: a crashed worker shows up as a Failed pod, which the operator counts
             # against backoffLimit and replaces (an in-place restart would hide it).
             "restartPolicy": "Never",
+            # Workers never call the Kubernetes API: no service account token in the pod (a
+            # template may mount one for code of its own).
+            "automountServiceAccountToken": False,
             "hostname": name,
             "subdomain": service_name(job.name, role),
             "containers": [container],

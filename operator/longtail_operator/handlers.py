@@ -7,6 +7,15 @@ Everything here is thin: each RLJob gets two daemons (``runtime.Operator.run_job
 the job's reconcile loop. The decisions live in pure modules (``builders``, ``derive``,
 ``longtail_api.harvestloop``).
 
+Start-up, in order: the metrics/health server (so ``/healthz`` answers on a standby too); with
+``LONGTAIL_OPERATOR_LEADER_ELECTION`` the wait for the Lease (``leader.py``: kopf watches and
+does nothing before it ends); the job-token key (``access.py``: read by name from the
+operator's namespace, made when absent); a check that the operator's namespace carries the
+labels the per-job NetworkPolicies admit the operator by. The daemons run only while this
+process holds the Lease (:class:`Fenced`). On losing it, ``python -m longtail_operator``
+stops kopf and exits 1 (as controller-runtime does), so a fresh process campaigns again; in
+tests (kopf in-process) the daemons stop and resume once the Lease is held again.
+
 The Kubernetes client authenticates like kopf does: in-cluster service account, else the
 kubeconfig named by ``KUBECONFIG`` (its current context).
 """
@@ -16,21 +25,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+import secrets
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 import kopf
 from kubernetes import client, config
 
 from longtail_api import GROUP, PLURAL, VERSION
+from longtail_operator import access
 from longtail_operator.builders import LABEL_JOB
-from longtail_operator.kube import Kube
+from longtail_operator.kube import Kube, KubeError
+from longtail_operator.leader import LeaderElector, LeaseConfig
 from longtail_operator.metrics import Health, HealthServer, OperatorMetrics
-from longtail_operator.runtime import Operator
+from longtail_operator.runtime import TICK_S, Operator, Stopped
 from longtail_operator.settings import Settings, from_env
 
 log = logging.getLogger(__name__)
 FINALIZER = "longtail.dev/operator"
+EXIT_GRACE_S = 10.0
+"""After losing the Lease, how long kopf may take to stop before the process exits anyway."""
 
 _state: dict[str, Any] = {}
 
@@ -73,15 +91,171 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events carry the stable reasons
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    metrics, health = OperatorMetrics(), Health()
-    op = Operator(Kube(api_client()), cfg, metrics, health)
-    _state["operator"] = op
+    if "kube" not in _state:  # once, also when kopf retries this handler
+        _state["kube"], _state["metrics"], _state["health"] = (
+            Kube(api_client()),
+            OperatorMetrics(),
+            Health(),
+        )
+        _serve(cfg, _state["metrics"], _state["health"])
+    kube, health = _state["kube"], _state["health"]
+    _state["loop"] = asyncio.get_running_loop()
+    if cfg.leader_election:
+        elector = _state.get("elector") or LeaderElector(kube, lease_config(cfg), _lost).start()
+        _state["elector"] = elector
+        log.info("waiting for Lease %s/%s", cfg.operator_namespace, cfg.lease_name)
+        while not elector.acting():  # a standby: no watch, no action until this ends
+            if elector.failed is not None:
+                raise kopf.PermanentError(f"leader election failed: {elector.failed!r}")
+            await asyncio.sleep(TICK_S)
+    key = await asyncio.to_thread(_startup_call, load_token_key, kube, cfg)
+    cfg = replace(cfg, token_key=key)
+    await asyncio.to_thread(check_namespace_labels, kube, cfg)
+    _state["operator"] = Operator(kube, cfg, _state["metrics"], health)
+
+
+def _serve(cfg: Settings, metrics: OperatorMetrics, health: Health) -> None:
+    """The metrics/health server and the heartbeat, before any wait for the Lease."""
     if cfg.metrics_port:
         server = HealthServer(metrics, health, cfg.metrics_host, cfg.metrics_port).start()
         _state["server"] = server
         log.info("metrics, /healthz and /readyz on %s:%d", cfg.metrics_host, server.port)
     _state["heartbeat"] = asyncio.get_running_loop().create_task(_heartbeat(health))
     health.started = True
+
+
+def lease_config(cfg: Settings) -> LeaseConfig:
+    """This process's candidacy: the pod's name (or host name) plus a random suffix."""
+    who = os.environ.get("POD_NAME") or socket.gethostname()
+    return LeaseConfig(
+        namespace=cfg.operator_namespace,
+        name=cfg.lease_name,
+        identity=f"{who}_{uuid.uuid4().hex[:8]}",
+        lease_duration_s=cfg.lease_duration_s,
+        renew_deadline_s=cfg.renew_deadline_s,
+        retry_period_s=cfg.retry_period_s,
+    )
+
+
+def _startup_call(fn: Callable[[Kube, Settings], bytes], kube: Kube, cfg: Settings) -> bytes:
+    """``fn`` with kopf's error kinds: no answer or a 5xx is retried, anything else (RBAC, a
+    bad key) stops the operator with the message."""
+    try:
+        return fn(kube, cfg)
+    except KubeError as exc:
+        if exc.status == 0 or exc.status >= 500:
+            raise kopf.TemporaryError(str(exc), delay=2.0) from exc
+        raise kopf.PermanentError(str(exc)) from exc
+    except access.TokenKeyError as exc:
+        raise kopf.PermanentError(str(exc)) from exc
+
+
+def load_token_key(kube: Kube, cfg: Settings) -> bytes:
+    """The job-token key from the Secret in the operator's namespace, made when absent (409:
+    another replica made it first; both then read the one the API server kept)."""
+    ns, name = cfg.operator_namespace, cfg.token_key_secret
+    found = kube.get_secret(ns, name)
+    if found is None:
+        made = secrets.token_bytes(access.KEY_BYTES)
+        kube.create(access.key_secret(ns, name, made))
+        found = kube.get_secret(ns, name)
+        if found is None:
+            raise KubeError(f"get Secret {ns}/{name}", 404, "created but not readable yet")
+        log.warning(
+            "made the job-token key Secret %s/%s (a first start, or it was deleted: jobs whose "
+            "<job>-auth Secrets came from an earlier key reject the operator's calls, see "
+            "docs/operator.md)",
+            ns,
+            name,
+        )
+    key = access.token_key(found)
+    log.info("job-token key %s/%s loaded (id %s)", ns, name, access.key_id(key))
+    return key
+
+
+def check_namespace_labels(kube: Kube, cfg: Settings) -> None:
+    """Log an error when the operator's namespace lacks the labels the per-job NetworkPolicies
+    select it by: where policies are enforced, the operator could not reach the workers
+    (Kubernetes 1.20 sets no ``kubernetes.io/metadata.name`` label)."""
+    if not cfg.network_policy:
+        return
+    ns = cfg.operator_namespace
+    want = access.operator_namespace_selector(cfg)["matchLabels"]
+    try:
+        found = kube._call(
+            f"list namespace {ns}",
+            kube.core.list_namespace,
+            field_selector=f"metadata.name={ns}",
+        )
+    except KubeError as exc:
+        log.warning("cannot check the labels of namespace %s: %s", ns, exc)
+        return
+    items = (found or {}).get("items") or [{}]
+    labels = (items[0].get("metadata") or {}).get("labels") or {}
+    missing = {k: v for k, v in want.items() if labels.get(k) != v}
+    if missing:
+        wanted = ",".join(f"{k}={v}" for k, v in missing.items())
+        log.error(
+            "namespace %s lacks the label(s) %s that the per-job NetworkPolicies admit the "
+            "operator by (Kubernetes < 1.21 does not set kubernetes.io/metadata.name): where "
+            "NetworkPolicies are enforced the operator cannot reach the workers. Fix: "
+            "`kubectl label namespace %s %s`, or set "
+            "LONGTAIL_OPERATOR_NETWORK_POLICY_OPERATOR_NAMESPACE_LABELS "
+            "(chart: networkPolicy.operatorNamespaceLabels) to labels it has",
+            ns,
+            wanted,
+            ns,
+            " ".join(f"{k}={v}" for k, v in missing.items()),
+        )
+
+
+def _lost() -> None:
+    """The Lease was not renewed in time: the daemons have stopped (:class:`Fenced`); under
+    ``python -m longtail_operator`` also stop kopf and exit 1, within :data:`EXIT_GRACE_S`.
+    Called from the elector's thread."""
+    stop: asyncio.Event | None = _state.get("stop_flag")
+    loop: asyncio.AbstractEventLoop | None = _state.get("loop")
+    if stop is None or loop is None:
+        log.error("lost the Lease: job loops stopped until this process holds it again")
+        return
+    log.error("lost the Lease: stopping; the process exits 1 and campaigns afresh on restart")
+    loop.call_soon_threadsafe(stop.set)
+    timer = threading.Timer(EXIT_GRACE_S, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
+
+
+def exit_on_lost(stop: asyncio.Event) -> None:
+    """``python -m longtail_operator``: on losing the Lease, set ``stop`` (kopf's stop flag;
+    an asyncio one: kopf waits for a threading one in an executor thread that never ends
+    when the flag is not set, so the process would hang at exit after SIGTERM)."""
+    _state["stop_flag"] = stop
+
+
+class Fenced:
+    """kopf's ``stopped`` flag of a daemon, also true while this process does not act as
+    leader: a job loop checks it every tick, so a deposed leader stops within one."""
+
+    def __init__(self, stopped: Stopped) -> None:
+        self.stopped = stopped
+
+    def __bool__(self) -> bool:
+        elector: LeaderElector | None = _state.get("elector")
+        return bool(self.stopped) or (elector is not None and not elector.acting())
+
+
+def while_leading(stopped: kopf.DaemonStopped, loop: Callable[[Stopped], None]) -> None:
+    """Run a job's ``loop`` while leading; after losing the Lease, wait to lead again (kopf
+    in-process; the entry point exits instead). Returns when kopf stops the daemon, or when the
+    loop ended by itself (the RLJob is gone)."""
+    fenced = Fenced(stopped)
+    while not stopped:
+        if fenced:
+            stopped.wait(TICK_S)
+            continue
+        loop(fenced)
+        if not fenced:
+            return
 
 
 @kopf.on.cleanup()
@@ -95,18 +269,23 @@ async def cleanup(**_: Any) -> None:
     op = _state.pop("operator", None)
     if op is not None:
         op.reconciler.pool.shutdown(wait=False)
+    elector = _state.pop("elector", None)
+    if elector is not None:  # the job loops have stopped: a standby may take over at once
+        await asyncio.to_thread(elector.stop)
+    for key in ("kube", "metrics", "health", "loop"):
+        _state.pop(key, None)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=10.0)
 def reconcile_daemon(
     stopped: kopf.DaemonStopped, namespace: str | None, name: str, **_: Any
 ) -> None:
-    operator().run_job(stopped, namespace or "", name)
+    while_leading(stopped, lambda fenced: operator().run_job(fenced, namespace or "", name))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="harvest", cancellation_timeout=10.0)
 def harvest_daemon(stopped: kopf.DaemonStopped, namespace: str | None, name: str, **_: Any) -> None:
-    operator().run_harvest(stopped, namespace or "", name)
+    while_leading(stopped, lambda fenced: operator().run_harvest(fenced, namespace or "", name))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

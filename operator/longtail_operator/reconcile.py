@@ -5,9 +5,9 @@ one of its pods changes, and at least every ``reconcile_period_s``. Every call s
 fresh GET of the RLJob and a LIST of its children, so nothing depends on which event woke it.
 API failures raise ``kopf.TemporaryError`` (the daemon waits with backoff and tries again); the
 status is written only when it changed, as a merge patch of the status subresource. Before
-anything else of a job that is not finished, the job's token Secret is read (made once when
-missing, ``access.py``); the token is kept in memory for the operator's own write calls
-(checkpoint, role switches) and never logged.
+anything else of a job that is not finished, the job's token is derived from the operator's key
+and its Secret made when missing (``access.py``; no Secret is read); the token is kept in memory
+for the operator's own write calls (checkpoint, role switches) and never logged.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 
 import kopf
 
-from longtail_api.auth import new_token
 from longtail_api.manifest import validate_manifest
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
@@ -58,7 +57,7 @@ class JobRuntime:
     """The spec as written failed validation at the last reconcile (the job may still run
     under its last accepted spec)."""
     token: str | None = field(default=None, repr=False)
-    """The job's token, read from (or first written to) its Secret; never logged."""
+    """The job's token, derived from the operator's key (``access.job_token``); never logged."""
 
 
 def _owned(items: Iterable[dict[str, Any]], uid: str) -> list[dict[str, Any]]:
@@ -192,20 +191,20 @@ class Reconciler:
             rt.token = self._job_token(job)
 
     def _job_token(self, job: JobRef) -> str:
-        """The token in the job's Secret, made first when there is none. Read back after the
-        create, so of two racing creators the one the API server kept wins."""
-        name = builders.secret_name(job.name)
-        found = self.kube.get_secret(job.namespace, name)
-        if found is None:
-            self.kube.create(access.job_secret(job, new_token()))  # 409 (a race) is fine
-            found = self.kube.get_secret(job.namespace, name)
-        what = f"job token Secret {job.namespace}/{name}"
-        if found is None:
-            raise KubeError(what, 404, "created but not readable yet; retrying")
-        try:
-            return access.secret_token(found, job)
-        except access.SecretError as exc:
-            raise KubeError(what, 409, str(exc)) from exc
+        """The job's token, derived from the operator's key (``access.job_token``), and its
+        Secret for the pods, made when absent (409: made before, by this key or an earlier one).
+        No Secret is read: the operator may not read the jobs' Secrets."""
+        key = self.settings.token_key
+        if not key:
+            raise KubeError(
+                f"job token of {job.namespace}/{job.name}",
+                0,
+                "no token key loaded (the operator loads it at start-up from "
+                f"Secret {self.settings.operator_namespace}/{self.settings.token_key_secret})",
+            )
+        token = access.job_token(key, job)
+        self.kube.create(access.job_secret(job, token, key))
+        return token
 
     def _network_policy(self, job: JobRef, name: str) -> bool | None:
         if not self.settings.network_policy:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from longtail_api.workerapi import ROLLOUT_PORT, TRAINER_PORT, VERIFIER_PORT, WEIGHTS_PORT
 
@@ -55,9 +56,31 @@ class Settings:
     )
     """``key=value`` labels of the operator's pods, allowed in by the NetworkPolicy."""
     network_policy_operator_namespace_labels: tuple[str, ...] = ()
-    """``key=value`` labels of the operator's namespace; empty: any namespace."""
+    """``key=value`` labels of the operator's namespace; empty: ``kubernetes.io/metadata.name=``
+    :attr:`operator_namespace` (set by Kubernetes >= 1.21; on 1.20 label the namespace so)."""
     network_policy_metrics_namespace_labels: tuple[str, ...] = ()
     """``key=value`` labels of namespaces allowed to scrape the workers; empty: none."""
+    operator_namespace: str = "default"
+    """The operator's own namespace: it holds the Lease and the token key Secret, and the
+    NetworkPolicies admit the operator from it. :func:`from_env`: ``POD_NAMESPACE``, else the
+    in-cluster service account's namespace, else ``default``."""
+    token_key_secret: str = "longtail-operator-token-key"
+    """Secret in :attr:`operator_namespace` (key ``key``) every job token is derived from;
+    made by the operator when absent (``access.py``). Its RBAC names it: keep the default."""
+    leader_election: bool = True
+    """Act only while holding the Lease :attr:`lease_name` (``leader.py``), so that several
+    replicas run one at a time."""
+    lease_name: str = "longtail-operator-leader"
+    """Lease in :attr:`operator_namespace`. Its RBAC names it: keep the default."""
+    lease_duration_s: float = 15.0
+    """How long a standby waits after the last renewal it saw before taking the Lease."""
+    renew_deadline_s: float = 10.0
+    """How long the leader keeps trying to renew before it stops acting (< lease duration)."""
+    retry_period_s: float = 2.0
+    """Time between two tries to acquire or renew the Lease."""
+    token_key: bytes = field(default=b"", repr=False, compare=False)
+    """The key itself, loaded from :attr:`token_key_secret` at start-up (``handlers.py``);
+    never from the environment, never logged."""
 
 
 ENV_DOCS: dict[str, str] = {
@@ -79,15 +102,28 @@ ENV_DOCS: dict[str, str] = {
     "network_policy": "create a NetworkPolicy per RLJob limiting ingress to its pods (true/false)",
     "network_policy_operator_labels": "comma-separated key=value labels of the operator's pods",
     "network_policy_operator_namespace_labels": (
-        "comma-separated key=value labels of the operator's namespace (empty: any namespace)"
+        "comma-separated key=value labels of the operator's namespace "
+        "(empty: kubernetes.io/metadata.name=<operator namespace>)"
     ),
     "network_policy_metrics_namespace_labels": (
         "comma-separated key=value labels of namespaces that may scrape workers (empty: none)"
     ),
+    "operator_namespace": (
+        "the operator's namespace (Lease, token key; default: POD_NAMESPACE, else the "
+        "service account's, else default)"
+    ),
+    "token_key_secret": "Secret in the operator's namespace holding the job-token key",
+    "leader_election": "act only while holding the Lease (true/false)",
+    "lease_name": "Lease in the operator's namespace used for leader election",
+    "lease_duration_s": "seconds a standby waits after the leader's last renewal",
+    "renew_deadline_s": "seconds the leader retries renewing before it stops acting",
+    "retry_period_s": "seconds between tries to acquire or renew the Lease",
 }
 """Help text per setting; the variable is ``LONGTAIL_OPERATOR_`` + the upper-cased name."""
 
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+"""Where a pod with a service account token reads its own namespace."""
 
 
 def env_name(field_name: str) -> str:
@@ -122,9 +158,13 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     defaults = Settings()
     values: dict[str, object] = {}
     for f in fields(Settings):
+        if f.name not in ENV_DOCS:  # the token key: loaded at start-up, never from the env
+            continue
         raw = env.get(env_name(f.name))
         if raw is not None:
             values[f.name] = _convert(f.name, raw, getattr(defaults, f.name))
+    if "operator_namespace" not in values:
+        values["operator_namespace"] = own_namespace(env)
     settings = Settings(**values)  # type: ignore[arg-type]
     if settings.image_pull_policy not in _PULL_POLICIES:
         raise SettingsError(
@@ -137,7 +177,30 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     if settings.harvest_workers < 1:
         raise SettingsError(f"{env_name('harvest_workers')}: must be >= 1")
     _check_labels(settings)
+    _check_lease(settings)
     return settings
+
+
+def own_namespace(env: Mapping[str, str]) -> str:
+    """The operator's namespace when not set: ``POD_NAMESPACE`` (the chart sets it), else the
+    service account's (in a pod), else ``default`` (as kubectl)."""
+    if env.get("POD_NAMESPACE", "").strip():
+        return env["POD_NAMESPACE"].strip()
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def _check_lease(settings: Settings) -> None:
+    """client-go's rules: the leader must give up before a standby may take over."""
+    d, r, p = settings.lease_duration_s, settings.renew_deadline_s, settings.retry_period_s
+    if not 0 < p < r < d:
+        raise SettingsError(
+            f"{env_name('retry_period_s')}={p}, {env_name('renew_deadline_s')}={r}, "
+            f"{env_name('lease_duration_s')}={d}: need 0 < retry period < renew deadline < "
+            "lease duration (defaults 2, 10, 15)"
+        )
 
 
 def _check_labels(settings: Settings) -> None:

@@ -65,9 +65,13 @@ def rbac(control_plane: ControlPlane, rljob_crd: str) -> Iterator[None]:
         cp.kubectl(
             "create", "clusterrolebinding", f"it-{role}", f"--clusterrole={role}", f"--user={USER}"
         )
+    # Its own namespace (Settings.operator_namespace, "default"): its Lease and token key.
+    home = ("-n", "default", "rolebinding", "it-longtail-operator-home")
+    cp.kubectl("create", *home, "--clusterrole=longtail-operator-home", f"--user={USER}")
     yield
     for role in ("longtail-operator", "longtail-operator-discovery"):
         cp.kubectl("delete", "clusterrolebinding", f"it-{role}", check=False)
+    cp.kubectl("delete", *home, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,9 @@ Installs the chart twice (cluster scope, then namespaced scope as a second relea
 that the Deployment, ServiceAccount, RBAC and dashboard objects exist, then asks the API server
 with ``kubectl auth can-i --as=system:serviceaccount:NS:SA`` whether the operator identity may
 do each verb of ``helm/longtail/files/operator-rbac.yaml`` (it must) and a list of things it
-must not (list, watch, change or delete secrets: it may only get and create them, for each job's
-token; exec into pods, create Deployments, delete RLJobs, change CRDs, ...).
+must not (get, list, watch, change or delete secrets: it may only create them, for each job's
+token, which it derives from its key; exec into pods, create Deployments, delete RLJobs, change
+CRDs, ...). In the release namespace it may read its key Secret by name and hold its Lease.
 The aggregated ClusterRoles are checked through a user bound to the built-in ``edit`` role.
 No kubelet runs, so the operator pod itself never starts.
 """
@@ -29,6 +30,7 @@ CHART = REPO / "helm" / "longtail"
 RULES = yaml.safe_load((CHART / "files" / "operator-rbac.yaml").read_text())
 
 MUST_NOT: list[tuple[str, str]] = [
+    ("get", "secrets"),  # issue #32 item 9: job tokens are derived, no Secret is read
     ("list", "secrets"),
     ("watch", "secrets"),
     ("update", "secrets"),
@@ -131,7 +133,8 @@ def test_install_creates_the_operator_objects(control_plane, cluster_release) ->
             "-n", ns, "get", "deployment", "lt-longtail-operator", "-o", "yaml"
         ).stdout
     )
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    # Leader election: a rolling update starts the new pod as a standby.
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "lt-longtail"
@@ -166,6 +169,21 @@ def test_install_creates_the_operator_objects(control_plane, cluster_release) ->
             "properties"
         ]
     )
+
+
+def test_home_namespace_grants_the_key_by_name_and_the_lease(
+    control_plane, cluster_release
+) -> None:
+    ns, sa = cluster_release
+    key, lease = "longtail-operator-token-key", "longtail-operator-leader"
+    assert can_i(control_plane, sa, "get", f"secrets/{key}", "", ns)
+    assert not can_i(control_plane, sa, "get", "secrets/other", "", ns)
+    assert not can_i(control_plane, sa, "get", "secrets", "", ns)
+    assert not can_i(control_plane, sa, "get", "secrets", "", None)  # nowhere cluster-wide
+    assert can_i(control_plane, sa, "create", "leases.coordination.k8s.io", "", ns)
+    assert can_i(control_plane, sa, "update", f"leases.coordination.k8s.io/{lease}", "", ns)
+    assert not can_i(control_plane, sa, "update", "leases.coordination.k8s.io/other", "", ns)
+    assert not can_i(control_plane, sa, "create", "leases.coordination.k8s.io", "", "default")
 
 
 def test_cluster_scope_grants_exactly_the_rules(control_plane, cluster_release) -> None:

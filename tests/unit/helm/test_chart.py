@@ -71,16 +71,23 @@ def test_default_render_has_operator_rbac_dashboards_and_no_monitoring_crs(rende
         "ServiceAccount": 1,
         "ClusterRole": 3,  # operator, rljob viewer, rljob editor
         "ClusterRoleBinding": 1,
+        "Role": 1,  # in the release namespace: the operator's Lease and token key
+        "RoleBinding": 1,
         "Deployment": 1,
         "Service": 1,
         "ConfigMap": 3,  # one per dashboard
     }
 
 
-def test_operator_deployment_is_single_recreate_and_restricted(render) -> None:
+def test_operator_deployment_is_leader_elected_and_restricted(render) -> None:
     docs = render()
     dep = one(docs, "Deployment")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["replicas"] == 1
+    # Leader election: the new pod waits as a standby, the old one releases on SIGTERM.
+    assert dep["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -130,6 +137,7 @@ def test_chart_rbac_lists_are_the_operators_cluster_roles() -> None:
     rules = _rules_file()
     assert rules["jobRules"] == roles["longtail-operator"]
     assert rules["clusterRules"] == roles["longtail-operator-discovery"]
+    assert rules["homeRules"] == roles["longtail-operator-home"]
 
 
 def test_cluster_scope_rbac_is_exactly_the_rules_file(render) -> None:
@@ -148,7 +156,7 @@ def test_cluster_scope_rbac_is_exactly_the_rules_file(render) -> None:
             "namespace": "lt",
         }
     ]
-    assert not kinds(docs, "Role") and not kinds(docs, "RoleBinding")
+    assert [r["metadata"]["name"] for r in kinds(docs, "Role")] == ["t-longtail-operator-home"]
 
 
 def test_namespaced_scope_has_a_role_per_watched_namespace(render) -> None:
@@ -156,16 +164,63 @@ def test_namespaced_scope_has_a_role_per_watched_namespace(render) -> None:
     rules = _rules_file()
     (cluster_role,) = kinds(docs, "ClusterRole")  # aggregation roles are off in this file
     assert cluster_role["rules"] == rules["clusterRules"]
-    roles = {r["metadata"]["namespace"]: r for r in kinds(docs, "Role")}
+    roles = {r["metadata"]["namespace"]: r for r in kinds(docs, "Role") if not _home(r)}
     assert set(roles) == {"ml-team-a", "ml-team-b"}
     assert all(r["rules"] == rules["jobRules"] for r in roles.values())
-    bindings = {b["metadata"]["namespace"]: b for b in kinds(docs, "RoleBinding")}
+    bindings = {b["metadata"]["namespace"]: b for b in kinds(docs, "RoleBinding") if not _home(b)}
     assert set(bindings) == set(roles)
     for b in bindings.values():
         assert b["subjects"][0]["namespace"] == "lt" and b["roleRef"]["kind"] == "Role"
     # Empty watchNamespaces means the release namespace.
     docs = render(set=("rbac.scope=namespaced",), namespace="solo")
-    assert [r["metadata"]["namespace"] for r in kinds(docs, "Role")] == ["solo"]
+    assert [r["metadata"]["namespace"] for r in kinds(docs, "Role") if not _home(r)] == ["solo"]
+
+
+def _home(obj: dict[str, Any]) -> bool:
+    return bool(obj["metadata"]["name"].endswith("-operator-home"))
+
+
+def test_operator_reads_no_secret_but_its_key_and_holds_its_lease_at_home(render) -> None:
+    """Issue #32, item 9: no ``get`` on Secrets in the jobs' namespaces (the job tokens are
+    derived from the operator's key); in the release namespace exactly the key Secret by name,
+    and the Lease."""
+    rules = _rules_file()
+    for rule in rules["jobRules"] + rules["clusterRules"]:
+        if "secrets" in rule["resources"]:
+            assert rule["verbs"] == ["create"], rule
+    for case in ((), ("ci/namespaced-values.yaml",)):
+        docs = render(*case)
+        (home,) = [r for r in kinds(docs, "Role") if _home(r)]
+        assert home["metadata"]["namespace"] == "lt" and home["rules"] == rules["homeRules"]
+        (binding,) = [b for b in kinds(docs, "RoleBinding") if _home(b)]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": home["metadata"]["name"],
+        }
+        assert binding["subjects"][0]["name"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    reads = [r for r in rules["homeRules"] if "get" in r["verbs"]]
+    assert {(r["resources"][0], tuple(r["resourceNames"])) for r in reads} == {
+        ("secrets", ("longtail-operator-token-key",)),
+        ("leases", ("longtail-operator-leader",)),
+    }
+
+
+def test_two_replicas_need_leader_election(render, helm) -> None:
+    docs = render(set=("replicaCount=2", "leaderElection.leaseDurationSeconds=20"))
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    env = _env(docs)
+    assert env["LONGTAIL_OPERATOR_LEADER_ELECTION"] == "true"
+    assert env["LONGTAIL_OPERATOR_LEASE_DURATION_S"] == "20"
+    assert env["LONGTAIL_OPERATOR_RENEW_DEADLINE_S"] == "10"
+    assert env["LONGTAIL_OPERATOR_RETRY_PERIOD_S"] == "2"
+    single = one(render(set=("leaderElection.enabled=false",)), "Deployment")
+    assert single["spec"]["strategy"] == {"type": "Recreate"}
+    args = ["template", "t", str(CHART), "--set", "replicaCount=2"]
+    proc = helm(*args, "--set", "leaderElection.enabled=false", check=False)
+    assert proc.returncode != 0
+    assert "replicaCount > 1 needs leaderElection.enabled=true" in proc.stderr
 
 
 def test_aggregated_rljob_roles(render) -> None:

@@ -1,10 +1,12 @@
-"""Issue #21, item 3 on the operator's side: the job's token Secret (made once, owned, never
-regenerated, read back), its injection into every pod, the per-job NetworkPolicy, the settings
-that shape it, and the operator's own write calls carrying the token."""
+"""Issue #21, item 3 on the operator's side: the job's token Secret (made once, owned,
+immutable), its injection into every pod, the per-job NetworkPolicy, the settings that shape
+it, and the operator's own write calls carrying the token. Issue #32, item 9: the token is
+derived from the operator's key (no job Secret is read), the NetworkPolicy admits the operator
+from its own namespace only, and worker pods carry no service account token."""
 
 from __future__ import annotations
 
-import base64
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -47,20 +49,47 @@ def test_a_template_cannot_drop_or_replace_the_token() -> None:
     ]
 
 
-def test_secret_is_owned_immutable_and_read_back() -> None:
-    secret = access.job_secret(JOB, "s3cret")
+KEY = bytes(range(32))
+
+
+def test_secret_is_owned_immutable_and_names_its_key() -> None:
+    secret = access.job_secret(JOB, "s3cret", KEY)
     assert secret["metadata"]["name"] == "tiny-auth" and secret["immutable"] is True
     assert secret["metadata"]["ownerReferences"][0]["uid"] == JOB.uid
     assert secret["metadata"]["labels"][builders.LABEL_JOB] == JOB.name
-    stored = {**secret, "data": {"token": base64.b64encode(b"s3cret").decode()}}
-    assert access.secret_token(stored, JOB) == "s3cret"
-    foreign = {**stored, "metadata": {**stored["metadata"], "ownerReferences": []}}
-    with pytest.raises(
-        access.SecretError, match=r"not owned by RLJob tiny.*delete secret tiny-auth"
-    ):
-        access.secret_token(foreign, JOB)
-    with pytest.raises(access.SecretError, match=r"data\.token is missing"):
-        access.secret_token({**stored, "data": {}}, JOB)
+    assert secret["stringData"] == {"token": "s3cret"}
+    assert secret["metadata"]["labels"][access.LABEL_KEY_ID] == access.key_id(KEY)
+    assert KEY.hex() not in str(secret) and access.key_id(KEY) != access.key_id(KEY[::-1])
+
+
+def test_job_token_is_derived_from_the_key_and_the_jobs_identity() -> None:
+    token = access.job_token(KEY, JOB)
+    assert len(token) >= 40 and token == access.job_token(KEY, JOB)  # any replica, any restart
+    others = {
+        access.job_token(KEY[::-1], JOB),
+        access.job_token(KEY, replace(JOB, uid="another-uid")),  # a new RLJob of the same name
+        access.job_token(KEY, replace(JOB, namespace="other")),
+        access.job_token(KEY, replace(JOB, name="tiny2")),
+    }
+    assert token not in others and len(others) == 4
+
+
+def test_token_key_secret_made_read_and_refused_when_short() -> None:
+    made = access.key_secret("lt-system", "longtail-operator-token-key", KEY)
+    assert made["immutable"] is True and made["metadata"]["namespace"] == "lt-system"
+    assert access.token_key(made) == KEY  # as the API server returns it: data, base64
+    short = access.key_secret("lt-system", "longtail-operator-token-key", b"x" * 31)
+    with pytest.raises(access.TokenKeyError, match=r"lt-system/longtail-operator-token-key: "):
+        access.token_key(short)
+    with pytest.raises(access.TokenKeyError, match=r"at least 32 random bytes.*got 0"):
+        access.token_key({**made, "data": {"key": "not base64!"}})
+
+
+def test_worker_pods_mount_no_service_account_token() -> None:
+    spec = spec_of(example())
+    for role, index in builders.desired_pods(spec).values():
+        pod = builders.worker_pod(JOB, spec, SETTINGS, role, index)
+        assert pod["spec"]["automountServiceAccountToken"] is False, role
 
 
 def test_network_policy_admits_the_job_the_operator_and_optionally_scrapers() -> None:
@@ -77,7 +106,14 @@ def test_network_policy_admits_the_job_the_operator_and_optionally_scrapers() ->
         "ports": ports,
     }
     [peer] = operator_rule["from"]
-    assert peer["namespaceSelector"] == {"matchLabels": {}}  # any namespace unless configured
+    # The operator's own namespace only (by the name label Kubernetes >= 1.21 sets), never
+    # the operator's pod labels in any namespace.
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "default"}}
+    at_home = access.network_policy(JOB, Settings(operator_namespace="lt-system"))
+    [peer_home] = at_home["spec"]["ingress"][1]["from"]
+    assert peer_home["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "lt-system"
+    }
     assert peer["podSelector"]["matchLabels"] == {
         "app.kubernetes.io/name": "longtail",
         "app.kubernetes.io/component": "operator",
@@ -125,32 +161,31 @@ def test_network_policy_settings_from_env() -> None:
 
 
 class FakeKube:
-    """The two calls ``Reconciler._job_token`` makes, with the API server's behaviour."""
+    """The one call ``Reconciler._job_token`` makes, with the API server's behaviour; reading a
+    Secret fails the test (the operator may not read the jobs' Secrets)."""
 
-    def __init__(self, existing: dict[str, Any] | None = None) -> None:
-        self.secret = existing
+    def __init__(self) -> None:
+        self.secrets: dict[str, dict[str, Any]] = {}
         self.created: list[dict[str, Any]] = []
 
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.secret
+        raise AssertionError(f"read Secret {namespace}/{name}: the RBAC grants no get")
 
     def create(self, obj: dict[str, Any]) -> None:
-        self.created.append(obj)
-        if self.secret is None:  # 409 otherwise: the first creator's token stays
-            data = {k: base64.b64encode(v.encode()).decode() for k, v in obj["stringData"].items()}
-            self.secret = {"metadata": obj["metadata"], "data": data}
+        self.created.append(obj)  # 409 when it exists: the first one stays
+        self.secrets.setdefault(obj["metadata"]["name"], obj)
 
 
-def test_the_reconciler_makes_the_token_once_and_never_regenerates_it() -> None:
+def test_the_reconciler_derives_the_token_and_never_reads_a_secret() -> None:
     kube = FakeKube()
-    reconciler = Reconciler(kube, SETTINGS)  # type: ignore[arg-type]
+    reconciler = Reconciler(kube, replace(SETTINGS, token_key=KEY))  # type: ignore[arg-type]
     first = reconciler._job_token(JOB)
-    assert len(first) >= 40 and len(kube.created) == 1
-    assert reconciler._job_token(JOB) == first and len(kube.created) == 1  # an operator restart
-    foreign = FakeKube({"metadata": {"ownerReferences": [{"uid": "other"}]}, "data": {}})
-    with pytest.raises(KubeError, match="not owned by RLJob tiny"):
-        Reconciler(foreign, SETTINGS)._job_token(JOB)  # type: ignore[arg-type]
-    assert foreign.created == []
+    assert first == access.job_token(KEY, JOB) and len(kube.created) == 1
+    restarted = Reconciler(kube, replace(SETTINGS, token_key=KEY))  # type: ignore[arg-type]
+    assert restarted._job_token(JOB) == first  # the Secret made earlier holds this one
+    assert kube.secrets["tiny-auth"]["stringData"] == {"token": first}
+    with pytest.raises(KubeError, match=r"no token key loaded.*longtail-operator-token-key"):
+        Reconciler(FakeKube(), SETTINGS)._job_token(JOB)  # type: ignore[arg-type]
 
 
 class Idleness:
