@@ -465,8 +465,11 @@ TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL = MetricSpec(
     "longtail_trainer_drafter_candidates_rejected_total",
     "counter",
     "Drafter candidates the trainer refused, by stage: 'upload' (answered 400, nothing stored: "
-    "not the job's drafter, no tensors, or NaN/inf weights) or 'merge' (skipped at the step's "
-    "merge, or a merge that came out non-finite and was not published).",
+    "not the job's drafter, no tensors, or NaN/inf weights), 'stale' (answered 409, nothing "
+    "stored: trained from a drafter version that is not the latest) or 'merge' (skipped at the "
+    "step's merge: no token the trainer can verify, or scoring below the current version on "
+    "the trainer's held-out sample; or a merge that came out non-finite or worse and was not "
+    "published).",
     labels=(LABEL_STAGE,),
 )
 

@@ -13,7 +13,8 @@ which one it holds::
                                       X-Longtail-Drafter-Version, -Sha256; 404 not kept
     POST /v1/drafters/candidates?worker=W&base_version=B&policy_version=P&tokens=T&steps=S
          [&train_loss=L&heldout_top1=A]   body: the candidate as one payload,
-                                      header X-Longtail-Drafter-Sha256 -> 201 {candidate}
+                                      header X-Longtail-Drafter-Sha256 -> 201 {candidate};
+                                      409 when base_version is not the latest
 
 A payload is one drafter as one body built and read in memory (``payload.py``), like the
 policy weights' (``weights/http_sync.py``). The whole body's sha256 travels in
@@ -27,6 +28,10 @@ Requests go through ``httpclient.request``: a bounded timeout on each; unreachab
 timeouts and 5xx answers (503 while the trainer is still loading) are retried with exponential
 backoff and jitter, then raised as :class:`DrafterExchangeError` naming the URL. Re-sending a
 candidate after a lost answer is harmless: the merge takes each worker's newest candidate.
+A candidate whose ``base_version`` is not the latest published version (stale or future) is
+answered 409 ``{"error", "baseVersion", "latestVersion"}``, logged and counted (stage ``stale``)
+and not stored; the client raises :class:`~.registry.StaleCandidateError`, which the window
+cycle (``spot/cycle.py``) logs and drops: it is never retried.
 Uploads carry the job's token (``Authorization: Bearer``; the trainer's server answers 401
 without it, ``httprequest.py``); downloads are reads and need none.
 """
@@ -65,6 +70,7 @@ from longtail_workers.drafter.registry import (
     CandidateInfo,
     DrafterRegistry,
     PublishedVersion,
+    StaleCandidateError,
     VersionMeta,
 )
 from longtail_workers.httpclient import (
@@ -204,6 +210,10 @@ class DrafterEndpoints:
             cand = self.registry.submit_candidate_files(files, info)
         except ValueError as exc:
             fail(HTTPStatus.BAD_REQUEST, f"candidate refused: {exc}")
+        except StaleCandidateError as exc:  # the registry logged and counted it
+            return handler.send_json(HTTPStatus.CONFLICT, {
+                "error": str(exc), "baseVersion": exc.base_version, "latestVersion": exc.latest,
+            })  # fmt: skip
         log.info(
             "drafter candidate from %s (base %s, %d tokens) stored",
             cand.worker, cand.base_version, cand.tokens,
@@ -419,7 +429,9 @@ class RemoteDrafterRegistry:
         query = urlencode({k: v for k, v in fields.items() if v is not None})
         path = f"{CANDIDATES_PATH}?{query}"
         headers = {CHECKSUM_HEADER: sha256_hex(body), "Content-Type": CONTENT_TYPE}
-        answer = self._request("POST", path, body, headers)
+        answer = self._request("POST", path, body, headers, accept=(HTTPStatus.CONFLICT,))
+        if answer.status == HTTPStatus.CONFLICT:
+            raise _stale(answer, f"POST {self.base_url}{CANDIDATES_PATH}", info.base_version)
         if answer.status == HTTPStatus.NOT_FOUND:
             raise DrafterExchangeError(
                 f"POST {self.base_url}{CANDIDATES_PATH} answered 404 ({error_text(answer.body)}); "
@@ -443,19 +455,34 @@ class RemoteDrafterRegistry:
         path: str,
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
+        accept: tuple[int, ...] = (),
     ) -> Response:
-        """One request with retries (``httpclient.request``); returns 2xx and 404 answers."""
+        """One request with retries (``httpclient.request``); returns 2xx, 404 and ``accept``
+        answers."""
         try:
             return request(
                 method, self.base_url + path, timeout_s=self.timeout_s, body=body,
                 headers=headers, retry=self.retry, token=self.token,
-                accept=(HTTPStatus.NOT_FOUND,),
+                accept=(HTTPStatus.NOT_FOUND, *accept),
             )  # fmt: skip
         except (HTTPCallError, WorkerBusy) as exc:
             raise DrafterExchangeError(
                 f"{exc} (is the trainer running and reachable at that URL? rollout workers "
                 "take it from --drafters-url / LONGTAIL_DRAFTER_URL)"
             ) from exc
+
+
+def _stale(answer: Response, call: str, base: int | None) -> StaleCandidateError:
+    """The trainer's 409 for a candidate whose base is not the latest version."""
+    try:
+        latest = answer.json().get("latestVersion")
+    except (ValueError, AttributeError):
+        latest = None
+    return StaleCandidateError(
+        f"{call} answered 409: {error_text(answer.body)}",
+        base,
+        latest if isinstance(latest, int) else None,
+    )
 
 
 def _remove(path: Path) -> None:

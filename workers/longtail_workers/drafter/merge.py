@@ -4,7 +4,11 @@ Called by :meth:`longtail_workers.drafter.registry.DrafterRegistry.merge_candida
 boundary, when every harvested worker has submitted the drafter it trained from the same
 published version ``d``. The merged version ``d+1`` is::
 
-    theta_{d+1} = sum_i n_i * theta_i / sum_i n_i        (n_i = pairs worker i trained on)
+    theta_{d+1} = sum_i n_i * theta_i / sum_i n_i        (n_i = worker i's tokens)
+
+where ``n_i`` is, at the trainer, the smaller of the pairs worker ``i`` says it trained on and
+the answer tokens the trainer handed out in that window (``trainer/candidate_checks.py``): a
+worker's self-report alone never sets its weight.
 
 over the trainable weights only (``fc`` and the decoder layer; the shared embedding and LM head
 are never part of a drafter checkpoint, so a merge can never touch them).
@@ -21,8 +25,10 @@ candidates drift apart and the loss between them is no longer flat, so the avera
 than each part. Workers that trained on different policy versions, or from different base
 versions, must not be merged (the registry refuses the latter). Optimizer moments are not
 merged: each worker keeps its own, which then belong to slightly different weights. Held-out
-accuracy of the merge is not the average of the parts; the registry records the token-weighted
-mean of the candidates' numbers as an estimate and says so in the version's metadata.
+accuracy of the merge is not the average of the parts: the trainer measures it on its own
+held-out sample and refuses to publish a merge that scores below the current version (without
+the trainer's checks the registry records the token-weighted mean of the candidates' numbers
+and marks it an estimate in the version's metadata).
 """
 
 from __future__ import annotations

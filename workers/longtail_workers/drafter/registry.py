@@ -29,7 +29,14 @@ workers), the trainer keeps it and serves it over HTTP (``exchange.py``): rollou
 
 Candidates are checked (``vetting.py``) when stored from files, again at the merge (a refused
 one is skipped and reported; the others are merged), and every drafter is checked for NaN and
-infinities before it is published, so a published version is always finite.
+infinities before it is published, so a published version is always finite. A candidate whose
+``base_version`` is not the latest published version (stale: a merge happened since; future: no
+such version yet) is refused when submitted (:class:`StaleCandidateError`, HTTP 409 on the
+trainer's exchange), logged and counted: only candidates of the latest version are ever merged.
+The trainer passes a :class:`MergeGate` (``trainer/candidate_checks.py``) to the merge: it sets
+each candidate's weight from what the trainer can check (not the candidate's self-reported
+``tokens``), refuses candidates, and a merge, that score below the current version on the
+trainer's held-out sample, and supplies the published ``heldout_top1``.
 """
 
 from __future__ import annotations
@@ -52,6 +59,12 @@ from typing import Any, Protocol
 from safetensors import SafetensorError
 from torch import nn
 
+from longtail_workers.drafter.candidates import Admitted as Admitted
+from longtail_workers.drafter.candidates import Candidate as Candidate
+from longtail_workers.drafter.candidates import CandidateInfo as CandidateInfo
+from longtail_workers.drafter.candidates import MergeGate as MergeGate
+from longtail_workers.drafter.candidates import Refusal as Refusal
+from longtail_workers.drafter.candidates import StaleCandidateError as StaleCandidateError
 from longtail_workers.drafter.checkpoint import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -82,7 +95,8 @@ class VersionConflictError(RuntimeError):
 
 
 RejectionHook = Callable[[str, str, str], None]
-"""``(stage, worker, reason)`` of a refused candidate; ``stage`` is ``upload`` or ``merge``."""
+"""``(stage, worker, reason)`` of a refused candidate; ``stage`` is ``upload``, ``stale`` or
+``merge``."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +112,8 @@ class VersionMeta:
     steps: int
     merged_from: tuple[str, ...] = ()
     heldout_top1_is_estimate: bool = False
-    """True for merges: the token-weighted mean of the candidates' accuracies."""
+    """True when ``heldout_top1`` is the token-weighted mean of the merged candidates' own
+    accuracies; False when the trainer scored the version itself (or one candidate's number)."""
     created_unix: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,51 +129,6 @@ class PublishedVersion:
     version: int
     path: Path
     meta: VersionMeta
-
-
-@dataclass(frozen=True)
-class CandidateInfo:
-    """What a worker says about the drafter it submits (one window's work): the one argument of
-    every ``submit_candidate`` (directory registry, the trainer's HTTP exchange, their callers);
-    ``candidate.json`` stores it with ``created_unix``."""
-
-    worker: str
-    """The submitting worker's name (it names a directory: non-empty, no ``/``)."""
-    base_version: int | None
-    """The published drafter version the window trained from (None: the initial drafter)."""
-    policy_version: int
-    """The newest policy version whose samples the window trained on."""
-    tokens: int
-    """Training pairs since the base version: the candidate's weight in the merge."""
-    steps: int
-    """The spot trainer's optimizer steps over its life when the window ended."""
-    train_loss: float | None = None
-    """The window's mean training loss (None: unknown)."""
-    heldout_top1: float | None = None
-    """Held-out top-1 accuracy of the trained drafter (None: not judged)."""
-
-    def __post_init__(self) -> None:
-        if not self.worker or "/" in self.worker:
-            raise ValueError(f"worker={self.worker!r}; must be a non-empty name without '/'")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as plain JSON (``candidate.json`` and the exchange's upload query)."""
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A worker's drafter trained from ``base_version`` in one window (``candidate.json``)."""
-
-    path: Path
-    worker: str
-    base_version: int | None
-    policy_version: int
-    tokens: int
-    steps: int
-    train_loss: float | None
-    heldout_top1: float | None
-    created_unix: float
 
 
 class DrafterStore(Protocol):
@@ -400,14 +370,42 @@ class DrafterRegistry:
             raise
 
     def _add_candidate(self, write: Callable[[Path], object], info: CandidateInfo) -> Candidate:
+        self.check_base(info)  # before the upload is written: a stale one costs nothing
         meta = {**info.to_dict(), "created_unix": time.time()}
         staging = self._stage(write, meta, CANDIDATE_FILE)
         parent = self.root / "candidates" / _base_dir_name(info.base_version)
-        parent.mkdir(parents=True, exist_ok=True)
-        final = parent / f"{info.worker}-{uuid.uuid4().hex[:8]}"
-        os.rename(staging, final)
-        _fsync_dir(parent)
+        try:
+            with self._locked():  # a merge publishing meanwhile cannot strand it unseen
+                self.check_base(info)
+                parent.mkdir(parents=True, exist_ok=True)
+                final = parent / f"{info.worker}-{uuid.uuid4().hex[:8]}"
+                os.rename(staging, final)
+                _fsync_dir(parent)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # left only when refused
         return Candidate(path=final, **meta)
+
+    def check_base(self, info: CandidateInfo) -> None:
+        """Refuse (:class:`StaleCandidateError`, logged and counted at stage ``stale``) a
+        candidate whose base is not the latest version: the merge only takes the latest's."""
+        latest = self.latest_version()
+        base = info.base_version
+        if base == latest:
+            return
+        name = "the initial drafter" if base is None else f"drafter version {base}"
+        if latest is None:
+            why = "no drafter version is published yet (train from the initial drafter: send " \
+                  "no base_version)"  # fmt: skip
+        elif base is not None and base > latest:
+            why = f"version {base} does not exist: the latest published version is {latest}"
+        else:
+            why = f"version {latest} was published since, so it is stale"
+        message = (
+            f"candidate of {info.worker} trained from {name} refused: {why}; it is never merged. "
+            f"Drop it, load the latest version (GET /v1/drafters/latest) and train from it"
+        )
+        self._reject("stale", info.worker, message)
+        raise StaleCandidateError(message, base, latest)
 
     def candidates(self, base_version: int | None) -> list[Candidate]:
         """The newest candidate of each worker for ``base_version``."""
@@ -423,37 +421,65 @@ class DrafterRegistry:
         return sorted(newest.values(), key=lambda c: c.worker)
 
     def merge_candidates(
-        self, target: nn.Module, *, target_id: str, base_version: int | None = None
+        self,
+        target: nn.Module,
+        *,
+        target_id: str,
+        base_version: int | None = None,
+        gate: MergeGate | None = None,
     ) -> PublishedVersion | None:
         """Merge the candidates trained from ``base_version`` (default: latest) and publish.
 
         Returns None when no worker submitted one (nothing trained in this window), when
-        every candidate was refused, or when the merge is not finite (nothing is published;
-        the workers keep drafting with the base version). A refused candidate is skipped and
-        reported (log, :attr:`rejected`, ``on_rejected``); the others are merged.
+        every candidate was refused, or when the merge is not finite or, with a ``gate``,
+        scores below the current version (nothing is published; the workers keep drafting
+        with the base version). A refused candidate is skipped and reported (log,
+        :attr:`rejected`, ``on_rejected``); the others are merged. Without a ``gate`` the
+        candidates' self-reported tokens weigh them and ``heldout_top1`` is their weighted mean.
         """
         base = self.latest_version() if base_version is None else base_version
         usable = self._usable(self.candidates(base), target, target_id)
         if not usable:
             return None
-        cands = [c for c, _ in usable]
-        merged = load_drafter(cands[0].path, target, target_id=target_id)
-        merged.load_state_dict(merge_state_dicts([(w, c.tokens) for c, w in usable]))
+        merged = load_drafter(usable[0][0].path, target, target_id=target_id)
+        current = None
+        if gate is not None:
+            current = gate.initial_drafter() if base is None else self.load(
+                target, target_id=target_id, version=base
+            )[0]  # fmt: skip
+            admitted, refused = gate.admit(base, usable, merged, current)
+            for worker, reason in refused:
+                self._reject("merge", worker, reason)
+        else:
+            admitted = [Admitted(c, w, c.tokens, c.heldout_top1) for c, w in usable]
+        if not admitted:
+            return None
+        cands = [a.candidate for a in admitted]
+        workers = "+".join(c.worker for c in cands)
+        merged.load_state_dict(merge_state_dicts([(a.weights, a.tokens) for a in admitted]))
         try:
             check_finite(merged.trainable_state_dict(), f"merge of base {base}")
         except CandidateRejected as exc:
-            self._reject("merge", "+".join(c.worker for c in cands), str(exc))
+            self._reject("merge", workers, str(exc))
             return None
-        total = sum(c.tokens for c in cands)
+        heldout = _weighted([(a.heldout_top1, a.tokens) for a in admitted])
+        estimate = len(cands) > 1
+        if gate is not None:
+            score, refusal = gate.judge_merge(merged, current)
+            if refusal is not None:
+                self._reject("merge", workers, refusal)
+                return None
+            if score is not None:
+                heldout, estimate = score, False
         return self.publish(
             merged.eval(),
             policy_version=max(c.policy_version for c in cands),
-            train_loss=_weighted([(c.train_loss, c.tokens) for c in cands]),
-            heldout_top1=_weighted([(c.heldout_top1, c.tokens) for c in cands]),
-            trained_tokens=total,
+            train_loss=_weighted([(a.candidate.train_loss, a.tokens) for a in admitted]),
+            heldout_top1=heldout,
+            trained_tokens=sum(a.tokens for a in admitted),
             steps=max(c.steps for c in cands),
             merged_from=tuple(c.worker for c in cands),
-            heldout_top1_is_estimate=len(cands) > 1,
+            heldout_top1_is_estimate=estimate,
             expected_parent=base,
         )
 

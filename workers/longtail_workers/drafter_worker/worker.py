@@ -163,8 +163,12 @@ class DrafterWorker:
             log.info("%s: drafter version %s was published during the window (base %s); "
                      "candidate not sent", self.name, latest, base)  # fmt: skip
             return None
+        refused = self.windows.cycle.stale_refused
         cand = self.windows.submit(self.name, policy_version, self.name)
-        self._count("submitted" if cand is not None else "dropped")
+        if cand is None and self.windows.cycle.stale_refused > refused:
+            self._count("stale")  # published between the check above and the upload (409)
+        else:
+            self._count("submitted" if cand is not None else "dropped")
         return cand
 
     def _count(self, outcome: str) -> None:

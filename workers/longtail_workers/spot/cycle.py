@@ -13,7 +13,9 @@ the dedicated drafter worker (``drafter_worker/worker.py``). One window of :clas
    hidden states of given answers (``spot/sequences.py``);
 3. stop: the caller's (a role switch, the end of a rollout, a time budget);
 4. judge on held-out windows, then revert to the base or submit the candidate
-   (:meth:`WindowCycle.submit`; each window's work is sent once even when two callers end it).
+   (:meth:`WindowCycle.submit`; each window's work is sent once even when two callers end it;
+   one the trainer refuses as stale, its base no longer the latest version, is logged and
+   dropped, never retried).
 
 The role state machine's shared pieces live here too, so no program imports another:
 :class:`RoleConflictError` (HTTP 409), :class:`InvalidRoleError` (400), :func:`check_activity`,
@@ -35,7 +37,12 @@ from longtail_api.harvest import Activity
 from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
 from longtail_api.workerapi import STATUS_PATH, RoleAck, RoleAnswer
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.registry import Candidate, CandidateInfo, DrafterStore
+from longtail_workers.drafter.registry import (
+    Candidate,
+    CandidateInfo,
+    DrafterStore,
+    StaleCandidateError,
+)
 from longtail_workers.httprequest import BodyErrors, JSONRequestHandler, fail
 from longtail_workers.spot.trainer import SpotTrainer
 
@@ -149,6 +156,9 @@ class WindowCycle:
         self._submitted_at: int | None = None  # spot.total_steps of the last window sent
         self.last_candidate: Candidate | None = None
         """The newest candidate submitted."""
+        self.stale_refused = 0
+        """Candidates the registry refused because their base was no longer (or not yet) the
+        latest version (``StaleCandidateError``, HTTP 409): dropped, not retried."""
 
     def sync_base(self) -> int | None:
         """Train on top of the newest published version (keeps the optimizer's moments); returns
@@ -190,7 +200,14 @@ class WindowCycle:
                 train_loss=window.mean_loss if window is not None else None,
                 heldout_top1=verdict.trained_top1,
             )
-            cand = self.registry.submit_candidate(spot.drafter_copy(), info)
+            try:
+                cand = self.registry.submit_candidate(spot.drafter_copy(), info)
+            except StaleCandidateError as exc:
+                # Never merged, so never retried: the next window syncs to the latest version.
+                self._submitted_at = spot.total_steps
+                self.stale_refused += 1
+                log.warning("%s: drafter candidate dropped: %s", who, exc)
+                return None
             self._submitted_at, self.last_candidate = spot.total_steps, cand
         log.info("%s: drafter candidate submitted (base %s, %d pairs, %d steps)",
                  who, cand.base_version, cand.tokens, cand.steps)  # fmt: skip

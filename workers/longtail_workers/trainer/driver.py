@@ -15,7 +15,9 @@ process of ``longtail run``). One RL step:
    :class:`~longtail_workers.trainer.group.PolicyLeader`, which brings the follower ranks of a
    sharded trainer along; they also join each weight gather and checkpoint);
 4. publish policy ``v + 1`` (weight sync) and merge the drafter candidates into a new drafter
-   version (loaded by the workers at the start of the next rollout);
+   version (loaded by the workers at the start of the next rollout), weighed and judged by what
+   the trainer can check (``checks``: ``trainer/candidate_checks.py``, which books the answer
+   tokens each rollout hands out);
 5. record the step's row (metrics JSONL), evaluate greedily every ``evalEverySteps``, and
    checkpoint every ``checkpoint.everySteps``; hand the step's answers to the trainer's harvest
    (the data of its next drafter-train window) and, once the step's policy and drafter versions
@@ -46,6 +48,7 @@ from longtail_api.steprow import StepRow
 from longtail_workers.data import Example, format_example, iterate_batches
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.trainer.batch import GrpoBatch
+from longtail_workers.trainer.candidate_checks import CandidateChecks
 from longtail_workers.trainer.dispatch import RolloutAborted, RolloutOutcome, RolloutPool
 from longtail_workers.trainer.drafter_window import TrainerHarvest
 from longtail_workers.trainer.group import PolicyLeader
@@ -118,6 +121,7 @@ class StepDriver:
         *,
         registry: Any = None,
         harvest: TrainerHarvest | None = None,
+        checks: CandidateChecks | None = None,
         on_row: Callable[[StepRow], None] = lambda row: None,
         policy: PolicyLeader | None = None,
     ) -> None:
@@ -127,6 +131,8 @@ class StepDriver:
         self.config, self.registry, self.on_row = config, registry, on_row
         self.harvest = harvest
         """The trainer's own drafter training during rollouts (None: off, the default)."""
+        self.checks = checks
+        """What the trainer checks of drafter candidates at the merge (None: their word)."""
         self._trainer_harvested_s = 0.0
         self.latest_samples: StepSamples | None = None
         """The last completed step's answers and the policy version published after it."""
@@ -223,6 +229,7 @@ class StepDriver:
         self.pool.revive()
         requests = self.step_requests(step, prompts)
         out = self._rollout(step, requests)
+        self._handed_out(out)
         golds = [ex.answer for ex in prompts for _ in range(algo.group_size)]
         t_train = time.monotonic()
         rewards, correct = self._score(out.samples, golds)
@@ -238,7 +245,7 @@ class StepDriver:
             self.harvest.set_samples(out.samples, step)
         train_s = time.monotonic() - t_train
         sync_s = self.publish_policy()
-        sync_s += self._merge_drafters()
+        sync_s += self._merge_drafters(out.samples)
         # After both publishes: a drafter worker loads this policy version and trains on top of
         # the drafter version just merged, so its candidate counts at the next step's merge.
         self.latest_samples = StepSamples.of(step, self.state.policy_version, out.samples)
@@ -296,14 +303,31 @@ class StepDriver:
         )
         return [r.reward for r in resp.results], [r.correct for r in resp.results]
 
-    def _merge_drafters(self) -> float:
+    def _merge_drafters(self, samples: Sequence[Sample]) -> float:
+        """Merge the step's drafter candidates, judged on ``samples`` (the step's answers) under
+        the policy just trained when the trainer checks them (``candidate_checks.py``)."""
         if self.registry is None:
             return 0.0
         t0 = time.monotonic()
-        published = self.registry.merge_candidates(self.model, target_id=self.spec.model.path)
+        checks = self.checks
+        if checks is not None and checks.sample is not None:
+            with self.lock:
+                checks.sample.refresh(self.model, samples, self.state.policy_version)
+        published = self.registry.merge_candidates(
+            self.model, target_id=self.spec.model.path, gate=checks
+        )
         if published is not None:
             self.state.drafter_version = published.version
+            if checks is not None:
+                checks.initial = None  # the current version is a published one from now on
+        if checks is not None:  # the data of the windows trained from the version now latest
+            checks.ledger.record_step(self.registry.latest_version(), samples)
         return time.monotonic() - t0
+
+    def _handed_out(self, out: RolloutOutcome) -> None:
+        """Book each worker's answer tokens to the drafter version they were generated with."""
+        if self.checks is not None and self.registry is not None:
+            self.checks.ledger.record_rollout(self.registry.latest_version(), out.replies)
 
     def _row(self, step: int, out: RolloutOutcome, rewards: list[float], correct: list[bool],
              stats: dict[str, float], train_s: float, sync_s: float) -> StepRow:  # fmt: skip
@@ -375,6 +399,7 @@ class StepDriver:
             for j in range(algo.eval_samples) for i, p in enumerate(prompts)
         ]  # fmt: skip
         out = self.pool.run(reqs, self.state.step, self.state.policy_version, self.stop)
+        self._handed_out(out)
         self.pool.end_harvest()
         golds = [ex.answer for ex in self.eval_set] * (1 + algo.eval_samples)
         rewards, correct = self._score(out.samples, golds)

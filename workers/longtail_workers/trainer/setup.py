@@ -6,7 +6,8 @@ plus ``algorithm.maxNewTokens`` does not fit the model), the rollout pool and ve
 from the command line, the weight publisher (HTTP server, or torch.distributed rank 0 with
 ``--weight-sync dist``) and the drafter registry (``--drafters``; the trainer's HTTP port
 serves it to the rollout workers, ``drafter/exchange.py``; candidates are checked against the job's
-drafter, ``drafter/vetting.py``) and, when the job makes the trainer a harvest target
+drafter, ``drafter/vetting.py``, and weighed and scored by the trainer at the merge,
+``trainer/candidate_checks.py``) and, when the job makes the trainer a harvest target
 (``trainer/drafter_window.py``), the trainer's own drafter training. Returns the driver and a
 function that stops the publisher. On a sharded trainer (``trainer/world.py``) this runs on rank
 0 only, after the group is joined: the policy is loaded and sharded on every rank
@@ -27,9 +28,15 @@ from longtail_api.spec import RLJobSpec
 from longtail_workers.data import Example, format_example, resolve_dataset
 from longtail_workers.data.loader import DEFAULT_BUILTIN_TRAIN_SIZE
 from longtail_workers.drafter.checkpoint import DrafterMismatchError
+from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.drafter.vetting import DrafterReference
 from longtail_workers.runtime import init_dist, initial_drafter
+from longtail_workers.trainer.candidate_checks import (
+    CandidateChecks,
+    HeldoutSample,
+    WindowLedger,
+)
 from longtail_workers.trainer.dispatch import RolloutPool
 from longtail_workers.trainer.drafter_window import (
     TrainerHarvest,
@@ -100,14 +107,19 @@ def build_driver(
     pool = RolloutPool(parse_rollouts(args.rollout), timeout_s=args.rollout_timeout)
     verifier = VerifierClient(args.verifier_url)
     publisher, stop_publisher = make_publisher(args, keep_last=3, world=world)
-    registry = None
+    registry = checks = None
     if args.drafters:
-        registry = DrafterRegistry(args.drafters, reference=drafter_reference(spec, model))
+        initial = job_drafter(spec, model)
+        reference = None if initial is None else DrafterReference.of(initial)
+        registry = DrafterRegistry(args.drafters, reference=reference)
+        # A sharded policy's forward pass needs every rank: no held-out sample there.
+        sample = None if world.sharded else HeldoutSample(spec.drafter_training)
+        checks = CandidateChecks(WindowLedger(), sample, initial)
     run_dir.mkdir(parents=True, exist_ok=True)
     driver = StepDriver(
         spec, model, tokenizer, train, evals, pool, verifier, publisher,
         DriverConfig(run_dir=run_dir, checkpoint_dir=ckpt_dir), registry=registry,
-        harvest=_trainer_harvest(spec, model, registry, world), policy=leader,
+        harvest=_trainer_harvest(spec, model, registry, world), checks=checks, policy=leader,
     )  # fmt: skip
     pool.on_assign = lambda name, busy: (
         driver.state.pending_workers.add(name)
@@ -124,8 +136,15 @@ def drafter_reference(spec: RLJobSpec, model: Any) -> DrafterReference | None:
     path mounted on the rollout pods only): candidates are then checked against each other at
     the merge, and at upload for a readable, non-empty, finite weights file.
     """
+    drafter = job_drafter(spec, model)
+    return None if drafter is None else DrafterReference.of(drafter)
+
+
+def job_drafter(spec: RLJobSpec, model: Any) -> EagleDrafter | None:
+    """The job's initial drafter on ``model`` (see :func:`drafter_reference` for None); also
+    the version the first merge's candidates are judged against (``candidate_checks.py``)."""
     try:
-        return DrafterReference.of(initial_drafter(spec, model, spec.model.path))
+        drafter: EagleDrafter = initial_drafter(spec, model, spec.model.path)
     except (DrafterMismatchError, OSError) as exc:
         log.warning(
             "drafter candidates are not checked against the job's drafter: %s (mount "
@@ -133,6 +152,7 @@ def drafter_reference(spec: RLJobSpec, model: Any) -> DrafterReference | None:
             exc,
         )
         return None
+    return drafter
 
 
 def check_context(spec: RLJobSpec, model: Any, tokenizer: Any, examples: Sequence[Example]) -> None:
