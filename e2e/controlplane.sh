@@ -9,6 +9,12 @@
 #                                    go to DIR; prints the API URL on stdout when ready
 #   e2e/controlplane.sh down DIR     stop everything `up DIR` started (idempotent)
 #   e2e/controlplane.sh status DIR   show which components run; exit 0 only if all do
+#   e2e/controlplane.sh stop-apiserver DIR
+#                                    stop only the kube-apiserver of `up DIR` (an API outage:
+#                                    etcd, controller-manager and scheduler keep running)
+#   e2e/controlplane.sh start-apiserver DIR
+#                                    start it again with the flags and port of `up DIR`; returns
+#                                    when its /readyz answers ok (no-op if it runs and is ready)
 #   e2e/controlplane.sh bin          print the directory holding the cached binaries
 #
 # After `up DIR`:
@@ -447,6 +453,23 @@ default_sa_ready() { # the default ServiceAccount exists and has its token: Pods
     get serviceaccount default -o 'jsonpath={.secrets[0].name}' 2>/dev/null)" ]]
 }
 
+start_apiserver() { # start_apiserver DIR ETCD_PORT API_PORT: the one set of flags (up, start-apiserver)
+  local dir="$1" pki="$1/pki"
+  start_component "$dir" kube-apiserver "$BIN_DIR/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$2" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 \
+    --secure-port "$3" --insecure-port 0 \
+    --tls-cert-file "$pki/serving.crt" --tls-private-key-file "$pki/serving.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --token-auth-file "$pki/tokens.csv" \
+    --authorization-mode Node,RBAC \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$pki/sa.pub" \
+    --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range 10.0.0.0/24 \
+    --allow-privileged=true --profiling=false --v=1
+}
+
 all_running() {
   local c
   for c in "${COMPONENTS[@]}"; do pid_of "$1" "$c" >/dev/null || return 1; done
@@ -498,19 +521,7 @@ cmd_up() {
     --log-level warn --logger zap
   wait_until "$dir" "etcd /health" 30 healthz_etcd "http://127.0.0.1:$etcd_port/health"
 
-  start_component "$dir" kube-apiserver "$BIN_DIR/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 \
-    --secure-port "$api_port" --insecure-port 0 \
-    --tls-cert-file "$pki/serving.crt" --tls-private-key-file "$pki/serving.key" \
-    --client-ca-file "$pki/ca.crt" \
-    --token-auth-file "$pki/tokens.csv" \
-    --authorization-mode Node,RBAC \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file "$pki/sa.pub" \
-    --service-account-signing-key-file "$pki/sa.key" \
-    --service-cluster-ip-range 10.0.0.0/24 \
-    --allow-privileged=true --profiling=false --v=1
+  start_apiserver "$dir" "$etcd_port" "$api_port"
   wait_until "$dir" "kube-apiserver $API_URL/readyz" "$UP_TIMEOUT" api_readyz "$dir"
   log "kube-apiserver ready at $API_URL after $((SECONDS - t0)) s"
 
@@ -571,6 +582,34 @@ cmd_down() {
   stop_components "$dir" etcd
 }
 
+up_dir() { # up_dir DIR: DIR made absolute, after checking that `up DIR` completed there
+  [[ -n "$1" ]] || { usage; die "a state directory is needed: the DIR given to up"; }
+  [[ -f "$1/env" ]] || die "$1/env not found: '$0 up $1' did not complete there"
+  (cd "$1" && pwd)
+}
+
+env_value() { sed -n "s/^$2=//p" "$1/env"; } # env_value DIR NAME: a value from DIR/env
+
+cmd_stop_apiserver() {
+  local dir
+  dir="$(up_dir "${1:-}")" || exit 1
+  stop_components "$dir" kube-apiserver
+}
+
+cmd_start_apiserver() {
+  local dir etcd_url t0=$SECONDS
+  dir="$(up_dir "${1:-}")" || exit 1
+  API_URL="$(env_value "$dir" API_URL)"
+  etcd_url="$(env_value "$dir" ETCD_URL)"
+  [[ -n "$API_URL" && -n "$etcd_url" ]] || die "no API_URL or ETCD_URL in $dir/env"
+  pid_of "$dir" etcd >/dev/null || die "etcd of $dir is not running: use '$0 up $dir'"
+  if ! pid_of "$dir" kube-apiserver >/dev/null; then
+    start_apiserver "$dir" "${etcd_url##*:}" "${API_URL##*:}"
+  fi
+  wait_until "$dir" "kube-apiserver $API_URL/readyz" "$UP_TIMEOUT" api_readyz "$dir"
+  log "kube-apiserver ready at $API_URL after $((SECONDS - t0)) s"
+}
+
 cmd_status() {
   local dir="${1:-}" c pid
   [[ -n "$dir" ]] || die "status needs the state directory: $0 status DIR"
@@ -587,6 +626,8 @@ case "${1:-}" in
   up) cmd_up "${2:-}" ;;
   down) cmd_down "${2:-}" ;;
   status) cmd_status "${2:-}" ;;
+  stop-apiserver) cmd_stop_apiserver "${2:-}" ;;
+  start-apiserver) cmd_start_apiserver "${2:-}" ;;
   -h|--help|help|"") usage; [[ -n "${1:-}" ]] ;;
   *) usage; die "unknown subcommand: $1" ;;
 esac

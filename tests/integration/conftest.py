@@ -21,6 +21,8 @@ Usage in a test::
 grants until a test binds a Role; current context set, so ``KUBECONFIG=... kopf run`` works),
 ``kubectl_path`` (kubectl v1.20.2). ``kubectl()`` returns the ``CompletedProcess``; with
 ``check=True`` (default) a non-zero exit raises ``KubectlError`` with stderr.
+``with control_plane.apiserver_stopped(): ...`` is an outage of kube-apiserver alone, restarted
+(same flags and port) and ready again when the block is left.
 
 There is no kubelet: tests play its part (register Node objects, patch Pod status).
 
@@ -31,6 +33,7 @@ Debian's archive).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -173,6 +176,27 @@ class ControlPlane:
 
         wait_for(sa_token, timeout=timeout, what=f"the default ServiceAccount token in {name}")
         return name
+
+    @contextlib.contextmanager
+    def apiserver_stopped(self) -> Iterator[None]:
+        """An API outage for the ``with`` block: only kube-apiserver stops (``e2e/controlplane.sh
+        stop-apiserver``); on leaving, whatever happened inside, it starts again with the same
+        flags and port and this returns once its /readyz answers ok (the session's other tests
+        share this control plane)."""
+        try:
+            self._script("stop-apiserver")
+            yield
+        finally:
+            self._script("start-apiserver")
+
+    def _script(self, command: str) -> None:
+        log = self.state_dir / "controlplane-script.log"
+        proc = _run_script([command, str(self.state_dir)], log, UP_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise AssertionError(
+                f"e2e/controlplane.sh {command} {self.state_dir} exited {proc.returncode}. "
+                f"Last lines of {log}:\n{_tail(log)}\nComponent logs: {self.state_dir / 'logs'}"
+            )
 
 
 def _tail(path: Path, lines: int = 40) -> str:

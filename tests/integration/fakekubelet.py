@@ -3,6 +3,10 @@ plane): registers a fake GPU Node and keeps it Ready, starts every pod the sched
 (phase Running, Ready, a loopback pod IP), finishes graceful deletions, and fails pods on demand.
 
 Runs as a background thread polling the API as admin every 0.2 s; every wait has a timeout.
+A poll the API server does not answer (an outage: urllib3's ``MaxRetryError``, which is no
+``OSError``, a socket error, an ``ApiException`` of status 0) is counted in
+:attr:`FakeKubelet.unanswered` and retried on the next poll, as a real kubelet does; any other
+failure is recorded in :attr:`FakeKubelet.errors`, which the operator fixture asserts empty.
 Pod IPs come from :attr:`FakeKubelet.ips` (``{(namespace, pod): ip}``, set by a test to point a
 pod at a loopback server it runs) or else from a pool of loopback addresses where nothing
 listens, so the operator's HTTP calls fail fast (connection refused).
@@ -41,6 +45,8 @@ class FakeKubelet:
         self._thread = threading.Thread(target=self._loop, name="fake-kubelet", daemon=True)
         self._last_beat = 0.0
         self.errors: list[str] = []
+        self.unanswered = 0
+        """Polls the API server did not answer (see the module text)."""
 
     def start(self) -> FakeKubelet:
         from kubernetes.client.exceptions import ApiException
@@ -81,6 +87,7 @@ class FakeKubelet:
         self._last_beat = time.monotonic()
 
     def _loop(self) -> None:
+        import urllib3
         from kubernetes.client.exceptions import ApiException
 
         while not self._stop.is_set():
@@ -88,7 +95,14 @@ class FakeKubelet:
                 if time.monotonic() - self._last_beat > 5.0:
                     self._heartbeat()
                 self._tick()
-            except (ApiException, OSError, ValueError) as exc:  # keep going; tests see them
+            except (urllib3.exceptions.HTTPError, OSError):  # no answer: retried next poll
+                self.unanswered += 1
+            except ApiException as exc:
+                if exc.status:  # keep going; tests see them
+                    self.errors.append(repr(exc))
+                else:  # the client's TLS failure: no answer either
+                    self.unanswered += 1
+            except ValueError as exc:
                 self.errors.append(repr(exc))
             self._stop.wait(0.2)
 
