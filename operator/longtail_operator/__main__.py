@@ -37,6 +37,7 @@ def main() -> int:
         clusterwide=not settings.namespaces,
         stop_flag=lost,
     )
+    handlers.stop_job_loops()
     return 1 if lost.is_set() else 0
 
 

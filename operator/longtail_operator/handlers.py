@@ -30,6 +30,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, cast
 
@@ -51,6 +52,10 @@ EXIT_GRACE_S = 10.0
 """After losing the Lease, how long kopf may take to stop before the process exits anyway."""
 
 _state: dict[str, Any] = {}
+_exiting = threading.Event()
+"""Set by the cleanup handler: every job loop ends within a tick, also one whose kopf flag was
+never raised (a daemon spawned by a watch event during shutdown), so that no thread keeps the
+process from exiting after SIGTERM."""
 
 
 def api_client() -> client.ApiClient:
@@ -91,6 +96,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events carry the stable reasons
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    _exiting.clear()  # kopf in-process (tests) starts again after a cleanup
     if "kube" not in _state:  # once, also when kopf retries this handler
         _state["kube"], _state["metrics"], _state["health"] = (
             Kube(api_client()),
@@ -232,34 +238,62 @@ def exit_on_lost(stop: asyncio.Event) -> None:
     _state["stop_flag"] = stop
 
 
+JOB_LOOP_THREADS = 1024
+"""Threads of the job loops (two per RLJob, started on demand). Not kopf's pool: it has
+min(32, CPUs + 4) threads, which a few RLJobs' never-ending loops fill, starving the other
+jobs' loops and every sync event handler."""
+_job_loops = ThreadPoolExecutor(max_workers=JOB_LOOP_THREADS, thread_name_prefix="job-loop")
+
+
 class Fenced:
-    """kopf's ``stopped`` flag of a daemon, also true while this process does not act as
-    leader: a job loop checks it every tick, so a deposed leader stops within one."""
+    """When a job loop must stop: kopf's flag, the daemon's own (:func:`in_thread`), the
+    process exiting, and, while raised only for that, not acting as leader. A job loop checks
+    it every tick, so a deposed leader stops within one."""
 
     def __init__(self, stopped: Stopped) -> None:
-        self.stopped = stopped
+        self.stopped, self.done = stopped, threading.Event()
+
+    def ended(self) -> bool:
+        return bool(self.stopped) or self.done.is_set() or _exiting.is_set()
 
     def __bool__(self) -> bool:
         elector: LeaderElector | None = _state.get("elector")
-        return bool(self.stopped) or (elector is not None and not elector.acting())
+        return self.ended() or (elector is not None and not elector.acting())
 
 
-def while_leading(stopped: kopf.DaemonStopped, loop: Callable[[Stopped], None]) -> None:
+def while_leading(fenced: Fenced, loop: Callable[[Stopped], None]) -> None:
     """Run a job's ``loop`` while leading; after losing the Lease, wait to lead again (kopf
-    in-process; the entry point exits instead). Returns when kopf stops the daemon, or when the
-    loop ended by itself (the RLJob is gone)."""
-    fenced = Fenced(stopped)
-    while not stopped:
+    in-process; the entry point exits instead). Returns when the daemon ends, or when the loop
+    ended by itself (the RLJob is gone)."""
+    while not fenced.ended():
         if fenced:
-            stopped.wait(TICK_S)
+            fenced.done.wait(TICK_S)
             continue
         loop(fenced)
         if not fenced:
             return
 
 
+async def in_thread(stopped: kopf.DaemonStopped, loop: Callable[[Stopped], None]) -> None:
+    """A daemon: the job loop in a thread until it ends. Async, so that kopf's cancellation
+    reaches us (a sync daemon's thread is not told when kopf cancels it on exit, and keeps
+    the process alive): cancelled or not, the loop's own flag is raised on the way out."""
+    fenced = Fenced(stopped)
+    try:
+        await asyncio.get_running_loop().run_in_executor(_job_loops, while_leading, fenced, loop)
+    finally:
+        fenced.done.set()
+
+
+def stop_job_loops() -> None:
+    """After kopf returned: end every job loop still running (the entry point calls it)."""
+    _exiting.set()
+    _job_loops.shutdown(wait=False)
+
+
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    _exiting.set()
     task = _state.pop("heartbeat", None)
     if task is not None:
         task.cancel()
@@ -277,15 +311,17 @@ async def cleanup(**_: Any) -> None:
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="reconcile", cancellation_timeout=10.0)
-def reconcile_daemon(
+async def reconcile_daemon(
     stopped: kopf.DaemonStopped, namespace: str | None, name: str, **_: Any
 ) -> None:
-    while_leading(stopped, lambda fenced: operator().run_job(fenced, namespace or "", name))
+    await in_thread(stopped, lambda fenced: operator().run_job(fenced, namespace or "", name))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="harvest", cancellation_timeout=10.0)
-def harvest_daemon(stopped: kopf.DaemonStopped, namespace: str | None, name: str, **_: Any) -> None:
-    while_leading(stopped, lambda fenced: operator().run_harvest(fenced, namespace or "", name))
+async def harvest_daemon(
+    stopped: kopf.DaemonStopped, namespace: str | None, name: str, **_: Any
+) -> None:
+    await in_thread(stopped, lambda fenced: operator().run_harvest(fenced, namespace or "", name))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
