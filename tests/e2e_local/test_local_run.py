@@ -8,7 +8,9 @@ worker killed with SIGKILL during a step is detected, its requests are re-dispat
 restarted (``spec.backoffLimit``) and listed in the summary, and the run still completes; SIGINT
 (Ctrl-C) checkpoints the last completed step and stops every child, and ``--resume`` continues at
 the next step; SIGHUP (a closed terminal) and SIGTERM of the parent do the same, and a parent
-killed with SIGKILL leaves no child running (each child's parent watchdog); with ``trainer`` in
+killed with SIGKILL leaves no child running (each child's parent watchdog); a checkpoint that
+meets a full disk (a real tmpfs, root only) fails the run with the reason in ``summary.json``,
+keeps the last checkpoint, and ``--resume`` completes once there is space; with ``trainer`` in
 ``harvest.eligibleRoles`` (``ci-tiny-trainer-harvest.yaml``) the trainer trains the drafter while
 it waits for a rollout and its candidate is merged with the workers'; ``longtail drafter fit``
 warm-starts a drafter that a run then starts from (``drafterTraining.initialDrafter``), and
@@ -31,6 +33,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tmpfs import resize, small_disk
 
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "ci-tiny.yaml"
@@ -235,6 +238,8 @@ def stop_after_step_one(tmp_path: Path, sig: signal.Signals) -> tuple[Path, list
     ckpts = sorted((run_dir / "checkpoints").iterdir())
     assert [p.name for p in ckpts] == [f"step-{done[-1]:06d}"], (done, ckpts)
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["outcome"] == "stopped" and summary["reason"].startswith("stop requested")
     return run_dir, done
 
 
@@ -263,6 +268,40 @@ def test_sigkill_of_the_parent_leaves_no_child_running(tmp_path: Path) -> None:
     proc.kill()  # no handler runs: only the children's own watchdogs can stop them
     proc.communicate(timeout=30)
     wait_for(lambda: not running_children(run_dir), 60, "every child to stop by itself")
+
+
+DISK = "48m"
+"""A tmpfs that holds one checkpoint of ``ci-tiny.yaml`` (policy + AdamW state, ~32 MiB) and
+not two: the step-2 checkpoint meets a full disk."""
+
+
+def test_a_full_disk_at_a_checkpoint_stops_the_run_with_the_reason(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk", DISK) as disk:
+        job = job_file(tmp_path)  # two steps, a checkpoint after each
+        doc = yaml.safe_load(job.read_text())
+        doc["spec"]["checkpoint"]["location"] = str(disk)
+        job.write_text(yaml.safe_dump(doc))
+        run_dir = tmp_path / "run"
+        code, out = finish(longtail_run(str(job), "--output", str(run_dir)))
+        assert code == 1, out
+        summary = json.loads((run_dir / "summary.json").read_text())
+        reason = summary["reason"]
+        assert summary["outcome"] == "failed" and summary["steps_completed"] == 2, summary
+        assert "CheckpointWriteError" in reason and "No space left on device" in reason, reason
+        assert f"could not be written to {disk / 'step-000002'}" in reason, reason
+        assert f"the last complete checkpoint, {disk / 'step-000001'}, is intact" in reason
+        assert f"failed: {reason}" in out and "unexpected pos" not in out
+        assert "No space left on device" in (run_dir / "logs" / "trainer.log").read_text()
+        assert [p.name for p in disk.iterdir()] == ["step-000001"]  # no half-written debris
+        assert_children_gone(run_dir)
+        resize(disk, "128m")  # space freed: the run resumes from step 1's checkpoint
+        code, out = finish(longtail_run("--resume", str(run_dir)))
+        assert code == 0, out
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["outcome"] == "complete" and summary["reason"] is None, summary
+        assert [r["step"] for r in rows(run_dir)] == [1, 2]
+        assert sorted(p.name for p in disk.iterdir()) == ["step-000001", "step-000002"]
+        assert "resumed from" in (run_dir / "logs" / "trainer.log").read_text()
 
 
 def test_two_step_run_with_torch_distributed_weight_sync(tmp_path: Path) -> None:

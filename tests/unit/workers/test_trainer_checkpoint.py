@@ -96,7 +96,7 @@ def test_a_full_disk_names_the_reason_and_the_path_and_keeps_the_last_checkpoint
         assert "No space left on device" in text and "unexpected pos" not in text, text
         assert f"could not be written to {root / 'step-000002'}:" in text, text
         assert f"the last complete checkpoint, {root / 'step-000001'}, is intact" in text, text
-        assert f"Free space in {root} or set spec.checkpoint.location" in text, text
+        assert f"Free space in {root} or move it to a larger disk" in text, text
         if big:
             assert "unexpected pos" in repr(err.__cause__)  # what torch alone said
         # The failed write left nothing behind, and the last checkpoint still loads (checksum).

@@ -75,6 +75,7 @@ class Child:
         env[PARENT_PID_ENV] = str(os.getpid())  # the child's watchdog: parentwatch.py
         cmd = [sys.executable, "-m", "longtail_cli.main", "worker", role, *args]
         self._log = self.log_path.open("ab")
+        self._log_start = self._log.tell()  # a resumed run appends: this process's lines follow
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
@@ -100,6 +101,21 @@ class Child:
         if self.url is None:
             raise ChildFailed(f"{self.name} exited with {self.proc.poll()}\n{self.tail()}")
         return self.url
+
+    def error_line(self) -> str | None:
+        """Why it exited: its last ``error: ...`` line without the prefix (each worker's ``main``
+        prints its fatal error so), else its last line; None when it printed nothing. Call once
+        it has exited: waits up to 2 s for the rest of its output to reach the log."""
+        self._pump_thread.join(timeout=2.0)
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_start)
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return None
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        errors = [ln.removeprefix("error: ") for ln in lines if ln.startswith("error: ")]
+        return errors[-1] if errors else (lines[-1] if lines else None)
 
     def tail(self, lines: int = 15) -> str:
         try:

@@ -18,7 +18,9 @@ write the report. Ctrl-C (SIGINT), SIGTERM or
 SIGHUP (the terminal closed; left ignored under ``nohup``): the trainer is asked to stop,
 checkpoints the last completed step and exits, then the workers are stopped; the run can be
 continued with ``--resume``. If the parent is killed outright, each child stops by itself
-(``parentwatch.py``). Exit codes: 0 complete, 1 failed, 130 stopped.
+(``parentwatch.py``). Exit codes: 0 complete, 1 failed, 130 stopped; ``summary.json`` has the
+``outcome`` and, unless complete, the ``reason`` (a failed trainer's own error line, e.g. a
+checkpoint that did not fit on the disk).
 """
 
 from __future__ import annotations
@@ -255,7 +257,7 @@ def run(argv: list[str]) -> int:
     progress.message(f"run directory: {run_dir}")
     children: list[Child] = []
     coordinator: Coordinator | None = None
-    code, started = 1, time.monotonic()
+    code, started, reason = 1, time.monotonic(), None
     restarts = Restarts(spec.backoff_limit, why_not=_no_restart(opts))
     try:
         token = export_run_token()  # the run's job token: children inherit it, not via argv
@@ -266,9 +268,10 @@ def run(argv: list[str]) -> int:
         write_processes(run_dir, children, workers, trainer_url)
         restarts.on_restart = lambda: write_processes(run_dir, children, workers, trainer_url)
         coordinator = Coordinator(spec.harvest, trainer_url, workers, token=token).start()
-        code = supervise(trainer, children, coordinator, progress, stop, restarts)
+        code, reason = supervise(trainer, children, coordinator, progress, stop, restarts)
     except ChildFailed as exc:
         progress.message(f"error: {exc}")
+        reason = str(exc).splitlines()[0]
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -278,6 +281,7 @@ def run(argv: list[str]) -> int:
     info = {
         **opts,
         "outcome": {0: "complete", STOPPED: "stopped"}.get(code, "failed"),
+        "reason": reason,
         "wall_s": time.monotonic() - started,
         **start_eval(run_dir),
         **restarts.summary(),
@@ -302,10 +306,12 @@ def _no_restart(opts: dict[str, Any]) -> str | None:
 
 
 def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
-              progress: Progress, stop: threading.Event, restarts: Restarts) -> int:  # fmt: skip
+              progress: Progress, stop: threading.Event,
+              restarts: Restarts) -> tuple[int, str | None]:  # fmt: skip
     """Poll and display until the trainer exits; forward a stop request to it; restart lost
-    rollout workers (``restarts``), replacing them in ``children``."""
-    asked_stop, failed = False, False
+    rollout workers (``restarts``), replacing them in ``children``. Returns the exit code and,
+    unless complete, why the run ended."""
+    asked_stop, failed, reason = False, False, None
     while trainer.alive:
         if stop.is_set() and not asked_stop:
             progress.message("stopping: the trainer checkpoints the last completed step ...")
@@ -324,14 +330,15 @@ def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
                 progress.message(f"error: {why}")
                 trainer.signal(signal.SIGTERM)  # it checkpoints the last completed step
                 asked_stop = failed = True
+                reason = why
         time.sleep(0.5)
     rc = trainer.proc.wait()
     if rc != 0:
         progress.message(f"trainer failed (exit {rc}):\n{trainer.tail()}")
-        return 1
+        return 1, f"the trainer failed (exit {rc}): {trainer.error_line() or 'no output'}"
     if failed:
-        return 1
-    return STOPPED if asked_stop else 0
+        return 1, reason
+    return (STOPPED, "stop requested (Ctrl-C, SIGTERM or SIGHUP)") if asked_stop else (0, None)
 
 
 def write_processes(
@@ -388,6 +395,8 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
             else ""
         )
     )
+    if s.get("reason"):
+        progress.message(f"{s['outcome']}: {s['reason']}")
     if s.get("acceptance_collapsed_steps"):
         steps = s["acceptance_collapsed_steps"]
         progress.message(

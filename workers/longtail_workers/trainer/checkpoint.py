@@ -21,8 +21,9 @@ A crash mid-write therefore leaves the last good checkpoint untouched, and the n
 ignores the debris. Older checkpoints beyond ``keep_last`` are deleted only after the new one is
 in place. A write that fails (a full disk, a quota, an I/O error) raises
 :class:`CheckpointWriteError`, an ``OSError`` carrying the OS errno, naming the checkpoint's
-directory, the OS reason (``No space left on device``), its tensors' size and the free space, the last
-complete checkpoint (intact) and the fix; every rank raises it (DCP shares each rank's failure).
+directory, the OS reason (``No space left on device``), its tensors' size and the free space,
+the last complete checkpoint (intact) and the fix; every rank raises it (DCP shares each rank's
+failure).
 Checkpoints of earlier versions (``model.safetensors`` + ``optimizer.pt``) still load
 at world 1.
 """
@@ -195,9 +196,9 @@ def _write_error(
     )  # fmt: skip
     err = CheckpointWriteError(
         f"the checkpoint of step {step} could not be written to {final}: {reason}; its tensors "
-        f"take {mib(needed)}, {mib(free)} is free there; {kept}. Free space in {root} or set "
-        "spec.checkpoint.location to a larger disk, then resume (`longtail run --resume "
-        "RUN_DIR`; a trainer pod resumes when it restarts)"
+        f"take {mib(needed)}, {mib(free)} is free there; {kept}. Free space in {root} or move "
+        "it to a larger disk and point spec.checkpoint.location there, then resume "
+        "(`longtail run --resume RUN_DIR`; a trainer pod resumes when it restarts)"
     )
     err.errno = code  # not filename: OSError.__str__ would then print "[Errno N] None: PATH"
     return err
