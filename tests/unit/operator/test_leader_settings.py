@@ -8,7 +8,10 @@ timestamps' wire format.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
+import time
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -78,3 +81,35 @@ def test_lease_timestamps_are_rfc3339_micro_in_utc() -> None:
     assert re.fullmatch(
         r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", leader.micro_time(datetime.now(UTC))
     )
+
+
+class _NeverRaised:
+    """kopf's flag of a daemon that kopf cancels without raising it (what it does on exit)."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def test_a_cancelled_daemon_ends_its_job_loop_and_a_finished_loop_ends_the_daemon() -> None:
+    ended = threading.Event()
+
+    def job_loop(fenced: object) -> None:
+        while not fenced:
+            time.sleep(0.01)
+        ended.set()
+
+    async def cancel_it() -> None:
+        task = asyncio.ensure_future(handlers.in_thread(_NeverRaised(), job_loop))  # type: ignore[arg-type]
+        await asyncio.sleep(0.2)
+        assert not ended.is_set()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())
+    assert ended.wait(5.0), "the job loop's thread kept running after its daemon was cancelled"
+
+    calls: list[int] = []
+    # The RLJob is gone: the loop returns by itself, and the daemon returns too (no restart).
+    asyncio.run(asyncio.wait_for(handlers.in_thread(_NeverRaised(), calls.append), 5.0))  # type: ignore[arg-type]
+    assert len(calls) == 1
