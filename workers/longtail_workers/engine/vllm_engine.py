@@ -126,8 +126,10 @@ class VllmEngine(RolloutEngine):
                 "num_speculative_tokens_per_batch_size": self.schedule.per_batch_size,
             }
         self.llm = self._start(speculative_config)
-        if speculative_config is not None and self.target.device.type == "cpu":
-            self.llm.collective_rpc("longtail_exact_cpu_sampling")  # see vllm_cpu_kernels.py
+        if self.target.device.type == "cpu":  # vLLM parts broken on CPU: vllm_cpu_kernels.py
+            self.llm.collective_rpc("longtail_exact_cpu_seeded_prefill")
+            if speculative_config is not None:
+                self.llm.collective_rpc("longtail_exact_cpu_sampling")
 
     def _export(self, drafter: EagleDrafter) -> Path:
         src = save_drafter(drafter, Path(self._tmp.name) / "drafter")

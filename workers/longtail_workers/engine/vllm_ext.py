@@ -79,6 +79,17 @@ class LongtailWorkerExtension:
         register_kernels({"vllm.v1.sample.rejection_sampler.expand_kernel": exact.expand})
         return True
 
+    def longtail_exact_cpu_seeded_prefill(self) -> bool:
+        """On CPU, make a seeded request's chunked prefill restore its generator instead of
+        rewinding an offset a CPU generator does not have (``vllm_cpu_kernels``); returns
+        whether it did."""
+        from longtail_workers.engine.vllm_cpu_kernels import SeededChunkedPrefill
+
+        if self.model_runner.device.type != "cpu":
+            return False
+        SeededChunkedPrefill(self.model_runner).install()
+        return True
+
     def longtail_probe(self) -> dict[str, Any]:
         """What tests check: is the drafter's embedding the policy's very tensor?"""
         target = self.model_runner.get_model()
