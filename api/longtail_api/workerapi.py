@@ -352,11 +352,11 @@ class TrainerStatus:
     drafter_version: int
     """Newest published drafter version (-1: none published yet)."""
     reward_mean: float | None = None
-    """Mean reward of the last completed step."""
+    """Mean reward of step :attr:`figures_step`."""
     accuracy: float | None = None
-    """Fraction of correct answers in the last completed step, in [0, 1]."""
+    """Fraction of correct answers in step :attr:`figures_step`, in [0, 1]."""
     accepted_length: float | None = None
-    """Mean accepted length of speculative decoding in the last rollout."""
+    """Mean accepted length of speculative decoding in step :attr:`figures_step`."""
     acceptance_collapsed: bool = False
     """Speculation accepts almost nothing after it once worked (``longtail_api.acceptance``):
     the drafter no longer matches the policy."""
@@ -391,6 +391,11 @@ class TrainerStatus:
     drafter_training: dict[str, Any] | None = None
     """The trainer's own drafter training (buffer, spot trainer), as plain JSON; None when
     trainer harvesting is off."""
+    figures_step: int | None = None
+    """The step whose figures (reward, accuracy, accepted length, SD share, step seconds) this
+    status carries: the last step completed with its eval, if it had one. It lags :attr:`step`
+    while a trained step publishes its weights and evaluates; None before the first step of
+    this trainer process completes."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -418,6 +423,7 @@ class TrainerStatus:
             "idleSeconds": self.idle_seconds,
             "harvestedSeconds": self.harvested_seconds,
             "drafterTraining": self.drafter_training,
+            "figuresStep": self.figures_step,
         }
 
     @classmethod
@@ -456,6 +462,7 @@ class TrainerStatus:
             idle_seconds=r.opt_num("idleSeconds", minimum=0.0),
             harvested_seconds=r.opt_num("harvestedSeconds", minimum=0.0) or 0.0,
             drafter_training=r.mapping("drafterTraining", required=False),
+            figures_step=r.opt_int("figuresStep"),
         )
 
 

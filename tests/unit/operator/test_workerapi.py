@@ -116,6 +116,7 @@ def test_trainer_status_round_trip_and_checks() -> None:
         accepted_length=3.1,
         last_checkpoint_step=0,
         step_seconds=workerapi.StepSeconds(rollout=10.0, tail=6.0, train=2.0),
+        figures_step=3,  # step 4 trained, its figures not yet complete
     )
     assert TrainerStatus.from_dict(status.to_dict()) == status
     minimal = {

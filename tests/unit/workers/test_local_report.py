@@ -47,12 +47,63 @@ def test_bar_and_live_line() -> None:
 def test_progress_prints_one_line_per_completed_step_off_a_terminal() -> None:
     out = io.StringIO()
     progress = Progress(out)
-    status = TrainerStatus(1, 3, "running", 1, -1, step_seconds=StepSeconds(4.0, 1.0, 2.0))
+    status = TrainerStatus(1, 3, "running", 1, -1, step_seconds=StepSeconds(4.0, 1.0, 2.0),
+                           figures_step=1)  # fmt: skip
     progress.update(status, HarvestBooks())
     progress.update(status, HarvestBooks())  # same step again: nothing new
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith("step    1/3")
     assert "rollout 4.0s (tail 1.0s) train 2.0s" in lines[0]
+
+
+def _polled(
+    step: int,
+    done: int | None,
+    reward: float | None = None,
+    accuracy: float | None = None,
+    eval_acc: float | None = None,
+) -> TrainerStatus:
+    """A status as the trainer answers it: ``step`` trained, ``done`` complete with figures."""
+    seconds = None if done is None else StepSeconds(float(done), 0.5, 1.0)
+    return TrainerStatus(step, 3, "running", step, -1, reward_mean=reward, accuracy=accuracy,
+                         eval_accuracy=eval_acc, step_seconds=seconds,
+                         figures_step=done)  # fmt: skip
+
+
+def test_each_step_line_carries_that_steps_own_figures_once() -> None:
+    # The trainer's order (trainer/driver.py): the step counter moves when the policy is
+    # updated; the step's figures follow once its weights are published and its eval is done.
+    polls = [
+        _polled(0, None),  # step 1's rollout
+        _polled(1, None),  # step 1 trained, publishing: no figures yet
+        _polled(1, 1, 0.25, 0.25),  # step 1 complete
+        _polled(1, 1, 0.25, 0.25),  # step 2's rollout
+        _polled(2, 1, 0.25, 0.25),  # step 2 trained; the status still has step 1's row
+        _polled(2, 1, 0.25, 0.25, eval_acc=0.6),  # step 2's eval done, row not yet
+        _polled(2, 2, 0.5, 0.5, eval_acc=0.6),  # step 2 complete
+        _polled(3, 3, 0.7, 0.625, eval_acc=0.6),  # step 3: a format reward (0.7 != 0.625)
+        _polled(3, 3, 0.7, 0.625, eval_acc=0.6),
+    ]
+    out = io.StringIO()
+    progress = Progress(out)
+    for status in polls:
+        progress.update(status, HarvestBooks())
+    lines = out.getvalue().splitlines()
+    assert [ln[:12] for ln in lines] == ["step    1/3 ", "step    2/3 ", "step    3/3 "], lines
+    assert "reward=acc 0.250" in lines[0] and "rollout 1.0s" in lines[0]
+    assert "reward=acc 0.500" in lines[1] and "eval 0.600" in lines[1], lines[1]
+    assert "rollout 2.0s" in lines[1]
+    assert "reward 0.700  acc 0.625" in lines[2] and "reward=acc" not in lines[2]
+
+
+def test_a_step_completed_between_two_polls_is_named() -> None:
+    out = io.StringIO()
+    progress = Progress(out)
+    for status in (_polled(1, 1, 0.25, 0.25), _polled(3, 3, 0.5, 0.5)):
+        progress.update(status, HarvestBooks())
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("step    3/3")
+    assert "(step 2 completed between two polls: see metrics.jsonl)" in lines[1]
 
 
 def test_write_report(tmp_path: Path) -> None:

@@ -11,6 +11,12 @@ completes, a permanent line with that step's figures is printed above it. Off a 
 logs, pipes, tests) only the permanent lines are printed, as plain unwrapped text without
 escape codes. Once a write fails (the terminal was closed: SIGHUP, then EIO or EPIPE), nothing
 more is written, so the run still stops cleanly and writes its report.
+
+A step's permanent line is printed once, when the status carries that step's own figures
+(``figures_step``), not when the step counter moves: the trainer counts a step as soon as the
+policy is updated, then publishes the weights and evaluates before the step's figures are
+complete. Reward and accuracy are one column (``reward=acc``) when they are equal, as they are
+for a 0/1 reward (``dataset.formatWeight`` 0); both are shown when they differ.
 """
 
 from __future__ import annotations
@@ -43,8 +49,7 @@ def _num(value: float | None, fmt: str) -> str:
 def live_line(status: TrainerStatus, books: HarvestBooks) -> str:
     """The figures of the run so far, one line."""
     parts = [
-        f"reward {_num(status.reward_mean, '.3f')}",
-        f"acc {_num(status.accuracy, '.3f')}",
+        *_reward_accuracy(status.reward_mean, status.accuracy),
         f"eval {_num(status.eval_accuracy, '.3f')}"
         + ("" if status.eval_sampled_accuracy is None else f"/{status.eval_sampled_accuracy:.3f}"),
         f"sd {_num(None if status.sd_fraction is None else 100 * status.sd_fraction, '.0f')}%",
@@ -58,6 +63,12 @@ def live_line(status: TrainerStatus, books: HarvestBooks) -> str:
     if status.acceptance_collapsed:
         parts.append("WARNING: SD accepts almost nothing (stale drafter)")
     return "  ".join(parts)
+
+
+def _reward_accuracy(reward: float | None, accuracy: float | None) -> list[str]:
+    """One column when reward and accuracy print alike (a 0/1 reward), else both."""
+    r, a = _num(reward, ".3f"), _num(accuracy, ".3f")
+    return [f"reward=acc {a}"] if r == a else [f"reward {r}", f"acc {a}"]
 
 
 class _Console(Console):
@@ -87,14 +98,20 @@ class Progress:
             redirect_stdout=False, redirect_stderr=False,
         )  # fmt: skip
         self._printed_step = -1
+        """The last step whose permanent line was printed (-1: none yet)."""
         self.lost = False
         """A write failed (the terminal is gone); later output is dropped."""
 
     def update(self, status: TrainerStatus, books: HarvestBooks) -> None:
-        if status.step != self._printed_step and status.step > 0:
-            self._print(f"step {status.step:>4}/{status.total_steps}  {live_line(status, books)}"
-                        f"{self._times(status)}")  # fmt: skip
-            self._printed_step = status.step
+        done = status.figures_step
+        if done is not None and done > self._printed_step:
+            missed, first = "", self._printed_step + 1
+            if 0 < first < done:  # polls slower than steps: say so
+                which = f"step {first}" if first == done - 1 else f"steps {first}-{done - 1}"
+                missed = f"  ({which} completed between two polls: see metrics.jsonl)"
+            self._print(f"step {done:>4}/{status.total_steps}  {live_line(status, books)}"
+                        f"{self._times(status)}{missed}")  # fmt: skip
+            self._printed_step = done
         if self.tty:
             current = min(status.step + 1, status.total_steps)
             done, total = status.answers_done, status.answers_total

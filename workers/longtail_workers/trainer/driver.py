@@ -210,12 +210,18 @@ class StepDriver:
                     row.eval_accuracy = self.evaluate()
                     row.eval_sampled_accuracy = self.state.eval_sampled_accuracy
                 except RolloutAborted:
-                    self.on_row(row)  # the step itself completed: keep its row
+                    self._completed(row)  # the step itself completed: keep its row
                     raise
-            self.on_row(row)
+            self._completed(row)
             every = self.spec.checkpoint.every_steps
             if step % every == 0 or step == algo.total_steps:
                 self.checkpoint()
+
+    def _completed(self, row: StepRow) -> None:
+        """``row``'s step is complete (trained, published, evaluated if due): the status
+        carries its figures from now on (``figures_step``), and ``on_row`` records it."""
+        self.state.last_row = row
+        self.on_row(row)
 
     def _stop(self) -> str:
         log.info("stop requested: checkpointing step %d and stopping", self.state.step)
@@ -257,7 +263,6 @@ class StepDriver:
                         "length %.2f) after it once worked: the drafter no longer matches the "
                         "policy", step, row.mean_accepted_length)  # fmt: skip
         row.step_s = time.monotonic() - t_step
-        self.state.last_row = row
         return row
 
     @torch.no_grad()

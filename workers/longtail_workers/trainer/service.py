@@ -206,6 +206,7 @@ class TrainerApp(BackgroundHTTPServer):
             idle_seconds=None if started is None else max(0.0, time.time() - started),
             harvested_seconds=0.0 if self.harvest is None else self.harvest.harvested_seconds,
             drafter_training=None if self.harvest is None else self.harvest.status(),
+            figures_step=None if row is None else row.step,
         )
 
     class handler_class(JSONRequestHandler):
