@@ -48,6 +48,8 @@ from longtail_operator.settings import Settings, from_env
 
 log = logging.getLogger(__name__)
 FINALIZER = "longtail.dev/operator"
+WATCH_RETRY_BACKOFFS_S = (1.0,) * 5 + (2.0,) * 10 + (3.0,) * 10 + (5.0,) * 10
+"""Seconds between kopf's retries of a failed API request (watches included), ~2 min in all."""
 EXIT_GRACE_S = 10.0
 """After losing the Lease, how long kopf may take to stop before the process exits anyway."""
 
@@ -96,12 +98,19 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own Events carry the stable reasons
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # kopf's default request retries (1, 1, 2, 3, 5, 8, 13, 21 s) leave its watches down for up
+    # to 21 s after a short API-server outage ends; retry every 1-5 s for about two minutes so
+    # pod and RLJob events flow again within seconds of the API answering.
+    settings.networking.error_backoffs = WATCH_RETRY_BACKOFFS_S
     _exiting.clear()  # kopf in-process (tests) starts again after a cleanup
     if "kube" not in _state:  # once, also when kopf retries this handler
+        kube = Kube(api_client())
+        # /readyz asks the API server from the start: a standby waiting for the Lease is not
+        # ready while it cannot reach the API either.
         _state["kube"], _state["metrics"], _state["health"] = (
-            Kube(api_client()),
+            kube,
             OperatorMetrics(),
-            Health(),
+            Health(api_probe=kube.probe),
         )
         _serve(cfg, _state["metrics"], _state["health"])
     kube, health = _state["kube"], _state["health"]
