@@ -11,6 +11,8 @@ exponential backoff and jitter (tenacity) only for transient failures (connectio
 reset, timeouts, other transport errors, HTTP 5xx), the job's token on writes, and the server's
 error text in every error. A 409 is :class:`WorkerBusy` (a worker in another role); any other
 error status is :class:`WorkerHTTPError`; an unreachable server is :class:`WorkerUnreachable`.
+With ``into`` a successful body is streamed into the caller's buffer instead of a new ``bytes``
+(the policy weight pull writes each piece where its tensors will be read from).
 :meth:`Response.check_sha256` compares a downloaded body with the sha256 its server sent.
 :func:`http_json` is the JSON form the coordinators use.
 """
@@ -171,11 +173,14 @@ def request(
     retry: Retry = NO_RETRY,
     token: str | None = None,
     accept: tuple[int, ...] = (),
+    into: memoryview | None = None,
 ) -> Response:
     """Send one request, retrying transient failures as ``retry`` says.
 
     Returns 2xx answers and those whose status is in ``accept`` (e.g. 404 for "not published").
-    A write (not GET/HEAD) carries ``token``, by default this process's job token.
+    A write (not GET/HEAD) carries ``token``, by default this process's job token. With
+    ``into``, a 2xx body must be exactly ``len(into)`` bytes and is written there (the
+    returned ``body`` is empty); a body of another length is a :class:`WorkerUnreachable`.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -189,20 +194,14 @@ def request(
         nonlocal tries
         tries += 1
         try:
+            if into is not None:
+                return _stream_into(into, method, url, body, sent, timeout_s, accept)
             answer = _shared_client().request(
                 method, url, content=body, headers=sent, timeout=timeout_s
             )
         except httpx.TransportError as exc:
             raise _Transient(f"{type(exc).__name__}: {exc or 'no detail'}") from exc
-        status = answer.status_code
-        if answer.is_success or status in accept:
-            return Response(status, answer.headers, answer.content, url)
-        text = error_text(answer.content)[:500]
-        if status >= 500:
-            raise _Transient(f"HTTP {status}: {text}", status, text)
-        if status == 409:
-            raise WorkerBusy(text)
-        raise WorkerHTTPError(status, f"{method} {url}: HTTP {status}: {text}", text=text)
+        return _answer(answer, method, url, accept)
 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(retry.retries + 1),
@@ -222,6 +221,47 @@ def request(
         if exc.code is not None:
             raise WorkerHTTPError(exc.code, message, text=exc.text, attempts=tries) from exc
         raise WorkerUnreachable(message, attempts=tries) from exc
+
+
+def _answer(answer: httpx.Response, method: str, url: str, accept: tuple[int, ...]) -> Response:
+    """A read answer as a :class:`Response`, or the error its status means."""
+    status = answer.status_code
+    if answer.is_success or status in accept:
+        return Response(status, answer.headers, answer.content, url)
+    text = error_text(answer.content)[:500]
+    if status >= 500:
+        raise _Transient(f"HTTP {status}: {text}", status, text)
+    if status == 409:
+        raise WorkerBusy(text)
+    raise WorkerHTTPError(status, f"{method} {url}: HTTP {status}: {text}", text=text)
+
+
+def _stream_into(
+    into: memoryview,
+    method: str,
+    url: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    timeout_s: float,
+    accept: tuple[int, ...],
+) -> Response:
+    """One attempt whose 2xx body is written into ``into`` (see :func:`request`)."""
+    with _shared_client().stream(
+        method, url, content=body, headers=headers, timeout=timeout_s
+    ) as answer:
+        if not answer.is_success:
+            answer.read()
+            return _answer(answer, method, url, accept)
+        done = 0
+        for chunk in answer.iter_bytes():
+            end = done + len(chunk)
+            if end > len(into):
+                raise _Transient(f"body longer than the expected {len(into)} bytes")
+            into[done:end] = chunk
+            done = end
+        if done != len(into):
+            raise _Transient(f"body of {done} bytes, expected {len(into)}")
+        return Response(answer.status_code, answer.headers, b"", url)
 
 
 def _log_retry(method: str, url: str, retry: Retry, state: tenacity.RetryCallState) -> None:

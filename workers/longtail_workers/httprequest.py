@@ -106,7 +106,8 @@ class Answer:
     status: int
     headers: dict[str, str]
     """Header names as written here (clients may read them case-sensitively)."""
-    body: bytes
+    body: bytes | memoryview
+    """A memoryview (e.g. one piece of a published policy version) is sent without a copy."""
 
 
 class JSONRequestHandler:
@@ -227,7 +228,7 @@ class JSONRequestHandler:
     def send_body(
         self,
         status: HTTPStatus,
-        body: bytes,
+        body: bytes | memoryview,
         content_type: str,
         headers: dict[str, str] | None = None,
     ) -> int:

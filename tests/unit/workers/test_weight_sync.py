@@ -138,7 +138,9 @@ def test_integrity_failure_leaves_model_untouched(
             data[-5] ^= 0x01  # one bit of one weight
             _tamper(server, monkeypatch, data=bytes(data))
         else:
-            _tamper(server, monkeypatch, checksum="0" * 64)
+            # The version's checksums: the whole stream's and its pieces' list (which is what a
+            # receiver verifies, with every piece's own sha256).
+            _tamper(server, monkeypatch, checksum="0" * 64, pieces_sha256="0" * 64)
         with pytest.raises(WeightIntegrityError) as info:
             client(server).load_into(rollout)
     err = info.value

@@ -4,35 +4,46 @@ The trainer runs a :class:`WeightServer` (``httpserver.py``: uvicorn in a
 background thread) over a :class:`~longtail_workers.weights.store.WeightStore`; each rollout
 worker uses an :class:`HttpWeightClient` between rollouts::
 
-    GET /v1/weights/latest     -> 200 JSON {"version", "checksum", "size", "dtypes"}
-                                  404 JSON {"error"} before the first publish
-    GET /v1/weights/{version}  -> 200 safetensors bytes, headers X-Longtail-Weights-Version
-                                  and X-Longtail-Weights-Sha256; 404 when not kept (any more)
+    GET /v1/weights/latest              -> 200 JSON manifest {"version", "checksum", "size",
+                                           "dtypes", "piece_bytes", "pieces": [[offset, size,
+                                           sha256], ...]}; 404 JSON {"error"} before the first
+    GET /v1/weights/{version}/manifest  -> 200 that version's manifest; 404 when not kept
+    GET /v1/weights/{version}/pieces/{i} -> 200 piece i's bytes, headers
+                                           X-Longtail-Weights-Version, X-Longtail-Weights-Sha256
+                                           (the piece's); 404 when not kept (any more)
+    GET /v1/weights/{version}           -> 200 the whole safetensors bytes (the protocol before
+                                           pieces; kept for older clients); same headers, the
+                                           whole version's sha256
 
-The client downloads through ``httpclient.request``: a per-request timeout, unreachable-server
-and 5xx failures retried with exponential backoff and jitter (many workers pull at once after
-each step), and the sha256 of the bytes and the version verified before anything reaches the
-model.
+The client reads the manifest, checks that its pieces cover the version, pulls the pieces on
+``parallel`` threads through ``httpclient.request`` (a per-request timeout, unreachable-server
+and 5xx failures retried with exponential backoff and jitter: many workers pull at once after
+each step), verifies each piece's sha256 as it arrives and the whole version's sha256 over the
+pieces in order, and only then builds the state dict (views of the pieces). Every phase has a
+timeout: each request ``timeout_s``, the whole version ``version_timeout_s``. Any failure raises
+before anything reaches the model, so the model keeps its previous version whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 import time
 from collections.abc import Mapping
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from http import HTTPStatus
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors
 
 from longtail_workers import httpclient
 from longtail_workers.httprequest import JSONRequestHandler, error_text
 from longtail_workers.httpserver import BackgroundHTTPServer
+from longtail_workers.weights.pieces import DEFAULT_PIECE_BYTES, check_layout, tensors_from_bytes
 from longtail_workers.weights.store import WeightStore
 from longtail_workers.weights.sync import (
+    Piece,
     StateDict,
     WeightFetchError,
     WeightIntegrityError,
@@ -40,15 +51,18 @@ from longtail_workers.weights.sync import (
     WeightsManifest,
     WeightSource,
     WeightVersionError,
+    pieces_checksum,
 )
 
 log = logging.getLogger(__name__)
 
 LATEST_PATH = "/v1/weights/latest"
 VERSION_PATH = "/v1/weights/{version}"
+MANIFEST_PATH = "/v1/weights/{version}/manifest"
+PIECE_PATH = "/v1/weights/{version}/pieces/{index}"
 VERSION_HEADER = "X-Longtail-Weights-Version"
 CHECKSUM_HEADER = "X-Longtail-Weights-Sha256"
-_VERSION_RE = re.compile(r"^/v1/weights/(\d{1,18})$")
+_VERSION_RE = re.compile(r"^/v1/weights/(\d{1,18})(/manifest|/pieces/(\d{1,9}))?$")
 NOTHING_PUBLISHED = "no policy weights published yet"
 
 
@@ -71,7 +85,7 @@ class _Handler(JSONRequestHandler):
         if match is None:
             self.send_json(
                 HTTPStatus.NOT_FOUND,
-                {"error": f"unknown path {path!r}; use {LATEST_PATH} or {VERSION_PATH}"},
+                {"error": f"unknown path {path!r}; use {LATEST_PATH} or {PIECE_PATH}"},
             )
             return
         version = int(match.group(1))
@@ -81,11 +95,23 @@ class _Handler(JSONRequestHandler):
             message = f"version {version} is not kept; kept versions: {kept}"
             self.send_json(HTTPStatus.NOT_FOUND, {"error": message})
             return
-        headers = {
-            VERSION_HEADER: str(entry.manifest.version),
-            CHECKSUM_HEADER: entry.manifest.checksum,
-        }
-        self.send_body(HTTPStatus.OK, entry.data, "application/octet-stream", headers)
+        if match.group(2) == "/manifest":
+            self.send_json(HTTPStatus.OK, entry.manifest.to_dict())
+            return
+        body: bytes | memoryview = entry.data
+        checksum = entry.manifest.checksum
+        if match.group(3) is not None:
+            index = int(match.group(3))
+            count = len(entry.manifest.pieces)
+            if index >= count:
+                message = f"version {version} has {count} pieces, no piece {index}"
+                self.send_json(HTTPStatus.NOT_FOUND, {"error": message})
+                return
+            piece = entry.manifest.pieces[index]
+            body = memoryview(entry.data)[piece.offset : piece.offset + piece.size]
+            checksum = piece.sha256
+        headers = {VERSION_HEADER: str(version), CHECKSUM_HEADER: checksum}
+        self.send_body(HTTPStatus.OK, body, "application/octet-stream", headers)
 
 
 class WeightServer(WeightPublisher, BackgroundHTTPServer):
@@ -101,12 +127,13 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
         port: int = 0,
         *,
         keep_last: int = 2,
+        piece_bytes: int = DEFAULT_PIECE_BYTES,
         request_timeout_s: float = 300.0,
     ) -> None:
         super().__init__(host, port, request_timeout_s=request_timeout_s)
         self.host = host
         self.requested_port = port
-        self.store = WeightStore(keep_last=keep_last)
+        self.store = WeightStore(keep_last=keep_last, piece_bytes=piece_bytes)
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
         return self.store.publish(version, state_dict)
@@ -128,41 +155,57 @@ class HttpWeightClient(WeightSource):
         retries: int = 5,
         backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
+        parallel: int = 4,
+        version_timeout_s: float | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"need timeout_s > 0; got {timeout_s}")
+        if parallel < 1:
+            raise ValueError(f"need parallel >= 1 (pieces pulled at once); got {parallel}")
         self.base_url = httpclient.checked_base_url(base_url, "weights URL")
         self.timeout_s = timeout_s
+        """Each request's timeout (one piece, or a manifest)."""
+        self.version_timeout_s = version_timeout_s or 4 * timeout_s
+        """The whole version's timeout: every piece in and verified."""
+        self.parallel = parallel
         self.retry = httpclient.Retry(retries, backoff_s, max_backoff_s)
 
     def latest(self) -> WeightsManifest | None:
         """The newest advertised version, or ``None`` when nothing is published yet."""
         answer = self._get(LATEST_PATH)
-        body = answer.body
         if answer.status == 404:
-            text = error_text(body)
+            text = error_text(answer.body)
             if text.startswith(NOTHING_PUBLISHED):
                 return None
             raise WeightFetchError(
                 f"{self.base_url}{LATEST_PATH} answered 404 ({text}); is {self.base_url} the "
                 "trainer's weight server?"
             )
-        try:
-            obj = json.loads(body)
-            return WeightsManifest(
-                version=int(obj["version"]),
-                checksum=str(obj["checksum"]),
-                size=int(obj["size"]),
-                dtypes={str(k): str(v) for k, v in obj["dtypes"].items()},
+        return self._manifest(answer, LATEST_PATH)
+
+    def manifest(self, version: int) -> WeightsManifest:
+        """``version``'s manifest (:class:`WeightVersionError` when it is not kept)."""
+        path = MANIFEST_PATH.format(version=version)
+        answer = self._get(path)
+        if answer.status == 404:
+            raise WeightVersionError(
+                f"{self.base_url}{path}: {error_text(answer.body)}",
+                requested=version,
+                received=None,
             )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise WeightFetchError(
-                f"unreadable manifest from {self.base_url}{LATEST_PATH}: {exc}"
-            ) from exc
+        manifest = self._manifest(answer, path)
+        if manifest.version != version:
+            raise WeightVersionError(
+                f"asked {self.base_url} for policy version {version}, got version "
+                f"{manifest.version}; nothing was loaded",
+                requested=version,
+                received=manifest.version,
+            )
+        return manifest
 
     def fetch(self, version: int | None = None) -> tuple[int, StateDict]:
         if version is not None:
-            return version, self._download(version, manifest=None)
+            return version, self._download(self.manifest(version))
         # The newest version can be evicted between reading the manifest and downloading it
         # (a publish in between with keep_last=1); then read the manifest again.
         for _ in range(3):
@@ -175,7 +218,7 @@ class HttpWeightClient(WeightSource):
                     received=None,
                 )
             try:
-                return manifest.version, self._download(manifest.version, manifest=manifest)
+                return manifest.version, self._download(manifest)
             except WeightVersionError as exc:
                 if exc.received is not None:
                     raise
@@ -208,12 +251,63 @@ class HttpWeightClient(WeightSource):
                 )
             time.sleep(poll_s)
 
-    def _download(self, version: int, manifest: WeightsManifest | None) -> StateDict:
-        path = VERSION_PATH.format(version=version)
-        answer = self._get(path)
+    def _download(self, manifest: WeightsManifest) -> StateDict:
+        """Every piece of ``manifest``'s version, verified, as a state dict; or an error."""
+        version, source = manifest.version, f"{self.base_url} (policy version {manifest.version})"
+        try:
+            check_layout(manifest, self.base_url)
+        except ValueError as exc:
+            raise WeightFetchError(str(exc)) from None
+        pieces = manifest.pieces
+        # Every byte is checked against its piece's sha256 as it lands; the pieces' list (the
+        # version's checksum) is checked before any is pulled.
+        listed = pieces_checksum(version, manifest.size, pieces)
+        if listed != manifest.pieces_sha256:
+            raise WeightIntegrityError(version, manifest.pieces_sha256, listed, source)
+        buf = torch.empty(manifest.size, dtype=torch.uint8)  # each piece lands in its place
+        data = buf.numpy().data.cast("B")  # keeps buf alive, as do the tensors viewing it
+        deadline = time.monotonic() + self.version_timeout_s
+        pool = ThreadPoolExecutor(
+            min(self.parallel, len(pieces)), thread_name_prefix="weights-pull"
+        )
+        try:
+            futures = {
+                pool.submit(self._piece, version, i, p, data[p.offset : p.offset + p.size]): i
+                for i, p in enumerate(pieces)
+            }
+            pending: set[Future[None]] = set(futures)
+            while pending:
+                left = deadline - time.monotonic()
+                done, pending = wait(pending, timeout=max(left, 0), return_when=FIRST_EXCEPTION)
+                if not done:
+                    raise WeightFetchError(
+                        f"{source}: {len(pending)} of {len(pieces)} pieces still missing after "
+                        f"{self.version_timeout_s:g}s (the version timeout); nothing was loaded"
+                    )
+                for future in done:
+                    future.result()  # re-raises the piece's error
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            return tensors_from_bytes(data)
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            raise WeightFetchError(
+                f"{source}: checksums ok but not safetensors data: {exc}"
+            ) from exc
+
+    def _piece(self, version: int, index: int, piece: Piece, into: memoryview) -> None:
+        """Piece ``index`` of ``version`` written into ``into``, its version and sha256 checked."""
+        path = PIECE_PATH.format(version=version, index=index)
+        try:
+            answer = self._get(path, into=into)
+        except WeightFetchError as exc:
+            raise WeightFetchError(
+                f"policy version {version} from {self.base_url}: piece {index} failed: {exc}; "
+                "nothing was loaded (the model keeps its previous weights)"
+            ) from exc
         if answer.status == 404:
             raise WeightVersionError(
-                f"{self.base_url}{path}: {error_text(answer.body)}",
+                f"{self.base_url}{path}: {error_text(answer.body)} (superseded while pulling)",
                 requested=version,
                 received=None,
             )
@@ -225,27 +319,42 @@ class HttpWeightClient(WeightSource):
                 requested=version,
                 received=int(got) if got and got.isdigit() else -1,
             )
-        # The manifest (when there is one) and the response header must advertise the same
-        # checksum, and the bytes must hash to it.
-        try:
-            answer.check_sha256(CHECKSUM_HEADER, manifest.checksum if manifest else None)
-        except httpclient.ChecksumMismatch as exc:
+        actual = hashlib.sha256(into).hexdigest()
+        advertised = (answer.headers.get(CHECKSUM_HEADER) or "").strip().lower()
+        if actual != piece.sha256 or advertised != piece.sha256:
+            shown = (
+                piece.sha256
+                if advertised == piece.sha256
+                else f"{piece.sha256} (header: {advertised or 'missing'})"
+            )
             raise WeightIntegrityError(
-                version, exc.expected, exc.actual, source=self.base_url + path
-            ) from exc
+                version, shown, actual, source=f"{self.base_url}{path} (piece {index})"
+            )
+
+    def _manifest(self, answer: httpclient.Response, path: str) -> WeightsManifest:
         try:
-            return dict(load_safetensors(answer.body))
-        except SafetensorError as exc:
+            obj = json.loads(answer.body)
+            return WeightsManifest(
+                version=int(obj["version"]),
+                checksum=str(obj["checksum"]),
+                size=int(obj["size"]),
+                dtypes={str(k): str(v) for k, v in obj["dtypes"].items()},
+                piece_bytes=int(obj.get("piece_bytes", 0)),
+                pieces=tuple(Piece(int(o), int(n), str(d)) for o, n, d in obj.get("pieces", [])),
+                pieces_sha256=str(obj.get("pieces_sha256", "")),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise WeightFetchError(
-                f"{self.base_url}{path}: checksum ok but not safetensors data: {exc}"
+                f"unreadable manifest from {self.base_url}{path}: {exc}"
             ) from exc
 
-    def _get(self, path: str) -> httpclient.Response:
-        """GET with retries (``httpclient.request``); returns 200 and 404 answers."""
+    def _get(self, path: str, into: memoryview | None = None) -> httpclient.Response:
+        """GET with retries (``httpclient.request``, a 200 body written ``into`` when given);
+        returns 200 and 404 answers."""
         try:
             return httpclient.request(
                 "GET", self.base_url + path, timeout_s=self.timeout_s, retry=self.retry,
-                accept=(HTTPStatus.NOT_FOUND,),
+                accept=(HTTPStatus.NOT_FOUND,), into=into,
             )  # fmt: skip
         except (httpclient.HTTPCallError, httpclient.WorkerBusy) as exc:
             raise WeightFetchError(

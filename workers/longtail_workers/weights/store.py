@@ -8,6 +8,10 @@ immutable :class:`PublishedWeights` under the lock and reads it afterwards, so i
 the previous version or the new one, never a half-written one, and a slow download never blocks
 the trainer's next publish.
 
+Each version is cut into pieces of ``piece_bytes`` (``pieces.py``), each with its sha256 in the
+manifest, so rollout workers can pull and verify the pieces in parallel; the pieces are views of
+the one serialised copy, never copies.
+
 Memory: the store holds ``keep_last`` serialised copies (about 2 bytes per bf16 parameter
 each). Two is enough for pull-based sync (the newest, plus the one workers may still be
 downloading); more lets lagging workers catch up to an older version.
@@ -22,8 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from longtail_workers.weights.checksum import dtype_map, serialize_state_dict, sha256_hex
-from longtail_workers.weights.sync import WeightPublisher, WeightsManifest
+from longtail_workers.weights.checksum import dtype_map
+from longtail_workers.weights.pieces import DEFAULT_PIECE_BYTES, pack
+from longtail_workers.weights.sync import WeightPublisher, WeightsManifest, pieces_checksum
 
 
 @dataclass(frozen=True)
@@ -31,31 +36,37 @@ class PublishedWeights:
     """One published version: its manifest and its canonical safetensors bytes."""
 
     manifest: WeightsManifest
-    data: bytes
+    data: bytes | memoryview
 
 
 class WeightStore(WeightPublisher):
     """Thread-safe store of the last ``keep_last`` published versions."""
 
-    def __init__(self, keep_last: int = 2) -> None:
+    def __init__(self, keep_last: int = 2, piece_bytes: int = DEFAULT_PIECE_BYTES) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 (versions kept for readers), got {keep_last}")
+        if piece_bytes < 1:
+            raise ValueError(f"piece_bytes must be >= 1 (bytes per piece), got {piece_bytes}")
         self.keep_last = keep_last
+        self.piece_bytes = piece_bytes
         self._lock = threading.Lock()
         self._versions: OrderedDict[int, PublishedWeights] = OrderedDict()
         self._latest: PublishedWeights | None = None
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
-        """Serialise and hash ``state_dict`` fully, then make it visible as ``version``."""
+        """Serialise ``state_dict``, hash it and its pieces, then make it visible as ``version``."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
         self._check_newer(version)  # fail before the (slow) serialisation
-        data = serialize_state_dict(state_dict)
+        data, checksum, pieces = pack(state_dict, self.piece_bytes)
         manifest = WeightsManifest(
             version=version,
-            checksum=sha256_hex(data),
+            checksum=checksum,
             size=len(data),
             dtypes=dtype_map(state_dict),
+            piece_bytes=self.piece_bytes,
+            pieces=pieces,
+            pieces_sha256=pieces_checksum(version, len(data), pieces),
         )
         entry = PublishedWeights(manifest=manifest, data=data)
         with self._lock:

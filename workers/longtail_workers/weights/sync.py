@@ -17,6 +17,7 @@ one and reports shape errors only after copying the others.)
 from __future__ import annotations
 
 import abc
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -65,6 +66,18 @@ class WeightMismatchError(WeightSyncError, ValueError):
 
 
 @dataclass(frozen=True)
+class Piece:
+    """One piece of a published version: a byte range of its canonical bytes and its sha256."""
+
+    offset: int
+    """First byte of the piece within the canonical bytes."""
+    size: int
+    """Length in bytes (the version's ``piece_bytes``; the last piece may be shorter)."""
+    sha256: str
+    """sha256 (hex) of those bytes: a receiver refuses the piece (and the version) otherwise."""
+
+
+@dataclass(frozen=True)
 class WeightsManifest:
     """What the trainer advertises about one published version."""
 
@@ -75,6 +88,15 @@ class WeightsManifest:
     """Length of those bytes."""
     dtypes: dict[str, str]
     """``{name: dtype}``, e.g. ``{"lm_head.weight": "bfloat16"}``."""
+    piece_bytes: int = 0
+    """Size of each piece (0: published without pieces, by a transport that sends it whole)."""
+    pieces: tuple[Piece, ...] = ()
+    """The canonical bytes cut every ``piece_bytes`` (tensors larger than a piece span
+    several), in order: they cover ``[0, size)`` exactly."""
+    pieces_sha256: str = ""
+    """:func:`pieces_checksum` of ``pieces``: the version's checksum a receiver verifies once
+    every piece has matched its own sha256 (it commits to every byte, like ``checksum``, without
+    hashing the whole version a second time)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -82,7 +104,16 @@ class WeightsManifest:
             "checksum": self.checksum,
             "size": self.size,
             "dtypes": dict(self.dtypes),
+            "piece_bytes": self.piece_bytes,
+            "pieces": [[p.offset, p.size, p.sha256] for p in self.pieces],
+            "pieces_sha256": self.pieces_sha256,
         }
+
+
+def pieces_checksum(version: int, size: int, pieces: tuple[Piece, ...]) -> str:
+    """sha256 (hex) of the version number, its size and its pieces' offsets, sizes and sha256s."""
+    lines = [f"{version} {size}", *(f"{p.offset} {p.size} {p.sha256}" for p in pieces)]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 class WeightPublisher(abc.ABC):

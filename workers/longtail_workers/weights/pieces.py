@@ -1,0 +1,176 @@
+"""Pieces of a published policy version: packing, hashing, checking and reading them back.
+
+The trainer's :class:`~longtail_workers.weights.store.WeightStore` packs a version's canonical
+safetensors bytes (``checksum.py``) itself (:func:`pack`): one copy of each tensor into one
+buffer, and each ``piece_bytes`` piece is hashed on a thread as soon as the copy has filled it,
+while another thread hashes the whole stream in order (safetensors' own ``save`` copies every
+tensor twice and leaves all hashing for afterwards). Rollout workers pull the pieces in parallel
+(``http_sync.HttpWeightClient``), check the manifest's layout (:func:`check_layout`), verify
+each piece as it lands in one buffer, and read the tensors straight out of it
+(:func:`tensors_from_bytes`: views, not a deserialised copy).
+
+Pieces are byte ranges of the one canonical stream, so the whole version still hashes to the
+manifest's ``checksum`` (the checkpoint's ``model_sha256``) and a tensor larger than a piece
+simply spans several pieces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+from safetensors.torch import save
+
+from longtail_workers.weights.sync import Piece, StateDict, WeightsManifest
+
+DEFAULT_PIECE_BYTES = 64 << 20
+"""64 MiB: a 0.5B bf16 policy (~1 GB) is 16 pieces, enough to keep 4 parallel pulls busy and
+to overlap hashing with the wire, while the per-request cost (~1 ms on loopback) stays
+negligible and a receiver holds at most ``parallel`` pieces in flight beyond what it kept."""
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def pack(
+    state_dict: Mapping[str, torch.Tensor], piece_bytes: int
+) -> tuple[memoryview, str, tuple[Piece, ...]]:
+    """The canonical bytes of ``state_dict`` (equal to ``serialize_state_dict``'s), their
+    sha256, and their pieces with each piece's sha256.
+
+    hashlib releases the GIL on large buffers: each piece is hashed on one thread and fed to
+    the whole-stream hash on another as soon as the copy has filled it, while this thread
+    copies the next tensors.
+    """
+    if piece_bytes < 1:
+        raise ValueError(f"piece_bytes must be >= 1, got {piece_bytes}")
+    tensors, header = _layout(state_dict)
+    total = len(header) + sum(t.numel() * t.element_size() for t in tensors.values())
+    buf = torch.empty(total, dtype=torch.uint8)  # not zeroed: every byte is written below
+    view = buf.numpy().data.cast("B")  # keeps buf alive
+    view[: len(header)] = header
+    whole = hashlib.sha256()
+    digests: list[Future[str]] = []
+    updates: list[Future[None]] = []
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="weights-hash") as piece_pool,
+        ThreadPoolExecutor(1, thread_name_prefix="weights-hash-all") as whole_pool,
+    ):
+
+        def hand_over(end: int) -> None:
+            """Bytes before ``end`` are packed: hash every piece they complete."""
+            while len(digests) * piece_bytes < total:
+                start = len(digests) * piece_bytes
+                stop = min(start + piece_bytes, total)
+                if stop > end:
+                    return
+                chunk = view[start:stop]
+                digests.append(piece_pool.submit(_sha256, chunk))
+                updates.append(whole_pool.submit(whole.update, chunk))
+
+        offset = len(header)
+        hand_over(offset)
+        for tensor in tensors.values():
+            n = tensor.numel() * tensor.element_size()
+            if n:
+                buf[offset : offset + n].copy_(tensor.reshape(-1).view(torch.uint8))
+            offset += n
+            hand_over(offset)
+        for update in updates:
+            update.result()
+        pieces = tuple(
+            Piece(i * piece_bytes, min(piece_bytes, total - i * piece_bytes), d.result())
+            for i, d in enumerate(digests)
+        )
+    return view, whole.hexdigest(), pieces
+
+
+def _sha256(data: memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _layout(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bytes]:
+    """The tensors in safetensors' data order and the serialised header (length included).
+
+    The order is whatever this safetensors version's ``save`` uses (by dtype, then name): it is
+    read from ``save`` of one-element stand-ins, so the bytes stay canonical if it changes.
+    """
+    if not state_dict:
+        raise ValueError("cannot serialise an empty state dict: there are no weights to publish")
+    cpu: dict[str, torch.Tensor] = {}
+    for key, tensor in state_dict.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(
+                f"state dict entry {key!r} is a {type(tensor).__name__}, not a tensor; "
+                "publish model.state_dict() (tensors only)"
+            )
+        cpu[key] = tensor.detach().to("cpu").contiguous()
+    probe = save({k: torch.zeros(1, dtype=t.dtype) for k, t in cpu.items()})
+    (length,) = struct.unpack("<Q", probe[:8])
+    order = json.loads(probe[8 : 8 + length])
+    header: dict[str, object] = {}
+    offset = 0
+    for key, meta in order.items():
+        n = cpu[key].numel() * cpu[key].element_size()
+        shape = list(cpu[key].shape)
+        header[key] = {"dtype": meta["dtype"], "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads its header to 8 bytes with spaces
+    return {k: cpu[k] for k in order}, struct.pack("<Q", len(text)) + text
+
+
+def check_layout(manifest: WeightsManifest, source: str) -> None:
+    """Raise ``ValueError`` unless the pieces cover ``[0, size)`` in order, each at most
+    ``piece_bytes`` long (a manifest that would leave bytes unverified is refused)."""
+    if manifest.piece_bytes < 1 or not manifest.pieces:
+        raise ValueError(
+            f"{source}: version {manifest.version} is advertised without pieces "
+            f"(piece_bytes={manifest.piece_bytes}); the trainer runs an older longtail: "
+            "run the same longtail version on the trainer and the rollout workers"
+        )
+    offset = 0
+    for i, piece in enumerate(manifest.pieces):
+        if piece.offset != offset or not 0 < piece.size <= manifest.piece_bytes:
+            raise ValueError(
+                f"{source}: version {manifest.version}: piece {i} is bytes "
+                f"[{piece.offset}, {piece.offset + piece.size}), expected it to start at "
+                f"{offset} with 1..{manifest.piece_bytes} bytes; refusing the version"
+            )
+        offset += piece.size
+    if offset != manifest.size:
+        raise ValueError(
+            f"{source}: version {manifest.version}: pieces cover {offset} bytes, the version "
+            f"has {manifest.size}; refusing it"
+        )
+
+
+def tensors_from_bytes(data: memoryview) -> StateDict:
+    """The state dict stored in the verified safetensors bytes ``data``: every tensor is a
+    view of ``data`` (no copy); loading it into a model (``apply_state_dict``) copies, as
+    ``load_state_dict`` always does."""
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(bytes(data[8 : 8 + header_len]))
+    base = 8 + header_len
+    out: StateDict = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(meta["dtype"])
+        if dtype is None:
+            raise ValueError(f"tensor {name!r}: dtype {meta['dtype']} is not supported here")
+        start, end = meta["data_offsets"]
+        shape = tuple(meta["shape"])
+        if end == start:
+            out[name] = torch.empty(shape, dtype=dtype)
+        else:
+            raw = data[base + start : base + end]
+            out[name] = torch.frombuffer(raw, dtype=dtype).view(shape)
+    return out
