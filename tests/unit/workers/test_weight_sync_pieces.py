@@ -1,0 +1,192 @@
+"""Policy weights pulled in pieces over real loopback HTTP (issue #33, deliverables 1 and 5).
+
+Every fault goes through :class:`FaultyProxy`, a real HTTP server between the rollout client
+and the trainer's :class:`WeightServer` that forwards each request and, on the piece a test
+names, flips a byte, publishes a newer version (evicting the one being pulled) or stops
+serving. The client only ever talks HTTP to the proxy, as it would to a trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
+from typing import Any
+
+import pytest
+import torch
+from test_weight_sync import assert_same, snapshot, tiny_model
+
+from longtail_workers import httpclient
+from longtail_workers.httprequest import JSONRequestHandler
+from longtail_workers.httpserver import BackgroundHTTPServer
+from longtail_workers.weights.checksum import serialize_state_dict, state_dict_checksum
+from longtail_workers.weights.http_sync import (
+    CHECKSUM_HEADER,
+    VERSION_HEADER,
+    HttpWeightClient,
+    WeightServer,
+)
+from longtail_workers.weights.pieces import pack
+from longtail_workers.weights.sync import WeightFetchError, WeightIntegrityError, WeightVersionError
+
+PIECE = 4096
+"""Small pieces, so a tiny model has many and its larger tensors span several."""
+
+
+class _ProxyHandler(JSONRequestHandler):
+    app: FaultyProxy
+    dispatch_methods = ("GET",)
+
+    def _dispatch(self, method: str) -> None:
+        proxy = self.app
+        proxy.seen.append(self.path)
+        action = proxy.faults.get(self.path)
+        if action == "stop":
+            threading.Thread(target=proxy.stop).start()  # waits for this answer, then closes
+            self.send_json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "trainer stopping"})
+            return
+        if callable(action):
+            action()
+        try:
+            answer = httpclient.request(
+                "GET", proxy.upstream + self.path, timeout_s=10, accept=(HTTPStatus.NOT_FOUND,)
+            )
+        except httpclient.HTTPCallError as exc:
+            self.send_json(HTTPStatus.BAD_GATEWAY, {"error": str(exc)})
+            return
+        body = bytearray(answer.body)
+        if action == "flip":
+            body[len(body) // 2] ^= 0x01
+        headers = {
+            k: answer.headers[k] for k in (VERSION_HEADER, CHECKSUM_HEADER) if k in answer.headers
+        }
+        content_type = answer.headers.get("Content-Type", "application/octet-stream")
+        self.send_body(HTTPStatus(answer.status), bytes(body), content_type, headers)
+
+
+class FaultyProxy(BackgroundHTTPServer):
+    """Forwards GETs to ``upstream``; ``faults[path]`` is ``"flip"``, ``"stop"`` or a callable
+    run before forwarding."""
+
+    handler_class = _ProxyHandler
+
+    def __init__(self, upstream: str, faults: Mapping[str, str | Callable[[], object]]) -> None:
+        super().__init__("127.0.0.1", 0, request_timeout_s=30)
+        self.upstream, self.faults = upstream, faults
+        self.seen: list[str] = []
+
+
+def client(url: str, **kwargs: Any) -> HttpWeightClient:
+    return HttpWeightClient(url, timeout_s=10, backoff_s=0.05, parallel=4, **kwargs)
+
+
+def piece_path(version: int, index: int) -> str:
+    return f"/v1/weights/{version}/pieces/{index}"
+
+
+def test_pieces_are_canonical_bytes_and_tensors_span_them() -> None:
+    mixed = {
+        "z": torch.zeros(0),
+        "flags": torch.tensor([True, False, True]),
+        "ids": torch.arange(5),
+        "half": torch.ones(3, dtype=torch.float16),
+        "big": torch.randn(3000, dtype=torch.bfloat16),  # 6000 bytes: spans two 4 KiB pieces
+    }
+    for state in (mixed, tiny_model(0).state_dict()):  # tied embedding and LM head
+        data, checksum, pieces = pack(state, PIECE)
+        assert bytes(data) == serialize_state_dict(state)
+        assert checksum == state_dict_checksum(state)
+        assert [p.offset for p in pieces] == list(range(0, len(data), PIECE))
+
+
+def test_a_versions_pieces_pulled_in_parallel_load_and_hash_to_the_trainers_state() -> None:
+    trainer, rollout = tiny_model(1), tiny_model(2)
+    with WeightServer(piece_bytes=PIECE) as server:
+        manifest = server.publish(3, trainer.state_dict())
+        assert len(manifest.pieces) > 10 and manifest.checksum == state_dict_checksum(
+            trainer.state_dict()
+        )
+        # Pieces 0 and 1 are each held until both are asked for: a client pulling one piece
+        # at a time would break the barrier (10 s) and fail the pull.
+        both = threading.Barrier(2, timeout=10)
+        held = {piece_path(3, i): both.wait for i in (0, 1)}
+        with FaultyProxy(server.url, held) as proxy:
+            c = client(proxy.url)
+            version, fetched = c.fetch()
+            assert version == 3
+            assert state_dict_checksum(fetched) == manifest.checksum
+            assert c.load_into(rollout) == 3
+        pulled = [p for p in proxy.seen if "/pieces/" in p]
+        assert sorted(pulled) == sorted([piece_path(3, i) for i in range(len(manifest.pieces))] * 2)
+    assert_same(snapshot(rollout), snapshot(trainer))
+
+
+def test_a_piece_corrupted_in_flight_is_refused_and_the_previous_version_kept() -> None:
+    rollout = tiny_model(2)
+    with WeightServer(piece_bytes=PIECE) as server:
+        server.publish(1, tiny_model(1).state_dict())
+        client(server.url).load_into(rollout, 1)
+        before = snapshot(rollout)
+        server.publish(2, tiny_model(3).state_dict())
+        flip = FaultyProxy(server.url, {piece_path(2, 5): "flip"})
+        with flip as proxy, pytest.raises(WeightIntegrityError) as info:
+            client(proxy.url, retries=0).load_into(rollout, 2)
+    err = info.value
+    assert err.version == 2 and "(piece 5)" in str(err) and err.expected != err.actual
+    assert "nothing was loaded" in str(err)
+    assert_same(snapshot(rollout), before)
+
+
+def test_a_pull_interrupted_by_the_trainer_stopping_keeps_the_previous_version() -> None:
+    rollout = tiny_model(2)
+    with WeightServer(piece_bytes=PIECE) as server:
+        server.publish(1, tiny_model(1).state_dict())
+        client(server.url).load_into(rollout, 1)
+        before = snapshot(rollout)
+        server.publish(2, tiny_model(3).state_dict())
+        proxy = FaultyProxy(server.url, {piece_path(2, 7): "stop"}).start()
+        with pytest.raises(WeightFetchError) as info:
+            client(proxy.url, retries=2).load_into(rollout, 2)
+        proxy.stop()
+    text = str(info.value)  # pulls in flight meet the stop too: any of them may be named
+    assert re.search(rf"policy version 2 from {re.escape(proxy.url)}: piece \d+ failed", text), text
+    assert "failed after 3 attempt(s)" in text and "nothing was loaded" in text, text
+    assert_same(snapshot(rollout), before)
+
+
+def test_a_version_superseded_mid_pull_is_refused_whole_and_the_newest_pulled_instead() -> None:
+    rollout = tiny_model(2)
+    v3 = tiny_model(4)
+    with WeightServer(piece_bytes=PIECE, keep_last=1) as server:
+        server.publish(1, tiny_model(1).state_dict())
+        client(server.url).load_into(rollout, 1)
+        before = snapshot(rollout)
+        server.publish(2, tiny_model(3).state_dict())
+        publish_v3 = {piece_path(2, 4): lambda: server.publish(3, v3.state_dict())}
+        with FaultyProxy(server.url, publish_v3) as proxy:  # asked for 2 by name: refused
+            with pytest.raises(WeightVersionError, match=r"version 2 is not kept; kept .*\[3\]"):
+                client(proxy.url).load_into(rollout, 2)
+            assert_same(snapshot(rollout), before)
+        server.publish(4, tiny_model(5).state_dict())
+        v5 = tiny_model(6)
+        publish_v5 = {piece_path(4, 4): lambda: server.publish(5, v5.state_dict())}
+        with FaultyProxy(server.url, publish_v5) as proxy:  # asked for the newest: moves on
+            assert client(proxy.url).load_into(rollout) == 5
+    assert_same(snapshot(rollout), snapshot(v5))
+
+
+def test_a_manifest_whose_pieces_leave_bytes_uncovered_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with WeightServer(piece_bytes=PIECE) as server:
+        manifest = server.publish(1, tiny_model(1).state_dict())
+        entry = server.store.get(1)
+        assert entry is not None
+        short = dataclasses.replace(manifest, pieces=manifest.pieces[:-1])  # last piece unlisted
+        bad = dataclasses.replace(entry, manifest=short)
+        monkeypatch.setattr(server.store, "get", lambda version: bad)
+        with pytest.raises(WeightFetchError, match=r"pieces cover \d+ bytes, the version has"):
+            client(server.url).fetch(1)
