@@ -10,6 +10,7 @@ merge, which publishes the good ones; a drafter with a NaN or an infinity is nev
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import urllib.request
 from collections.abc import Iterator
@@ -54,18 +55,29 @@ def filled(target: torch.nn.Module, value: float, **layout: bool) -> EagleDrafte
     return drafter
 
 
-@pytest.fixture
-def trainer(target, tmp_path: Path) -> Iterator[tuple[TrainerApp, DrafterRegistry]]:
-    """A started trainer whose registry checks candidates against the job's drafter."""
+@contextlib.contextmanager
+def started_trainer(
+    target: torch.nn.Module, root: Path, target_id: str
+) -> Iterator[tuple[TrainerApp, DrafterRegistry]]:
+    """A started trainer whose registry checks candidates against the job's drafter (also
+    used by ``test_drafter_candidate_trust.py``)."""
     app = TrainerApp("127.0.0.1", 0).start()
     registry = DrafterRegistry(
-        tmp_path / "drafters",
-        reference=DrafterReference.of(EagleDrafter(target, target_id=TID)),
+        root / "drafters",
+        reference=DrafterReference.of(EagleDrafter(target, target_id=target_id)),
         on_rejected=app.metrics.candidate_rejected,
     )
     app.drafters = DrafterEndpoints(registry)
-    yield app, registry
-    app.stop(grace_s=1.0)
+    try:
+        yield app, registry
+    finally:
+        app.stop(grace_s=1.0)
+
+
+@pytest.fixture
+def trainer(target, tmp_path: Path) -> Iterator[tuple[TrainerApp, DrafterRegistry]]:
+    with started_trainer(target, tmp_path, TID) as started:
+        yield started
 
 
 def rejected_metric(app: TrainerApp, stage: str) -> float:

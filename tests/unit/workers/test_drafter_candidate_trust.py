@@ -29,12 +29,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_drafter_candidate_faults import started_trainer  # this directory is on sys.path
 from test_spot_remote import post_candidate  # conftest.py puts this directory on sys.path
 from tiny_targets import random_prompts, tiny_qwen2
 
 from longtail_api.policies import DrafterTrainingSpec
 from longtail_workers.drafter.checkpoint import save_drafter
-from longtail_workers.drafter.exchange import DrafterEndpoints, RemoteDrafterRegistry
+from longtail_workers.drafter.exchange import RemoteDrafterRegistry
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.payload import pack_files
 from longtail_workers.drafter.registry import (
@@ -42,7 +43,6 @@ from longtail_workers.drafter.registry import (
     DrafterRegistry,
     StaleCandidateError,
 )
-from longtail_workers.drafter.vetting import DrafterReference
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.spot.buffer import RolloutBuffer
@@ -104,15 +104,8 @@ def step_answers(target) -> list[Sample]:
 @pytest.fixture
 def trainer(target, tmp_path: Path) -> Iterator[tuple[TrainerApp, DrafterRegistry]]:
     """A started trainer whose registry checks candidates against the job's drafter."""
-    app = TrainerApp("127.0.0.1", 0).start()
-    registry = DrafterRegistry(
-        tmp_path / "drafters",
-        reference=DrafterReference.of(EagleDrafter(target, target_id=TID)),
-        on_rejected=app.metrics.candidate_rejected,
-    )
-    app.drafters = DrafterEndpoints(registry)
-    yield app, registry
-    app.stop(grace_s=1.0)
+    with started_trainer(target, tmp_path, TID) as started:
+        yield started
 
 
 def client(app: TrainerApp, tmp_path: Path) -> RemoteDrafterRegistry:

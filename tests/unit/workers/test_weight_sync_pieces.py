@@ -124,13 +124,20 @@ def test_a_versions_pieces_pulled_in_parallel_load_and_hash_to_the_trainers_stat
     assert_same(snapshot(rollout), snapshot(trainer))
 
 
+def held_v1_then_publish_v2(server: WeightServer, rollout: torch.nn.Module) -> dict[str, Any]:
+    """The rollout model loads version 1; the trainer then publishes version 2. Returns the
+    rollout's weights as they are with version 1 (what a failed pull of version 2 must keep)."""
+    server.publish(1, tiny_model(1).state_dict())
+    client(server.url).load_into(rollout, 1)
+    before = snapshot(rollout)
+    server.publish(2, tiny_model(3).state_dict())
+    return before
+
+
 def test_a_piece_corrupted_in_flight_is_refused_and_the_previous_version_kept() -> None:
     rollout = tiny_model(2)
     with WeightServer(piece_bytes=PIECE) as server:
-        server.publish(1, tiny_model(1).state_dict())
-        client(server.url).load_into(rollout, 1)
-        before = snapshot(rollout)
-        server.publish(2, tiny_model(3).state_dict())
+        before = held_v1_then_publish_v2(server, rollout)
         flip = FaultyProxy(server.url, {piece_path(2, 5): "flip"})
         with flip as proxy, pytest.raises(WeightIntegrityError) as info:
             client(proxy.url, retries=0).load_into(rollout, 2)
@@ -143,10 +150,7 @@ def test_a_piece_corrupted_in_flight_is_refused_and_the_previous_version_kept() 
 def test_a_pull_interrupted_by_the_trainer_stopping_keeps_the_previous_version() -> None:
     rollout = tiny_model(2)
     with WeightServer(piece_bytes=PIECE) as server:
-        server.publish(1, tiny_model(1).state_dict())
-        client(server.url).load_into(rollout, 1)
-        before = snapshot(rollout)
-        server.publish(2, tiny_model(3).state_dict())
+        before = held_v1_then_publish_v2(server, rollout)
         proxy = FaultyProxy(server.url, {piece_path(2, 7): "stop"}).start()
         with pytest.raises(WeightFetchError) as info:
             client(proxy.url, retries=2).load_into(rollout, 2)
@@ -161,10 +165,7 @@ def test_a_version_superseded_mid_pull_is_refused_whole_and_the_newest_pulled_in
     rollout = tiny_model(2)
     v3 = tiny_model(4)
     with WeightServer(piece_bytes=PIECE, keep_last=1) as server:
-        server.publish(1, tiny_model(1).state_dict())
-        client(server.url).load_into(rollout, 1)
-        before = snapshot(rollout)
-        server.publish(2, tiny_model(3).state_dict())
+        before = held_v1_then_publish_v2(server, rollout)
         publish_v3 = {piece_path(2, 4): lambda: server.publish(3, v3.state_dict())}
         with FaultyProxy(server.url, publish_v3) as proxy:  # asked for 2 by name: refused
             with pytest.raises(WeightVersionError, match=r"version 2 is not kept; kept .*\[3\]"):
