@@ -179,3 +179,33 @@ class CheckpointSpec:
     """Checkpoints kept; older ones are deleted after a newer one is complete."""
     resume: bool = spec_field(True)
     """Resume from the newest complete checkpoint when one exists."""
+
+
+WeightSyncTransport = Literal["auto", "http", "broadcast"]
+
+
+@dataclass
+class WeightSyncSpec:
+    """How each new policy version travels from the trainer to the rollout workers."""
+
+    transport: WeightSyncTransport = spec_field("auto")
+    """``http``: every rollout worker pulls the version from the trainer in parallel pieces
+    (works anywhere). ``broadcast``: the trainer broadcasts it in buckets on a process group of
+    its own (NCCL on GPUs, gloo on CPU); a new or restarted worker catches up over HTTP first.
+    ``auto``: broadcast when both the trainer and the rollout role have GPUs, else http."""
+    bucket_mb: int = spec_field(1024, minimum=1, maximum=16384)
+    """Size of each broadcast bucket in MiB; the sender packs the next bucket while one is on
+    the wire, so it holds at most two (tensors larger than a bucket are split)."""
+    phase_timeout_seconds: int = spec_field(120, minimum=5, maximum=3600)
+    """Longest any phase of a sync may take (membership, group set-up, one bucket, the
+    finish): a worker that does not keep up is dropped from that attempt and the version goes
+    on to the others within this time."""
+
+
+def resolved_transport(weight_sync: WeightSyncSpec, trainer_gpus: int, rollout_gpus: int) -> str:
+    """``http`` or ``broadcast``: ``weight_sync.transport`` with ``auto`` decided by whether
+    both the trainer and the rollout role have GPUs (the operator and the workers both call
+    this, so they agree)."""
+    if weight_sync.transport != "auto":
+        return weight_sync.transport
+    return "broadcast" if trainer_gpus >= 1 and rollout_gpus >= 1 else "http"

@@ -21,6 +21,8 @@ from longtail_api.policies import (
     DrafterTrainingSpec,
     HarvestSpec,
     SpeculativeSpec,
+    WeightSyncSpec,
+    resolved_transport,
 )
 
 QUANTITY_PATTERN = (
@@ -238,6 +240,8 @@ class RLJobSpec:
     """Turning idle GPUs into drafter training."""
     checkpoint: CheckpointSpec = spec_field(default_factory=CheckpointSpec)
     """Checkpointing and resume."""
+    weight_sync: WeightSyncSpec = spec_field(default_factory=WeightSyncSpec)
+    """How policy versions reach the rollout workers (HTTP pieces or a bucketed broadcast)."""
     suspend: bool = spec_field(False)
     """When true, the trainer checkpoints and the worker pods are deleted; setting it back to
     false resumes from the last checkpoint."""
@@ -247,3 +251,9 @@ class RLJobSpec:
     """How many times failed worker pods of one role are recreated before the job fails."""
     ttl_seconds_after_finished: int | None = spec_field(None, minimum=0)
     """Delete the finished job's pods and services this long after it succeeds or fails."""
+
+    def weight_sync_transport(self) -> str:
+        """``http`` or ``broadcast``: ``weightSync.transport`` with ``auto`` resolved."""
+        return resolved_transport(
+            self.weight_sync, self.trainer.resources.gpus, self.rollout.resources.gpus
+        )

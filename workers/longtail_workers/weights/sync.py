@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -78,6 +78,59 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class TensorMeta:
+    """One tensor of a policy version as it travels: name, wire dtype and global shape."""
+
+    name: str
+    """State-dict key, e.g. ``model.layers.0.mlp.up_proj.weight``."""
+    dtype: torch.dtype
+    """The dtype it travels (and is loaded) in: the rollout engine's; the sender casts."""
+    shape: tuple[int, ...]
+    """The whole tensor's shape (for a sharded trainer: the gathered one, not a shard's)."""
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+TensorStream = Callable[[], Iterator[torch.Tensor]]
+"""A fresh pass over a version's tensors, in the order of the layout it was given with (one
+whole tensor per item, on any device, any floating dtype: the publisher casts). Each call is
+one pass; on a sharded trainer each pass is a gather that every rank joins, so a publisher
+that retries calls it again."""
+
+
+@dataclass
+class SyncPhases:
+    """Where the trainer's time went in one publish (seconds), and what moved."""
+
+    transport: str
+    """``http`` or ``broadcast``."""
+    gather_s: float = 0.0
+    """Producing the whole tensors (a sharded trainer's all-gathers; 0 when already whole)."""
+    pack_s: float = 0.0
+    """Casting and copying tensors into pieces/buckets, and hashing them."""
+    wire_s: float = 0.0
+    """Moving the bytes (broadcast: waiting for the buckets on the wire; http: 0, the
+    workers pull afterwards and report their own load times)."""
+    bytes: int = 0
+    """Bytes of the version as it travels."""
+    attempts: int = 1
+    """Broadcast attempts this version took (a lost receiver makes one more)."""
+    receivers: list[str] = field(default_factory=list)
+    """Workers the version reached by broadcast (empty for http)."""
+    dropped: list[str] = field(default_factory=list)
+    """Workers dropped from this version's broadcast (they catch up over HTTP)."""
+
+    @property
+    def total_s(self) -> float:
+        return self.gather_s + self.pack_s + self.wire_s
+
+
+@dataclass(frozen=True)
 class WeightsManifest:
     """What the trainer advertises about one published version."""
 
@@ -97,6 +150,8 @@ class WeightsManifest:
     """:func:`pieces_checksum` of ``pieces``: the version's checksum a receiver verifies once
     every piece has matched its own sha256 (it commits to every byte, like ``checksum``, without
     hashing the whole version a second time)."""
+    phases: SyncPhases | None = field(default=None, compare=False)
+    """The trainer's timings of this publish (not sent to workers)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -122,6 +177,16 @@ class WeightPublisher(abc.ABC):
     @abc.abstractmethod
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
         """Publish ``state_dict`` as ``version`` (strictly greater than the last one)."""
+
+    def publish_stream(
+        self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
+    ) -> WeightsManifest:
+        """Publish ``version`` from a stream of whole tensors in ``layout`` order, without a
+        whole state dict in memory (the sharded trainer's way). This fallback collects the
+        stream; transports override it to pack as the tensors arrive."""
+        names = [m.name for m in layout]
+        collected = {m.name: t.to(m.dtype) for m, t in zip(layout, tensors(), strict=True)}
+        return self.publish(version, {n: collected[n] for n in names})
 
 
 class WeightSource(abc.ABC):
