@@ -29,8 +29,13 @@ from longtail_workers.weights.http_sync import (
     HttpWeightClient,
     WeightServer,
 )
-from longtail_workers.weights.pieces import pack
-from longtail_workers.weights.sync import WeightFetchError, WeightIntegrityError, WeightVersionError
+from longtail_workers.weights.pieces import canonical_layout, metas_of, pack
+from longtail_workers.weights.sync import (
+    TensorMeta,
+    WeightFetchError,
+    WeightIntegrityError,
+    WeightVersionError,
+)
 
 PIECE = 4096
 """Small pieces, so a tiny model has many and its larger tensors span several."""
@@ -100,6 +105,25 @@ def test_pieces_are_canonical_bytes_and_tensors_span_them() -> None:
         assert bytes(data) == serialize_state_dict(state)
         assert checksum == state_dict_checksum(state)
         assert [p.offset for p in pieces] == list(range(0, len(data), PIECE))
+
+
+def test_canonical_layout_gives_packs_header_and_tensor_order() -> None:
+    state = tiny_model(0).state_dict()
+    state["counts"] = torch.arange(7)  # another dtype: safetensors orders by dtype, then name
+    data, _, _ = pack(state, PIECE)
+    metas = [TensorMeta(k, v.dtype, tuple(v.shape)) for k, v in reversed(state.items())]
+    ordered, header = canonical_layout(metas)
+    assert bytes(data[: len(header)]) == header
+    offset = len(header)  # each tensor's bytes follow the header in the layout's order
+    for meta in ordered:
+        tensor = state[meta.name].contiguous()
+        assert bytes(data[offset : offset + meta.nbytes]) == tensor.numpy().tobytes()
+        offset += meta.nbytes
+    assert offset == len(data) and sorted(m.name for m in ordered) == sorted(state)
+    assert ordered[0].name == "counts" and canonical_layout(ordered)[0] == ordered
+    assert canonical_layout(metas_of(state)) == (ordered, header)
+    with pytest.raises(ValueError, match=r"\['counts'\] appear twice"):
+        canonical_layout([*metas, TensorMeta("counts", torch.int64, (7,))])
 
 
 def test_a_versions_pieces_pulled_in_parallel_load_and_hash_to_the_trainers_state() -> None:

@@ -19,13 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from safetensors.torch import save
 
-from longtail_workers.weights.sync import Piece, StateDict, WeightsManifest
+from longtail_workers.weights.sync import Piece, StateDict, TensorMeta, WeightsManifest
 
 DEFAULT_PIECE_BYTES = 64 << 20
 """64 MiB: a 0.5B bf16 policy (~1 GB) is 16 pieces, enough to keep 4 parallel pulls busy and
@@ -96,35 +97,59 @@ def _sha256(data: memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _layout(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bytes]:
-    """The tensors in safetensors' data order and the serialised header (length included).
+def canonical_layout(metas: Sequence[TensorMeta]) -> tuple[list[TensorMeta], bytes]:
+    """The order a version's tensors travel in, and its safetensors header (length included).
 
-    The order is whatever this safetensors version's ``save`` uses (by dtype, then name): it is
-    read from ``save`` of one-element stand-ins, so the bytes stay canonical if it changes.
+    Every sender iterates its tensors in this order (``TensorStream``), and :func:`pack`,
+    :func:`pack_stream` and the broadcast buckets all write the header, then the tensors' bytes
+    in it: the canonical bytes of ``checksum.py``. The order is whatever this safetensors
+    version's ``save`` uses (by dtype, then name): it is read from ``save`` of one-element
+    stand-ins, so the bytes stay canonical if it changes.
     """
-    if not state_dict:
+    if not metas:
         raise ValueError("cannot serialise an empty state dict: there are no weights to publish")
-    cpu: dict[str, torch.Tensor] = {}
+    by_name = {m.name: m for m in metas}
+    if len(by_name) != len(metas):
+        twice = sorted(n for n, c in Counter(m.name for m in metas).items() if c > 1)
+        raise ValueError(f"tensor name(s) {twice} appear twice in the layout; names must be unique")
+    probe = save({m.name: torch.zeros(1, dtype=m.dtype) for m in metas})
+    (length,) = struct.unpack("<Q", probe[:8])
+    order = json.loads(probe[8 : 8 + length])
+    header: dict[str, object] = {}
+    ordered: list[TensorMeta] = []
+    offset = 0
+    for name, probed in order.items():
+        meta = by_name[name]
+        header[name] = {
+            "dtype": probed["dtype"],
+            "shape": list(meta.shape),
+            "data_offsets": [offset, offset + meta.nbytes],
+        }
+        ordered.append(meta)
+        offset += meta.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads its header to 8 bytes with spaces
+    return ordered, struct.pack("<Q", len(text)) + text
+
+
+def metas_of(state_dict: Mapping[str, torch.Tensor]) -> list[TensorMeta]:
+    """Each tensor of ``state_dict`` as it is (own dtype, shape), in the dict's order."""
+    out = []
     for key, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(
                 f"state dict entry {key!r} is a {type(tensor).__name__}, not a tensor; "
                 "publish model.state_dict() (tensors only)"
             )
-        cpu[key] = tensor.detach().to("cpu").contiguous()
-    probe = save({k: torch.zeros(1, dtype=t.dtype) for k, t in cpu.items()})
-    (length,) = struct.unpack("<Q", probe[:8])
-    order = json.loads(probe[8 : 8 + length])
-    header: dict[str, object] = {}
-    offset = 0
-    for key, meta in order.items():
-        n = cpu[key].numel() * cpu[key].element_size()
-        shape = list(cpu[key].shape)
-        header[key] = {"dtype": meta["dtype"], "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)  # safetensors pads its header to 8 bytes with spaces
-    return {k: cpu[k] for k in order}, struct.pack("<Q", len(text)) + text
+        out.append(TensorMeta(key, tensor.dtype, tuple(tensor.shape)))
+    return out
+
+
+def _layout(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bytes]:
+    """The tensors (detached, contiguous, CPU) in :func:`canonical_layout` order, and the header."""
+    ordered, header = canonical_layout(metas_of(state_dict))
+    tensors = {m.name: state_dict[m.name].detach().to("cpu").contiguous() for m in ordered}
+    return tensors, header
 
 
 def check_layout(manifest: WeightsManifest, source: str) -> None:
