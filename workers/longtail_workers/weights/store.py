@@ -68,14 +68,24 @@ class WeightStore(WeightPublisher):
             pieces=pieces,
             pieces_sha256=pieces_checksum(version, len(data), pieces),
         )
+        self.put(manifest, data)
+        return manifest
+
+    def put(self, manifest: WeightsManifest, data: bytes | memoryview) -> None:
+        """Make a version whose bytes, checksums and pieces are already built visible (the
+        broadcast publisher fills ``data`` from the buckets it sends, pieces = buckets)."""
+        if len(data) != manifest.size:
+            raise ValueError(
+                f"version {manifest.version}: {len(data)} bytes given, the manifest says "
+                f"{manifest.size}"
+            )
         entry = PublishedWeights(manifest=manifest, data=data)
         with self._lock:
-            self._check_newer(version)  # again: another thread may have published meanwhile
-            self._versions[version] = entry
+            self._check_newer(manifest.version)  # again: another thread may have published
+            self._versions[manifest.version] = entry
             self._latest = entry
             while len(self._versions) > self.keep_last:
                 self._versions.popitem(last=False)
-        return manifest
 
     def latest(self) -> PublishedWeights | None:
         """The newest version, or ``None`` before the first publish."""
