@@ -103,10 +103,15 @@ def format_number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
+ACRONYMS: dict[str, str] = {"mb": "MB"}
+"""Name parts written in capitals in JSON, as Kubernetes writes ``podIP``: ``bucket_mb`` ->
+``bucketMB``."""
+
+
 def to_camel(name: str) -> str:
     """Python attribute name -> Kubernetes-style JSON name: ``top_p`` -> ``topP``."""
     head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+    return head + "".join(ACRONYMS.get(part, part[:1].upper() + part[1:]) for part in rest)
 
 
 def json_name(f: dataclasses.Field[Any]) -> str:

@@ -47,6 +47,12 @@ PARENT_PID = "LONGTAIL_PARENT_PID"
 """Set by ``longtail run`` on each child: the pid its watchdog (``parentwatch.py``) follows."""
 CACHE_DIR = "LONGTAIL_CACHE_DIR"
 """Root of the model/drafter cache (``models/cache.py``; default ``~/.cache/longtail``)."""
+WEIGHT_SYNC_ADDR = "LONGTAIL_WEIGHT_SYNC_ADDR"
+"""Optional, never written by the operator (it passes ``--weight-sync-addr``): a broadcast
+receiver's default ``--weight-sync-addr HOST:PORT``, the trainer's weight-sync store."""
+WEIGHT_SYNC_PORT = "LONGTAIL_WEIGHT_SYNC_PORT"
+"""Optional, never written by the operator (it passes ``--weight-sync-port``): the trainer's
+default ``--weight-sync-port``, where rank 0 serves the weight-sync store."""
 
 ROLES = ("trainer", "verifier", "rollout", "drafter")
 """Roles that can have a peer Service (``LONGTAIL_<ROLE>_SERVICE`` / ``_PORT``)."""
@@ -203,6 +209,7 @@ def _int(name: str, raw: str | None) -> int | None:
 NAMES: frozenset[str] = frozenset(
     {JOB_NAME, NAMESPACE, ROLE, REPLICA_INDEX, REPLICAS, CONFIG, CHECKPOINT_DIR, RESUME,
      TRAINER_URL, WEIGHTS_URL, DRAFTER_DIR, DRAFTER_URL, MIN_POLICY_VERSION, MIN_DRAFTER_VERSION,
-     POD_NAME, POD_IP, RUN_DIR, AUTH_TOKEN, INSECURE_NO_AUTH, PARENT_PID, CACHE_DIR}
+     POD_NAME, POD_IP, RUN_DIR, AUTH_TOKEN, INSECURE_NO_AUTH, PARENT_PID, CACHE_DIR,
+     WEIGHT_SYNC_ADDR, WEIGHT_SYNC_PORT}
     | {service_var(r) for r in ROLES} | {port_var(r) for r in ROLES}
 )  # fmt: skip

@@ -188,15 +188,28 @@ WeightSyncTransport = Literal["auto", "http", "broadcast"]
 class WeightSyncSpec:
     """How each new policy version travels from the trainer to the rollout workers."""
 
-    transport: WeightSyncTransport = spec_field("auto")
+    transport: WeightSyncTransport = spec_field(
+        "auto",
+        fix="broadcast uses NCCL on GPUs and gloo on CPU by itself: write broadcast, http or auto",
+    )
     """``http``: every rollout worker pulls the version from the trainer in parallel pieces
     (works anywhere). ``broadcast``: the trainer broadcasts it in buckets on a process group of
     its own (NCCL on GPUs, gloo on CPU); a new or restarted worker catches up over HTTP first.
     ``auto``: broadcast when both the trainer and the rollout role have GPUs, else http."""
-    bucket_mb: int = spec_field(1024, minimum=1, maximum=16384)
+    bucket_mb: int = spec_field(
+        1024,
+        minimum=1,
+        maximum=16384,
+        fix="MiB per bucket, e.g. 1024, the default; the trainer holds at most two at a time",
+    )
     """Size of each broadcast bucket in MiB; the sender packs the next bucket while one is on
     the wire, so it holds at most two (tensors larger than a bucket are split)."""
-    phase_timeout_seconds: int = spec_field(120, minimum=5, maximum=3600)
+    phase_timeout_seconds: int = spec_field(
+        120,
+        minimum=5,
+        maximum=3600,
+        fix="seconds, e.g. 120, the default; enough for one bucket on the slowest link",
+    )
     """Longest any phase of a sync may take (membership, group set-up, one bucket, the
     finish): a worker that does not keep up is dropped from that attempt and the version goes
     on to the others within this time."""

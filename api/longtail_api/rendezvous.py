@@ -24,6 +24,9 @@ NNODES, NODE_RANK, LOCAL_WORLD_SIZE = "NNODES", "NODE_RANK", "LOCAL_WORLD_SIZE"
 WORLD_SIZE = "WORLD_SIZE"
 RANK, LOCAL_RANK = "RANK", "LOCAL_RANK"  # per process, set by the entrypoint for each rank
 DEFAULT_PORT = 29500  # torchrun's default
+WEIGHT_SYNC_PORT = 29600
+"""Default port of the trainer's weight-sync store (``--weight-sync-port``): rank 0 hosts the
+``broadcast`` transport's rendezvous there (``spec.weightSync``), next to the group's 29500."""
 _NAMES = (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, LOCAL_WORLD_SIZE, WORLD_SIZE)
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from longtail_api.fields import constraints, json_name
 from longtail_api.manifest import validate_manifest
-from longtail_api.mutability import LIVE_FIELDS, cel_rules, frozen_changes, overlay_live
+from longtail_api.mutability import LIVE_FIELDS, cel_rules, frozen_changes, kind, overlay_live
 from longtail_api.schema import build_crd
 from longtail_api.spec import RLJobSpec
 
@@ -129,3 +129,19 @@ def test_operator_docs_list_every_live_field() -> None:
     text = (REPO / "docs" / "operator.md").read_text()
     for path in LIVE_FIELDS:
         assert f"`{path}`" in text, f"docs/operator.md does not list the live field {path}"
+
+
+def test_weight_sync_is_frozen_while_pods_exist() -> None:
+    """The transport decides the pods' flags and the NetworkPolicy; bucket size and timeout
+    are read by every receiver of one broadcast group, which must agree: all frozen."""
+    base = manifest()
+    edit = copy.deepcopy(base)
+    edit["spec"]["weightSync"] = {"transport": "broadcast", "bucketMB": 64}
+    assert [str(c) for c in frozen_changes(spec(base), spec(edit))] == [
+        "spec.weightSync.transport: 'auto' -> 'broadcast'",
+        "spec.weightSync.bucketMB: 1024 -> 64",
+    ]
+    assert kind("weightSync") == kind("weightSync.transport") == "frozen"
+    assert overlay_live(edit["spec"], base["spec"])["weightSync"] == edit["spec"]["weightSync"]
+    messages = {r["message"] for r in cel_rules()}
+    assert any(m.startswith("spec.weightSync cannot change while the job runs") for m in messages)

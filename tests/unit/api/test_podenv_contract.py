@@ -61,7 +61,8 @@ def test_every_variable_the_operator_writes_is_named_by_the_type() -> None:
         assert others == (rendezvous if role == "trainer" else set()), (role, others)
     assert written <= podenv.NAMES, written - podenv.NAMES
     # Everything the operator may write, and the worker-side variables, are named by the type.
-    worker_side = {podenv.RUN_DIR, podenv.INSECURE_NO_AUTH, podenv.PARENT_PID, podenv.CACHE_DIR}
+    worker_side = {podenv.RUN_DIR, podenv.INSECURE_NO_AUTH, podenv.PARENT_PID, podenv.CACHE_DIR,
+                   podenv.WEIGHT_SYNC_ADDR, podenv.WEIGHT_SYNC_PORT}  # fmt: skip
     assert podenv.NAMES - written <= worker_side, podenv.NAMES - written - worker_side
 
 

@@ -256,3 +256,59 @@ def test_multi_document_file_and_empty_file(tmp_path: Path) -> None:
         validate_file(empty)
     with pytest.raises(ManifestError, match="cannot read file"):
         validate_file(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("weight_sync", "expected"),
+    [
+        (
+            {"transport": "nccl"},
+            "spec.weightSync.transport: must be one of 'auto', 'http', 'broadcast', got 'nccl' "
+            "(broadcast uses NCCL on GPUs and gloo on CPU by itself: write broadcast, http or "
+            "auto)",
+        ),
+        ({"transport": "broadcst"}, "got 'broadcst' (did you mean 'broadcast'?)"),
+        (
+            {"bucketMB": 0},
+            "spec.weightSync.bucketMB: must be >= 1, got 0 (MiB per bucket, e.g. 1024, the "
+            "default; the trainer holds at most two at a time)",
+        ),
+        ({"bucketMB": 16385}, "spec.weightSync.bucketMB: must be <= 16384, got 16385 (MiB"),
+        ({"bucketMb": 64}, "spec.weightSync.bucketMb: unknown field (did you mean 'bucketMB'?"),
+        (
+            {"phaseTimeoutSeconds": 1},
+            "spec.weightSync.phaseTimeoutSeconds: must be >= 5, got 1 (seconds, e.g. 120",
+        ),
+    ],
+)
+def test_weight_sync_errors_name_the_field_the_value_and_the_fix(
+    weight_sync: dict[str, Any], expected: str
+) -> None:
+    msgs = messages(job(weightSync=weight_sync))
+    assert len(msgs) == 1 and expected in msgs[0], msgs
+
+
+@pytest.mark.parametrize(
+    ("trainer_gpus", "rollout_gpus", "transport", "resolved"),
+    [
+        (0, 0, "auto", "http"),
+        (1, 0, "auto", "http"),
+        (0, 1, "auto", "http"),
+        (4, 1, "auto", "broadcast"),
+        (0, 0, "broadcast", "broadcast"),  # gloo on CPU
+        (4, 1, "http", "http"),
+    ],
+)
+def test_weight_sync_transport_resolves_auto_by_gpus(
+    trainer_gpus: int, rollout_gpus: int, transport: str, resolved: str
+) -> None:
+    obj = job(
+        trainer={"resources": {"gpus": trainer_gpus}},
+        rollout={"resources": {"gpus": rollout_gpus}, "engine": "vllm"},
+        drafterTraining={"layout": "eagle1"},
+        weightSync={"transport": transport, "bucketMB": 256},
+    )
+    res = validate_manifest(obj)
+    assert res.ok and res.spec is not None, res.errors
+    assert res.spec.weight_sync.bucket_mb == 256
+    assert res.spec.weight_sync_transport() == resolved
