@@ -473,6 +473,35 @@ TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL = MetricSpec(
     labels=(LABEL_STAGE,),
 )
 
+LABEL_SYNC_PHASE = "phase"
+"""A phase of one policy version's weight sync: ``gather``, ``pack``, ``wire``, ``load`` or
+``pause`` (``longtail_api.steprow.SYNC_PHASES`` says what each one is)."""
+LABEL_TRANSPORT = "transport"
+"""The weight-sync transport a version travelled by: ``http`` or ``broadcast`` (``unknown``
+when the publisher did not say)."""
+
+WEIGHT_SYNC_SECONDS = MetricSpec(
+    "longtail_weight_sync_seconds",
+    "histogram",
+    "Seconds of each phase of a policy version's weight sync (gather, pack, wire: the trainer; "
+    "load: the slowest rollout worker's pull and load; pause: all of it, the time the sync adds "
+    "to a step), by phase and transport.",
+    labels=(LABEL_SYNC_PHASE, LABEL_TRANSPORT),
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
+WEIGHT_SYNC_BYTES = MetricSpec(
+    "longtail_weight_sync_bytes",
+    "gauge",
+    "Bytes of the last synced policy version as it travels (the rollout engine's dtype).",
+    labels=(LABEL_TRANSPORT,),
+)
+WEIGHT_SYNC_BYTES_PER_SECOND = MetricSpec(
+    "longtail_weight_sync_bytes_per_second",
+    "gauge",
+    "End-to-end rate of the last synced policy version: its bytes over its pause seconds.",
+    labels=(LABEL_TRANSPORT,),
+)
+
 TRAINER_METRICS: tuple[MetricSpec, ...] = (
     TRAINER_STEP,
     TRAINER_LAST_STEP_TIMESTAMP,
@@ -483,6 +512,9 @@ TRAINER_METRICS: tuple[MetricSpec, ...] = (
     TRAINER_POLICY_VERSION,
     TRAINER_HARVESTED_SECONDS_TOTAL,
     TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL,
+    WEIGHT_SYNC_SECONDS,
+    WEIGHT_SYNC_BYTES,
+    WEIGHT_SYNC_BYTES_PER_SECOND,
 )
 """Everything the trainer exports (dashboards and alerts need all of them)."""
 

@@ -160,6 +160,19 @@ class TrainerGroupStatus:
 
 
 @dataclass
+class WeightSyncStatus:
+    """How policy versions reach the rollout workers, and which one each worker holds."""
+
+    transport: str | None = spec_field(None)
+    """The transport in use: ``http`` or ``broadcast`` (``spec.weightSync.transport``, with
+    ``auto`` resolved)."""
+    worker_policy_versions: dict[str, int] = spec_field(default_factory=dict)
+    """Policy version each rollout worker holds, by worker name, from the trainer (each
+    worker's last generate reply says which version it generated with). Phase timings and
+    GB/s are metrics (``longtail_weight_sync_*``) and step rows, not status."""
+
+
+@dataclass
 class RLJobStatus:
     """Observed state of an RLJob."""
 
@@ -190,6 +203,8 @@ class RLJobStatus:
     """The trainer group's world size and restarts."""
     workers: list[WorkerStatus] = spec_field(default_factory=list)
     """Per worker: assigned versus observed role."""
+    weight_sync: WeightSyncStatus = spec_field(default_factory=WeightSyncStatus)
+    """The weight-sync transport and each rollout worker's held policy version."""
     start_time: str | None = spec_field(None)
     """When the job started running (RFC 3339)."""
     completion_time: str | None = spec_field(None)

@@ -26,6 +26,17 @@ TRAIN_PREFIX = "train_"
 """Prefix of the optimizer statistics' keys (``train_loss``, ``train_grad_norm``, ...)."""
 _OPTIONAL = ("trainer_harvested_s", "eval_accuracy", "eval_sampled_accuracy", "idle_s",
              "harvested_s")  # fmt: skip
+SYNC_PHASES = ("gather", "pack", "wire", "load", "pause")
+"""The phases of one policy version's weight sync, in order (metric labels, row keys
+``sync_<phase>_s``, docs): ``gather`` (the trainer producing whole tensors: a sharded trainer's
+all-gathers), ``pack`` (casting and copying them into pieces/buckets, hashing), ``wire`` (the
+broadcast's buckets on the wire; 0 over HTTP, where the workers pull during ``load``),
+``load`` (the slowest rollout worker obtaining and loading the version at its first generate
+call: the HTTP pull included, or the copy of the broadcast buckets into its engine) and
+``pause`` (all of it: from the trainer starting the publish until the last worker holds the
+version, the time the sync adds to the step)."""
+_SYNC = ("sync_version", "sync_transport", "sync_bytes", "sync_gb_per_s",
+         *(f"sync_{p}_s" for p in SYNC_PHASES))  # fmt: skip
 # Per-answer lists come last in a row: they are long, and not CSV columns.
 _LISTS = ("response_lengths", "prompt_lengths", "answer_spec_steps", "answer_accepted_drafts")
 
@@ -88,6 +99,28 @@ class StepRow:
     """Seconds each rollout worker spent in its generate call (drafter refresh, engine, capture
     for drafter training), by worker: the rollout less the slowest of these is dispatch, the
     policy pull and transport."""
+    sync_version: int | None = None
+    """The policy version the ``sync_*`` figures describe: the one this step's rollout generated
+    with (published at the end of the previous step, or at the start for the first)."""
+    sync_transport: str | None = None
+    """How it travelled: ``http`` or ``broadcast`` (None: the publisher did not say)."""
+    sync_gather_s: float | None = None
+    """Trainer: producing the whole tensors (:data:`SYNC_PHASES` says what each phase is)."""
+    sync_pack_s: float | None = None
+    """Trainer: casting, copying and hashing them into pieces/buckets."""
+    sync_wire_s: float | None = None
+    """Trainer: waiting for the broadcast buckets on the wire (0 over HTTP)."""
+    sync_load_s: float | None = None
+    """The slowest rollout worker's load of the version (HTTP: its pull included)."""
+    sync_pause_s: float | None = None
+    """The trainer's publish (wall time) plus the slowest load: what the sync adds to a step."""
+    sync_bytes: int | None = None
+    """Bytes of the version as it travels (the engine's dtype)."""
+    sync_gb_per_s: float | None = None
+    """``sync_bytes`` / ``sync_pause_s`` in GB/s (1e9 bytes): the end-to-end rate."""
+    worker_load_s: dict[str, float] = field(default_factory=dict)
+    """Seconds each rollout worker spent obtaining and loading version :attr:`sync_version` at
+    its first generate call with it (the rollout pause each one saw), by worker."""
     response_lengths: list[int] = field(default_factory=list)
     """Response tokens of every answer, in request order (prompt i's answers are
     ``[i*group:(i+1)*group]``): the long tail ``longtail simulate --lengths run:DIR`` replays."""
@@ -117,6 +150,9 @@ class StepRow:
         out |= {k: getattr(self, k) for k in _OPTIONAL if getattr(self, k) is not None}
         if self.worker_generate_s:
             out["worker_generate_s"] = dict(self.worker_generate_s)
+        out |= {k: getattr(self, k) for k in _SYNC if getattr(self, k) is not None}
+        if self.worker_load_s:
+            out["worker_load_s"] = dict(self.worker_load_s)
         out |= {k: list(getattr(self, k)) for k in _LISTS if getattr(self, k)}
         return out
 
@@ -155,11 +191,29 @@ class StepRow:
             idle_s=r.opt_num("idle_s"),
             harvested_s=r.opt_num("harvested_s"),
             worker_generate_s=_seconds_by_name(r, "worker_generate_s"),
+            **_sync_fields(r),
+            worker_load_s=_seconds_by_name(r, "worker_load_s"),
             response_lengths=_counts(r, "response_lengths"),
             prompt_lengths=_counts(r, "prompt_lengths"),
             answer_spec_steps=_counts(r, "answer_spec_steps"),
             answer_accepted_drafts=_counts(r, "answer_accepted_drafts"),
         )
+
+
+def _sync_fields(r: _Reader) -> dict[str, Any]:
+    """The optional ``sync_*`` keys (absent in rows of older versions and before the first
+    sync was measured)."""
+    transport = r.raw("sync_transport", required=False)
+    if transport is not None and not isinstance(transport, str):
+        raise ProtocolError(r.at("sync_transport"), "must be a string (http, broadcast)", transport)
+    seconds = {f"sync_{p}_s": r.opt_num(f"sync_{p}_s", minimum=0.0) for p in SYNC_PHASES}
+    return {
+        "sync_version": r.opt_int("sync_version"),
+        "sync_transport": transport,
+        "sync_bytes": r.opt_int("sync_bytes"),
+        "sync_gb_per_s": r.opt_num("sync_gb_per_s", minimum=0.0),
+        **seconds,
+    }
 
 
 def _seconds_by_name(r: _Reader, key: str) -> dict[str, float]:

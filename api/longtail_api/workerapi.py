@@ -396,6 +396,9 @@ class TrainerStatus:
     status carries: the last step completed with its eval, if it had one. It lags :attr:`step`
     while a trained step publishes its weights and evaluates; None before the first step of
     this trainer process completes."""
+    worker_policy_versions: dict[str, int] = field(default_factory=dict)
+    """Policy version each rollout worker holds, by worker name, as its last generate reply
+    said (a worker not called yet by this trainer process is absent)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -424,6 +427,7 @@ class TrainerStatus:
             "harvestedSeconds": self.harvested_seconds,
             "drafterTraining": self.drafter_training,
             "figuresStep": self.figures_step,
+            "workerPolicyVersions": dict(self.worker_policy_versions),
         }
 
     @classmethod
@@ -463,7 +467,21 @@ class TrainerStatus:
             harvested_seconds=r.opt_num("harvestedSeconds", minimum=0.0) or 0.0,
             drafter_training=r.mapping("drafterTraining", required=False),
             figures_step=r.opt_int("figuresStep"),
+            worker_policy_versions=_versions(r, "workerPolicyVersions"),
         )
+
+
+def _versions(r: _Reader, key: str) -> dict[str, int]:
+    """An optional ``{worker: version}`` object (absent from trainers of older versions)."""
+    value = r.raw(key, required=False)
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in value.items()
+    ):
+        raise ProtocolError(r.at(key), "must map worker names to policy versions (>= 0)", value)
+    return dict(value)
 
 
 def _names(value: object, path: str) -> tuple[str, ...]:

@@ -519,6 +519,9 @@ def _copy_progress(obs: Observed, spec: RLJobSpec, st: RLJobStatus) -> None:
         st.drafter.version = version
         if t.accepted_length is not None:
             st.drafter.acceptance_length = t.accepted_length
+        if t.worker_policy_versions:  # empty from a trainer that has not called them yet
+            st.weight_sync.worker_policy_versions = dict(t.worker_policy_versions)
+    st.weight_sync.transport = spec.weight_sync_transport()
     h = obs.harvest
     if h is not None and h.accepted_length is not None and (t is None or t.accepted_length is None):
         st.drafter.acceptance_length = h.accepted_length

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from longtail_api.protocol import ProtocolError
-from longtail_api.steprow import StepRow
+from longtail_api.steprow import SYNC_PHASES, StepRow
 
 OLD_ROW = {  # a row as `longtail run` wrote it before the later fields existed
     "step": 3, "policy_version": 3, "drafter_version": 2, "reward_mean": 0.3, "accuracy": 0.25,
@@ -42,6 +42,21 @@ def test_old_rows_load_with_defaults() -> None:
     assert {k: v for k, v in row.to_dict().items() if k in OLD_ROW} == OLD_ROW
 
 
+def test_weight_sync_figures_round_trip_and_old_rows_have_none() -> None:
+    row = StepRow.from_dict({
+        **OLD_ROW, "sync_version": 2, "sync_transport": "broadcast", "sync_gather_s": 0.5,
+        "sync_pack_s": 0.25, "sync_wire_s": 1.0, "sync_load_s": 0.75, "sync_pause_s": 2.5,
+        "sync_bytes": 3_000_000_000, "sync_gb_per_s": 1.2, "worker_load_s": {"rollout-0": 0.75},
+    })  # fmt: skip
+    assert (row.sync_version, row.sync_transport, row.sync_bytes) == (2, "broadcast", 3 * 10**9)
+    assert [getattr(row, f"sync_{p}_s") for p in SYNC_PHASES] == [0.5, 0.25, 1.0, 0.75, 2.5]
+    assert row.worker_load_s == {"rollout-0": 0.75}
+    assert StepRow.from_dict(json.loads(json.dumps(row.to_dict()))) == row
+    old = StepRow.from_dict(OLD_ROW)
+    assert old.sync_version is None and old.sync_pause_s is None and old.worker_load_s == {}
+    assert not any(k.startswith("sync_") and k != "sync_s" for k in old.to_dict())
+
+
 def test_a_diverged_loss_still_loads() -> None:
     row = StepRow.from_dict({**OLD_ROW, "train_loss": float("nan")})
     assert math.isnan(row.train["loss"])
@@ -57,6 +72,10 @@ def test_a_diverged_loss_still_loads() -> None:
         ({"response_lengths": [3, -1]}, "row.response_lengths: must be a list of token counts"),
         ({"prompt_lengths": [2.5]}, "row.prompt_lengths: must be a list of token counts"),
         ({"worker_generate_s": {"w": "x"}}, "row.worker_generate_s: must map worker names"),
+        ({"sync_transport": 3}, "row.sync_transport: must be a string"),
+        ({"sync_load_s": -1.0}, "row.sync_load_s: must be >= 0"),
+        ({"sync_bytes": 1.5}, "row.sync_bytes: must be an integer"),
+        ({"worker_load_s": [1.0]}, "row.worker_load_s: must map worker names"),
     ],
 )
 def test_malformed_rows_are_refused_naming_the_key(change: dict[str, object], named: str) -> None:

@@ -121,7 +121,9 @@ class GeneratingWorker(RolloutWorker):
         return ack
 
     def generate_call(self, call: GenerateCall) -> GenerateReply:
+        held, t_load = self.policy_version, time.perf_counter()
         self.ensure_policy(call.policy_version)
+        load_s = 0.0 if held == call.policy_version else time.perf_counter() - t_load
         self.begin_step(call.step, call.policy_version)
         stats = self.engine.stats
         before = (stats.steps, stats.sd_steps, stats.tokens, stats.sd_tokens, stats.time_s)
@@ -139,6 +141,9 @@ class GeneratingWorker(RolloutWorker):
             "sdTokens": float(stats.sd_tokens - before[3]),
             "meanAcceptedLength": hist / n if n else 0.0,
             "acceptedRows": float(n),
+            # The rollout pause this call caused: obtaining and loading the version it names
+            # (0 when held already); the trainer books it per version (trainer/syncbook.py).
+            "policyLoadSeconds": load_s,
         }
         return GenerateReply(
             self.name,

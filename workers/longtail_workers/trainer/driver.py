@@ -55,6 +55,7 @@ from longtail_workers.trainer.group import PolicyLeader
 from longtail_workers.trainer.grpo import group_advantages, sequence_logprobs
 from longtail_workers.trainer.policy import build_policy
 from longtail_workers.trainer.rollout_batch import build_grpo_batch
+from longtail_workers.trainer.syncbook import SyncBook
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient
 from longtail_workers.weights.sync import WeightPublisher
@@ -145,6 +146,8 @@ class StepDriver:
         # The KL reference is the policy as loaded (before any checkpoint is applied on resume).
         self.reference = policy.policy.reference
         self._published: tuple[int, str] | None = None  # (version, sha256) of the last publish
+        self.syncs = SyncBook()
+        """Each version's sync, phase by phase, and each worker's held version (status)."""
         self.state = DriverState(total_steps=spec.algorithm.total_steps)
         self.lock = threading.RLock()  # model + optimizer: train step vs checkpoint
         self.stop = threading.Event()
@@ -185,7 +188,7 @@ class StepDriver:
     def run(self, start_step: int) -> str:
         """Steps ``start_step + 1 .. totalSteps``; returns ``complete`` or ``stopped``."""
         self.state.step = start_step
-        self.publish_policy()
+        self._book_sync(self.publish_policy())
         try:
             self._steps(start_step)
         except RolloutAborted:
@@ -232,6 +235,7 @@ class StepDriver:
     def one_step(self, step: int, prompts: Sequence[Example]) -> StepRow:
         algo = self.spec.algorithm
         t_step = time.monotonic()
+        used = self.state.policy_version  # the version this step's rollout generates with
         self.pool.revive()
         requests = self.step_requests(step, prompts)
         out = self._rollout(step, requests)
@@ -251,11 +255,13 @@ class StepDriver:
             self.harvest.set_samples(out.samples, step)
         train_s = time.monotonic() - t_train
         sync_s = self.publish_policy()
+        self._book_sync(sync_s)
         sync_s += self._merge_drafters(out.samples)
         # After both publishes: a drafter worker loads this policy version and trains on top of
         # the drafter version just merged, so its candidate counts at the next step's merge.
         self.latest_samples = StepSamples.of(step, self.state.policy_version, out.samples)
         row = self._row(step, out, rewards, correct, stats.as_dict(), train_s, sync_s)
+        self.syncs.fill(row, used)
         self.state.accepted_lengths.append(row.mean_accepted_length or 0.0)
         row.acceptance_collapsed = acceptance_collapsed(self.state.accepted_lengths)
         if row.acceptance_collapsed:
@@ -329,8 +335,16 @@ class StepDriver:
             checks.ledger.record_step(self.registry.latest_version(), samples)
         return time.monotonic() - t0
 
+    def _book_sync(self, seconds: float) -> None:
+        """Book the publish just made: its wall ``seconds`` and the publisher's phases
+        (``last_sync``, from the manifest; None from a publisher that does not time them)."""
+        phases = getattr(self, "last_sync", None)
+        self.syncs.published(self.state.policy_version, seconds, phases)
+
     def _handed_out(self, out: RolloutOutcome) -> None:
-        """Book each worker's answer tokens to the drafter version they were generated with."""
+        """Book each worker's answer tokens to the drafter version they were generated with,
+        and its load of the policy version (``syncbook.py``: the rollout pause it saw)."""
+        self.syncs.replied(out.replies)
         if self.checks is not None and self.registry is not None:
             self.checks.ledger.record_rollout(self.registry.latest_version(), out.replies)
 

@@ -48,7 +48,7 @@ from longtail_api import metrics as names
 from longtail_api.protocol import ProtocolError
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
-from longtail_api.steprow import METRICS_FILE, StepRow
+from longtail_api.steprow import METRICS_FILE, SYNC_PHASES, StepRow
 from longtail_api.workerapi import (
     ROLE_PATH,
     CheckpointAnswer,
@@ -105,6 +105,9 @@ class TrainerMetrics:
         self.policy = gauge_from_spec(names.TRAINER_POLICY_VERSION, r)
         self.harvested = counter_from_spec(names.TRAINER_HARVESTED_SECONDS_TOTAL, r)
         self.rejected = counter_from_spec(names.TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL, r)
+        self.sync_seconds = histogram_from_spec(names.WEIGHT_SYNC_SECONDS, r)
+        self.sync_bytes = gauge_from_spec(names.WEIGHT_SYNC_BYTES, r)
+        self.sync_rate = gauge_from_spec(names.WEIGHT_SYNC_BYTES_PER_SECOND, r)
         self.last_step.set(time.time())
 
     def observe(self, row: StepRow) -> None:
@@ -119,6 +122,21 @@ class TrainerMetrics:
         self.accuracy.set(row.accuracy)
         self.policy.set(row.policy_version)
         self.harvested.inc(row.trainer_harvested_s or 0.0)  # None when harvest is off
+        self._observe_sync(row)
+
+    def _observe_sync(self, row: StepRow) -> None:
+        """The weight sync of the version the row's rollout used (each version in one row)."""
+        if row.sync_version is None:
+            return
+        transport = row.sync_transport or "unknown"
+        for phase in SYNC_PHASES:
+            seconds = getattr(row, f"sync_{phase}_s")
+            if seconds is not None:  # not timed by this publisher, or no worker loaded it yet
+                self.sync_seconds.labels(phase=phase, transport=transport).observe(seconds)
+        if row.sync_bytes is not None:
+            self.sync_bytes.labels(transport=transport).set(row.sync_bytes)
+        if row.sync_gb_per_s is not None:
+            self.sync_rate.labels(transport=transport).set(row.sync_gb_per_s * 1e9)
 
     def candidate_rejected(self, stage: str, worker: str, reason: str) -> None:
         """``DrafterRegistry.on_rejected``: count a refused drafter candidate (it logs it)."""
@@ -207,6 +225,7 @@ class TrainerApp(BackgroundHTTPServer):
             harvested_seconds=0.0 if self.harvest is None else self.harvest.harvested_seconds,
             drafter_training=None if self.harvest is None else self.harvest.status(),
             figures_step=None if row is None else row.step,
+            worker_policy_versions=d.syncs.held_versions(),
         )
 
     class handler_class(JSONRequestHandler):
