@@ -84,7 +84,8 @@ def _stat(title: str, query: tuple[str, str], unit: str = "short") -> Panel:
 
 
 def job_overview_rows() -> list[Row]:
-    """RL job overview: progress, step-time split, reward/accuracy, versions, GPUs."""
+    """RL job overview: progress, step-time split, weight sync, reward/accuracy, versions,
+    GPUs."""
     return [
         Row(
             "Progress",
@@ -134,6 +135,57 @@ def job_overview_rows() -> list[Row]:
                     "Step time (p50 / p95)",
                     _p50_p95("longtail_trainer_step_seconds_bucket", JOB, "rljob", "{{rljob}}"),
                     unit="s",
+                ),
+            ],
+        ),
+        Row(
+            "Weight sync",
+            [
+                Panel(
+                    "Weight sync seconds by phase (mean per policy version)",
+                    [
+                        (
+                            _ratio(
+                                f'longtail_weight_sync_seconds_sum{{{JOB}, phase!="pause"}}',
+                                f'longtail_weight_sync_seconds_count{{{JOB}, phase!="pause"}}',
+                                "phase, transport",
+                            ),
+                            "{{phase}} ({{transport}})",
+                        )
+                    ],
+                    unit="s",
+                    width=8,
+                    stack=True,
+                    description="Each policy version's trip to the rollout workers: gather "
+                    "(the trainer's all-gathers), pack (cast, copy, hash into pieces/buckets), "
+                    "wire (broadcast buckets on the wire; 0 over HTTP), load (the slowest "
+                    "worker's pull and load at its next rollout). Stacked, they are the pause.",
+                ),
+                Panel(
+                    "Rollout pause per policy version (p50 / p95)",
+                    _p50_p95(
+                        "longtail_weight_sync_seconds_bucket",
+                        f'{JOB}, phase="pause"',
+                        "transport",
+                        "{{transport}}",
+                    ),
+                    unit="s",
+                    width=8,
+                    description="From the trainer starting a publish until the last rollout "
+                    "worker holds the version: what the weight sync adds to a step.",
+                ),
+                Panel(
+                    "Weight sync rate (GB/s, end to end)",
+                    [
+                        (
+                            "max by (rljob, transport) "
+                            f"(longtail_weight_sync_bytes_per_second{{{JOB}}})",
+                            "{{rljob}} {{transport}}",
+                        )
+                    ],
+                    unit="Bps",
+                    width=8,
+                    description="The last synced version's bytes over its pause seconds.",
                 ),
             ],
         ),

@@ -21,7 +21,16 @@ from longtail_chart import metricrefs
 
 BOARDS = metricrefs.dashboards()
 REQUIRED = {
-    "longtail-job-overview.json": ("step time", "reward", "accuracy", "version", "gpus"),
+    "longtail-job-overview.json": (
+        "step time",
+        "reward",
+        "accuracy",
+        "version",
+        "gpus",
+        "weight sync",
+        "rollout pause",
+        "gb/s",
+    ),
     "longtail-rollout.json": ("tokens/s", "batch", "sd-on", "accepted length", "dcgm"),
     "longtail-operator.json": ("reconciles", "errors", "role-switch latency"),
 }
