@@ -24,6 +24,12 @@
   ephemeral ports torch.distributed's gloo and NCCL pick for their own connections. A second
   policy, because a policy's rules cannot narrow the pods it selects: one rule in the first
   would open every port of every pod of the job to the trainer pods.
+- **NetworkPolicy** ``<job>-weight-sync`` (:func:`weight_sync_network_policy`, same setting,
+  only while the job's resolved ``spec.weightSync`` transport is ``broadcast``): the job's
+  rollout pods reach the weight-sync store's port on the trainer pods, and the job's trainer
+  and rollout pods reach each other on every TCP port, for the process group each broadcast
+  attempt builds (gloo and NCCL's socket transport connect every member to every other on
+  ports they pick themselves). A third policy for the same reason as the second.
 
 Threat model: docs/reliability.md.
 """
@@ -67,6 +73,10 @@ def network_policy_name(job: str) -> str:
 
 def trainer_policy_name(job: str) -> str:
     return f"{job}-trainers"
+
+
+def weight_sync_policy_name(job: str) -> str:
+    return f"{job}-weight-sync"
 
 
 def _metadata(job: JobRef, name: str) -> dict[str, Any]:
@@ -208,5 +218,46 @@ def trainer_network_policy(job: JobRef) -> dict[str, Any]:
             "podSelector": trainers,
             "policyTypes": ["Ingress"],
             "ingress": [{"from": [{"podSelector": trainers}], "ports": [{"protocol": "TCP"}]}],
+        },
+    }
+
+
+WEIGHT_SYNC_ROLES = ("trainer", "rollout")
+"""The roles of a ``broadcast`` job's weight-sync groups: trainer rank 0 sends, every rollout
+worker receives (drafter pods pull over HTTP, through ``<job>-workers``)."""
+
+
+def weight_sync_network_policy(job: JobRef, settings: Settings) -> dict[str, Any]:
+    """Ingress among a ``broadcast`` job's trainer and rollout pods (``spec.weightSync``).
+
+    Two rules. The first admits the one port a worker dials by number: the rollout pods
+    reach the store rank 0 hosts on :attr:`Settings.weight_sync_port` (registration,
+    heartbeats, each attempt's acks). The second admits every TCP port among the trainer and
+    rollout pods, in both directions, which also covers the first: the process group of each
+    broadcast attempt is built from that store, and gloo (and NCCL's socket transport) then
+    connect every member to every other member, trainer to rollout, rollout to trainer and
+    rollout to rollout, on ports each process picks itself (ephemeral, unknown in advance),
+    as for the trainer group in :func:`trainer_network_policy`. The first rule is kept so the
+    policy names the port the workers are configured with. Made only for ``broadcast`` jobs:
+    an ``http`` job's pods talk on the worker ports alone."""
+    member = {
+        "matchLabels": {LABEL_JOB: job.name},
+        "matchExpressions": [
+            {"key": LABEL_ROLE, "operator": "In", "values": list(WEIGHT_SYNC_ROLES)}
+        ],
+    }
+    rollouts = {"matchLabels": {LABEL_JOB: job.name, LABEL_ROLE: "rollout"}}
+    store = {"protocol": "TCP", "port": settings.weight_sync_port}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, weight_sync_policy_name(job.name)),
+        "spec": {
+            "podSelector": member,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": rollouts}], "ports": [store]},
+                {"from": [{"podSelector": member}], "ports": [{"protocol": "TCP"}]},
+            ],
         },
     }

@@ -10,7 +10,8 @@ name as ``MASTER_ADDR``, and labels naming its group and world (``trainergroup.p
 it). Every object carries the ``longtail.dev/*`` and ``app.kubernetes.io/*`` labels and a
 controller owner reference to the RLJob, so deleting the RLJob garbage-collects it. The worker
 contract (args, the environment typed as ``longtail_api.podenv.PodEnv``, :func:`pod_env`) is
-documented in docs/operator.md. Every pod gets the job's token (``TOKEN_ENV``) from the Secret
+documented in docs/operator.md; ``spec.weightSync``'s flags are :func:`weight_sync_args`.
+Every pod gets the job's token (``TOKEN_ENV``) from the Secret
 ``<job>-auth``
 (:func:`token_env`); the Secret and the NetworkPolicy themselves are built in ``access.py``.
 """
@@ -235,6 +236,33 @@ def pod_env(job: JobRef, spec: RLJobSpec, settings: Settings, role: str, index: 
     )
 
 
+def weight_sync_address(job: JobRef, settings: Settings) -> str:
+    """``HOST:PORT`` of the job's weight-sync store: trainer pod 0's stable DNS name (rank 0
+    hosts the store) and :attr:`Settings.weight_sync_port`."""
+    return f"{trainer_host(job)}:{settings.weight_sync_port}"
+
+
+def weight_sync_args(job: JobRef, spec: RLJobSpec, settings: Settings, role: str) -> list[str]:
+    """The worker flags of ``spec.weightSync`` for ``role`` (the workers' command-line names,
+    written here as strings: the operator does not import the workers). ``http`` jobs get
+    none, so their pods start exactly as before the field existed. ``broadcast`` jobs: every
+    trainer pod gets the transport and the store's port (rank 0, on pod 0, hosts the store;
+    the other ranks follow it and never bind), every rollout pod the transport and the
+    store's address; the rollout pod also keeps its ``LONGTAIL_WEIGHTS_URL`` (a new or
+    restarted worker catches up over HTTP before it joins the next broadcast). A rollout
+    worker registers under its ``--name``, its pod name (``LONGTAIL_POD_NAME``), which is the
+    name the trainer gives it in ``--rollout NAME=URL``: both are ``<job>-rollout-<i>``.
+    Drafter pods always pull over HTTP: none."""
+    if spec.weight_sync_transport() != "broadcast":
+        return []
+    if role == "trainer":
+        return ["--weight-sync", "broadcast", "--weight-sync-port", str(settings.weight_sync_port)]
+    if role == "rollout":
+        addr = weight_sync_address(job, settings)
+        return ["--weight-sync", "broadcast", "--weight-sync-addr", addr]
+    return []
+
+
 def container_env(told: PodEnv) -> list[dict[str, Any]]:
     """``told`` as a container's ``env``: its values, then the downward-API variables."""
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in told.to_env().items()]
@@ -273,6 +301,10 @@ def worker_pod(
         rdzv_names = set(rdzv)
         env.extend({"name": k, "value": v} for k, v in rdzv.items())
         ports.append({"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"})
+    sync_args = weight_sync_args(job, spec, settings, role)
+    if role == "trainer" and sync_args:
+        port_entry = {"containerPort": settings.weight_sync_port, "protocol": "TCP"}
+        ports.append({"name": "weight-sync", **port_entry})
     env.append(token_env(job.name))
     mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     volumes: list[dict[str, Any]] = [
@@ -293,7 +325,7 @@ def worker_pod(
         "image": role_spec.image or settings.worker_image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["longtail"],
-        "args": ["worker", role, "--host", "0.0.0.0", "--port", str(port)],
+        "args": ["worker", role, "--host", "0.0.0.0", "--port", str(port), *sync_args],
         "workingDir": WORK_DIR,
         "ports": ports,
         "env": env,

@@ -95,6 +95,9 @@ class Observed:
     trainer_policy: bool | None = None
     """Whether the trainer group's NetworkPolicy exists; None when the operator manages none
     (or did not look)."""
+    weight_sync_policy: bool | None = None
+    """Whether the weight-sync NetworkPolicy (``broadcast`` jobs) exists; None when the
+    operator manages none (or did not look)."""
     gate: SpecGate | None = None
     """Why ``spec`` is or is not the spec as written (``SpecAccepted``); None: accepted."""
 
@@ -216,12 +219,26 @@ def _support_objects(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan
         p.create.append(access.network_policy(obs.job, settings))
     if settings.network_policy and obs.trainer_policy is False:
         p.create.append(access.trainer_network_policy(obs.job))
+    _weight_sync_policy(obs, spec, settings, p)
     cm = builders.job_configmap(obs.job, obs.raw_spec)
     if obs.configmap is None:
         p.create.append(cm)
     elif obs.configmap != cm["data"]:
         p.update.append(cm)
         p.events.append(Event("Normal", "ConfigUpdated", "rendered job config changed"))
+
+
+def _weight_sync_policy(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan) -> None:
+    """The weight-sync policy exists exactly while the accepted spec's transport resolves to
+    ``broadcast`` (a frozen field: it changes only while the job is suspended, when no pod
+    depends on the policy)."""
+    if not settings.network_policy:
+        return
+    broadcast = spec.weight_sync_transport() == "broadcast"
+    if broadcast and obs.weight_sync_policy is False:
+        p.create.append(access.weight_sync_network_policy(obs.job, settings))
+    elif not broadcast and obs.weight_sync_policy:
+        p.delete_objects.append(("NetworkPolicy", access.weight_sync_policy_name(obs.job.name)))
 
 
 def _conditions(
@@ -500,6 +517,8 @@ def _ttl(obs: Observed, spec: RLJobSpec, p: Plan) -> None:
         objects.append(("NetworkPolicy", access.network_policy_name(obs.job.name)))
     if obs.trainer_policy:
         objects.append(("NetworkPolicy", access.trainer_policy_name(obs.job.name)))
+    if obs.weight_sync_policy:
+        objects.append(("NetworkPolicy", access.weight_sync_policy_name(obs.job.name)))
     if objects or p.delete_pods:
         p.delete_objects.extend(objects)
         msg = f"ttlSecondsAfterFinished={ttl} passed: deleted pods, Services and ConfigMap"

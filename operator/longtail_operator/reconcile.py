@@ -156,6 +156,7 @@ class Reconciler:
             counted=frozenset(rt.counted),
             network_policy=self._network_policy(job, access.network_policy_name(job.name)),
             trainer_policy=self._network_policy(job, access.trainer_policy_name(job.name)),
+            weight_sync_policy=self._network_policy(job, access.weight_sync_policy_name(job.name)),
         )
         plan = derive.plan(obs, self.settings)
         self._checkpoint(rt, plan, pods)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from longtail_api.rendezvous import DEFAULT_PORT, WEIGHT_SYNC_PORT
 from longtail_api.workerapi import ROLLOUT_PORT, TRAINER_PORT, VERIFIER_PORT, WEIGHTS_PORT
 
 PREFIX = "LONGTAIL_OPERATOR_"
@@ -42,6 +43,9 @@ class Settings:
     trainer_port: int = TRAINER_PORT
     weights_port: int = WEIGHTS_PORT
     verifier_port: int = VERIFIER_PORT
+    weight_sync_port: int = WEIGHT_SYNC_PORT
+    """Trainer pods' weight-sync store (``--weight-sync-port``) for jobs whose resolved
+    ``spec.weightSync`` transport is ``broadcast``; rollout pods dial it on trainer pod 0."""
     role_retry_initial_s: float = 0.25
     role_retry_max_s: float = 10.0
     checkpoint_timeout_s: float = 300.0
@@ -95,6 +99,10 @@ ENV_DOCS: dict[str, str] = {
     "trainer_port": "status/control port of the trainer",
     "weights_port": "port of the trainer's policy weight server (rollout workers pull from it)",
     "verifier_port": "port of the verifier",
+    "weight_sync_port": (
+        "port of the trainer's weight-sync store for broadcast jobs (--weight-sync-port; "
+        "rollout workers dial it)"
+    ),
     "role_retry_initial_s": "first retry delay of an unacknowledged role change",
     "role_retry_max_s": "longest retry delay of an unacknowledged role change",
     "checkpoint_timeout_s": "how long suspend waits for the trainer's checkpoint",
@@ -176,6 +184,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError(f"{env_name(name)}: must be > 0, got {getattr(settings, name)}")
     if settings.harvest_workers < 1:
         raise SettingsError(f"{env_name('harvest_workers')}: must be >= 1")
+    _check_weight_sync_port(settings)
     _check_labels(settings)
     _check_lease(settings)
     return settings
@@ -200,6 +209,25 @@ def _check_lease(settings: Settings) -> None:
             f"{env_name('retry_period_s')}={p}, {env_name('renew_deadline_s')}={r}, "
             f"{env_name('lease_duration_s')}={d}: need 0 < retry period < renew deadline < "
             "lease duration (defaults 2, 10, 15)"
+        )
+
+
+def _check_weight_sync_port(settings: Settings) -> None:
+    """Rollout pods dial the port by number, and trainer pod 0 listens on it next to its
+    other ports: 0 (a free port, as ``longtail run`` may pick) cannot be dialled, and a port
+    the trainer already uses would fail its bind."""
+    port, var = settings.weight_sync_port, env_name("weight_sync_port")
+    taken = {
+        settings.trainer_port: env_name("trainer_port"),
+        settings.weights_port: env_name("weights_port"),
+        DEFAULT_PORT: "the trainer group's rendezvous port",
+    }
+    if port == 0:
+        raise SettingsError(f"{var}: must be a port rollout pods can dial (1-65535), got 0")
+    if port in taken:
+        raise SettingsError(
+            f"{var}: {port} is already {taken[port]} on trainer pods; pick another port "
+            f"(default {WEIGHT_SYNC_PORT})"
         )
 
 
