@@ -323,15 +323,26 @@ class StepSeconds:
     """Part of the rollout after the first worker went idle (the long tail)."""
     train: float
     """Reward, advantages and the policy update."""
+    sync_pause: float | None = None
+    """The weight sync of the policy version the step's rollout used: from the trainer's
+    publish until the last rollout worker held it (the step row's ``sync_pause_s``); None when
+    not booked (a trainer of an older version, or a version published before a restart)."""
+    sync_gb_per_s: float | None = None
+    """That sync's bytes over its pause, GB/s (None: the publisher did not count its bytes)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rollout": self.rollout, "tail": self.tail, "train": self.train}
+        return {"rollout": self.rollout, "tail": self.tail, "train": self.train,
+                "syncPause": self.sync_pause, "syncGBPerSecond": self.sync_gb_per_s}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: object, path: str = "stepSeconds") -> StepSeconds:
         r = _Reader(data, path)
         return cls(
-            r.num("rollout", minimum=0.0), r.num("tail", minimum=0.0), r.num("train", minimum=0.0)
+            r.num("rollout", minimum=0.0),
+            r.num("tail", minimum=0.0),
+            r.num("train", minimum=0.0),
+            r.opt_num("syncPause", minimum=0.0),
+            r.opt_num("syncGBPerSecond", minimum=0.0),
         )
 
 

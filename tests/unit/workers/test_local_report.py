@@ -158,3 +158,29 @@ def test_trainer_harvest_in_the_live_line_and_the_report(tmp_path: Path) -> None
     assert "trainer_harvested_s_total" in plain  # rows carry it; without them it is absent
     (tmp_path / "metrics.jsonl").write_text(json.dumps(_row(1)) + "\n")
     assert "trainer_harvested_s_total" not in write_report(tmp_path, HarvestBooks(), {"job": "t"})
+
+
+def test_weight_sync_in_the_step_line_the_csv_and_the_summary(tmp_path: Path) -> None:
+    out = io.StringIO()
+    seconds = StepSeconds(4.0, 1.0, 2.0, sync_pause=0.75, sync_gb_per_s=1.25)
+    Progress(out).update(TrainerStatus(2, 3, "running", 2, -1, step_seconds=seconds,
+                                       figures_step=2), HarvestBooks())  # fmt: skip
+    assert "train 2.0s sync 0.75s, 1.25 GB/s" in out.getvalue()
+    assert StepSeconds.from_dict(seconds.to_dict()) == seconds
+    sync = {"sync_version": 1, "sync_transport": "broadcast", "sync_gather_s": 0.25,
+            "sync_pack_s": 0.125, "sync_wire_s": 0.5, "sync_load_s": 0.125, "sync_pause_s": 1.0,
+            "sync_bytes": 2_000_000_000, "sync_gb_per_s": 2.0}  # fmt: skip
+    rows = [_row(1), _row(2, **sync), _row(3, **{**sync, "sync_pause_s": 2.0,
+                                                  "sync_gb_per_s": 1.0})]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = write_report(tmp_path, None, {"job": "t"})
+    assert summary["weight_sync_transport"] == "broadcast"
+    assert summary["weight_sync_pause_s_mean"] == 1.5 and summary["weight_sync_wire_s_mean"] == 0.5
+    assert summary["weight_sync_gb_per_s_mean"] == 1.5  # step 1 had no booked sync: left out
+    header, first, second, _ = (tmp_path / "metrics.csv").read_text().splitlines()
+    columns = header.split(",")
+    assert dict(zip(columns, second.split(","), strict=True))["sync_pause_s"] == "1.0"
+    assert dict(zip(columns, first.split(","), strict=True))["sync_pause_s"] == ""
+    (tmp_path / "old").mkdir()  # rows of older versions: no weight-sync figures
+    (tmp_path / "old" / "metrics.jsonl").write_text(json.dumps(_row(1)) + "\n")
+    assert "weight_sync" not in json.dumps(write_report(tmp_path / "old", None, {}))

@@ -7,7 +7,8 @@ live display redraws one line in place: the current step's rollout bar (answers 
 and the live figures (reward, accuracy, eval accuracy, share of tokens from speculative steps,
 mean accepted length, drafter version, idle and harvested worker-seconds, and the trainer's
 harvested seconds when it is a harvest target), cropped to the terminal's width; when a step
-completes, a permanent line with that step's figures is printed above it. Off a terminal (CI
+completes, a permanent line with that step's figures is printed above it (its time split, and
+the weight sync of the policy version its rollout used: pause seconds and GB/s). Off a terminal (CI
 logs, pipes, tests) only the permanent lines are printed, as plain unwrapped text without
 escape codes. Once a write fails (the terminal was closed: SIGHUP, then EIO or EPIPE), nothing
 more is written, so the run still stops cleanly and writes its report.
@@ -151,4 +152,8 @@ class Progress:
         s = status.step_seconds
         if s is None:
             return ""
-        return f"  time rollout {s.rollout:.1f}s (tail {s.tail:.1f}s) train {s.train:.1f}s"
+        times = f"  time rollout {s.rollout:.1f}s (tail {s.tail:.1f}s) train {s.train:.1f}s"
+        if s.sync_pause is not None:  # the weight sync of the version the rollout used
+            rate = "" if s.sync_gb_per_s is None else f", {s.sync_gb_per_s:.2f} GB/s"
+            times += f" sync {s.sync_pause:.2f}s{rate}"
+        return times

@@ -5,7 +5,8 @@ directory; reads ``metrics.jsonl`` (one :class:`~longtail_api.steprow.StepRow` p
 by the trainer) and the harvest books, and writes ``metrics.csv``, ``report/*.png`` (reward
 and accuracy per step, step time split rollout/tail/train, mean accepted length per step;
 matplotlib's Agg backend, no display needed), ``report/summary.md``, ``report/summary.html``
-and ``summary.json``.
+and ``summary.json``. The weight sync of each step (the ``sync_*`` columns: the policy version
+its rollout used, per phase, bytes, GB/s) is in the CSV, and its means in the summary.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from longtail_api.steprow import METRICS_FILE, StepRow
+from longtail_api.steprow import METRICS_FILE, SYNC_PHASES, StepRow
 from longtail_workers.local.coordinator import HarvestBooks
 
 CSV_COLUMNS = (
     "step", "policy_version", "drafter_version", "reward_mean", "accuracy", "eval_accuracy",
     "eval_sampled_accuracy", "answers", "mean_length", "max_length", "rollout_s", "tail_s",
     "train_s", "sync_s", "step_s", "sd_fraction", "mean_accepted_length", "idle_s",
-    "harvested_s", "trainer_harvested_s", "redispatched",
+    "harvested_s", "trainer_harvested_s", "redispatched", "sync_version", "sync_transport",
+    "sync_gather_s", "sync_pack_s", "sync_wire_s", "sync_load_s", "sync_pause_s", "sync_bytes",
+    "sync_gb_per_s",
 )  # fmt: skip
 LAST_STEPS = 5  # the "last steps" window of the summary's accepted length
 
@@ -79,7 +82,22 @@ def summarize(rows: list[StepRow], info: dict[str, Any]) -> dict[str, Any]:
         "final_drafter_version": rows[-1].drafter_version if rows else None,
         "drafter_candidates_rejected": sum(r.drafter_candidates_rejected for r in rows),
         "acceptance_collapsed_steps": [r.step for r in rows if r.acceptance_collapsed],
+        **_weight_sync(rows),
     }
+
+
+def _weight_sync(rows: list[StepRow]) -> dict[str, Any]:
+    """Mean seconds per phase, GB/s and transport of the versions the rows' rollouts loaded
+    (rows without a booked sync are left out; nothing when none has one)."""
+    synced = [r for r in rows if r.sync_version is not None]
+    if not synced:
+        return {}
+    transports = sorted({r.sync_transport for r in synced if r.sync_transport})
+    out: dict[str, Any] = {"weight_sync_transport": ", ".join(transports) or None}
+    for phase in SYNC_PHASES:
+        out[f"weight_sync_{phase}_s_mean"] = _mean([getattr(r, f"sync_{phase}_s") for r in synced])
+    out["weight_sync_gb_per_s_mean"] = _mean([r.sync_gb_per_s for r in synced])
+    return out
 
 
 def _share(rows: list[StepRow], part: Callable[[StepRow], float]) -> float | None:

@@ -197,7 +197,8 @@ class TrainerApp(BackgroundHTTPServer):
         started = st.rollout_started if st.rollout_active else None
         seconds = None
         if row is not None:
-            seconds = StepSeconds(row.rollout_s, row.tail_s, row.train_s)
+            seconds = StepSeconds(row.rollout_s, row.tail_s, row.train_s, row.sync_pause_s,
+                                  row.sync_gb_per_s)  # fmt: skip
         phase = "failed" if self.failed else st.phase
         return TrainerStatus(
             step=st.step,
