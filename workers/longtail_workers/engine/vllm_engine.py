@@ -11,8 +11,10 @@ What vLLM does and what stays Longtail's:
   ``speculative`` block by ``vllm_schedule.py``.
 * **Policy versions** are loaded in place every step: the worker loads a version into its torch
   copy of the policy (same weight sources and checks as the torch engine), then
-  :meth:`VllmEngine.policy_loaded` pushes that state into vLLM (``vllm_ext``), so both hold the
-  same version before the next rollout starts.
+  :meth:`VllmEngine.policy_loaded` pushes that state into vLLM in buckets of
+  ``spec.weightSync.bucketMB`` (``vllm_push.py``, ``vllm_ext``), so both hold the same version
+  before the next rollout starts. All or nothing: a push that fails midway leaves the engine
+  refusing to generate until a whole version has been pushed.
 * **Drafter versions** trained online are hot-swapped with :meth:`VllmEngine.set_drafter`
   (exported to vLLM's EAGLE-1 names exactly; only ``fc``/``layers.0``, never the shared embedding).
 * **The torch copy of the policy** stays resident: the spot drafter trainer trains against it
@@ -29,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,6 +56,7 @@ from longtail_workers.engine.interface import (
 from longtail_workers.engine.sampling import token_logprobs
 from longtail_workers.engine.stats import RolloutMetrics, RolloutStats
 from longtail_workers.engine.target import TargetModel
+from longtail_workers.engine.vllm_push import PolicyPushError, push_policy
 from longtail_workers.engine.vllm_schedule import VllmSchedule, vllm_schedule
 from longtail_workers.weights.checksum import serialize_state_dict
 
@@ -85,6 +89,9 @@ class VllmEngineConfig:
     """Padded tokens per forward when recomputing hidden states / log-probs."""
     seed: int = 0
     """vLLM's engine seed (requests carry their own seeds)."""
+    push_bucket_mb: int = 1024
+    """Most MiB of policy tensors per bucket pushed into vLLM (``spec.weightSync.bucketMB``;
+    a tensor larger than a bucket goes alone)."""
 
 
 class VllmEngine(RolloutEngine):
@@ -109,6 +116,8 @@ class VllmEngine(RolloutEngine):
         self.stats = RolloutStats()
         self.metrics: RolloutMetrics | None = None
         self.running = 0
+        self._torn: str | None = None  # why vLLM holds no whole policy version, or None
+        self._lock = threading.Lock()  # a push never runs beside a generate
         self._tmp = tempfile.TemporaryDirectory(prefix="longtail-vllm-")
         speculative_config = None
         if self.spec.enabled:
@@ -169,12 +178,35 @@ class VllmEngine(RolloutEngine):
 
     # --- weights ----------------------------------------------------------------------------
 
-    def policy_loaded(self) -> None:
-        """Push the torch copy's weights (just loaded by the worker) into vLLM, in place."""
-        t0 = time.perf_counter()
-        blob = serialize_state_dict(self.target.model.state_dict())
-        self.llm.collective_rpc("longtail_load_policy", args=(blob,))
-        log.info("policy weights loaded into vLLM (%d MB, %.2f s)", len(blob) >> 20, _since(t0))
+    def policy_loaded(self, bucket_bytes: int | None = None) -> None:
+        """Push the torch copy's weights (just loaded by the worker) into vLLM, in place, in
+        buckets of ``bucket_bytes`` (default: ``config.push_bucket_mb``). Raises
+        :class:`PolicyPushError` if any bucket fails; the engine then refuses to generate
+        until a later call has pushed a whole version."""
+        size = bucket_bytes if bucket_bytes is not None else self.config.push_bucket_mb << 20
+        with self._lock:
+            self._torn = "a policy push is under way"
+            t0 = time.perf_counter()
+            try:
+                buckets, nbytes = push_policy(self.llm, self.target.model.state_dict(), size)
+            except PolicyPushError as exc:
+                self._torn = str(exc)
+                raise
+            self._torn = None
+        log.info(
+            "policy weights loaded into vLLM (%d MB in %d buckets, %.2f s)",
+            nbytes >> 20,
+            buckets,
+            _since(t0),
+        )
+
+    def _check_policy(self) -> None:
+        if self._torn is not None:
+            raise PolicyPushError(
+                f"vLLM holds no whole policy version ({self._torn}); it will not generate "
+                "until a whole version is pushed (policy_loaded, which the rollout worker "
+                "calls when it loads the next version)"
+            )
 
     def set_drafter(self, drafter: EagleDrafter) -> None:
         """Hot-swap ``drafter`` into the running engine (from the next :meth:`generate` on)."""
@@ -196,11 +228,13 @@ class VllmEngine(RolloutEngine):
         """Complete every request (see :class:`RolloutEngine`); results in request order."""
         prompts, params = self._vllm_inputs(requests)
         t0 = time.perf_counter()
-        self.running = len(requests)
-        try:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        finally:
-            self.running = 0
+        with self._lock:
+            self._check_policy()
+            self.running = len(requests)
+            try:
+                outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            finally:
+                self.running = 0
         results = [_result(r, o.outputs[0]) for r, o in zip(requests, outputs, strict=True)]
         self._recompute(list(requests), results)
         self._record(outputs, results, time.perf_counter() - t0)
@@ -233,9 +267,11 @@ class VllmEngine(RolloutEngine):
             for i, p in enumerate(prompts)
         ]
         ids, params = self._vllm_inputs(requests)
-        t0 = time.perf_counter()
-        outputs = self.llm.generate(ids, params, use_tqdm=False)
-        seconds = _since(t0)
+        with self._lock:
+            self._check_policy()
+            t0 = time.perf_counter()
+            outputs = self.llm.generate(ids, params, use_tqdm=False)
+            seconds = _since(t0)
         return seconds, max(_engine_steps(o.outputs[0]) for o in outputs)
 
     @torch.no_grad()
