@@ -7,15 +7,23 @@ Scenarios: ``steps`` (update 1, gather, DCP checkpoint, update 2, gather; rank 0
 saw to ``OUT/result.pt``), ``die`` (rank 1 exits in its first forward pass; rank 0 writes the
 error it got to ``OUT/error.txt``) and ``diskfull`` (update 1, then a DCP checkpoint into
 ``OUT/disk``, a full filesystem the test mounted; each rank writes the error it got to
-``OUT/error-RANK.txt``). The model and batches come from :func:`tiny_policy` and
-:func:`batches`, which the test also uses for its world-1 reference.
+``OUT/error-RANK.txt``). For ``test_weight_sync_stream.py``: ``publish`` (rank 0 serves
+the policy over HTTP and publishes versions 1-3 with updates between them, each streamed from
+every rank's gathers; before version 2 a publisher that stops after two tensors, before
+version 3 one that abandons its first pass and retries; rank 0 saves what it published, pulled
+and gathered to ``OUT/result.pt``) and ``killsync`` (rank 1 SIGKILLs itself in the middle of
+the second version's gather; rank 0 writes the error it got to ``OUT/error.txt``). The model and
+batches come from :func:`tiny_policy` and :func:`batches`, which the test also uses for its
+world-1 reference.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -29,6 +37,13 @@ from longtail_workers.trainer.optim import TrainConfig
 from longtail_workers.trainer.policy import Policy
 from longtail_workers.trainer.sharding import shard_policy
 from longtail_workers.trainer.world import TrainerRankError, TrainerWorld, join_world
+from longtail_workers.weights.checksum import state_dict_checksum
+from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
+from longtail_workers.weights.store import WeightStore
+from longtail_workers.weights.sync import TensorMeta, TensorStream, WeightsManifest
+
+PIECE = 4096
+"""Small pieces: the tiny policy's larger tensors span several."""
 
 # adam_eps well above the smallest gradients: a 1e-9 summation-order difference in a ~0 gradient
 # must not flip the sign of Adam's first update between world sizes.
@@ -68,6 +83,12 @@ def batches() -> list[GrpoBatch]:
 
 def lead(policy: Policy, channel: CommandChannel, scenario: str, out: Path) -> None:
     leader = PolicyLeader(policy, channel)
+    if scenario == "publish":
+        publish_three(leader, out)
+        return
+    if scenario == "killsync":
+        killed_mid_sync(leader, out)
+        return
     first, second = batches()
     if scenario == "die":
         try:
@@ -93,6 +114,83 @@ def lead(policy: Policy, channel: CommandChannel, scenario: str, out: Path) -> N
                out / "result.pt")  # fmt: skip
 
 
+class StopsEarly(WeightStore):
+    """A transport that fails after taking two tensors of its pass (a receiver lost)."""
+
+    def publish_stream(
+        self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
+    ) -> WeightsManifest:
+        stream = tensors()
+        next(stream), next(stream)
+        raise ConnectionError("receiver lost after two tensors")
+
+
+class RetriesOnce(WeightStore):
+    """A transport whose first attempt stops after three tensors; it retries with a new pass."""
+
+    def publish_stream(
+        self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
+    ) -> WeightsManifest:
+        stream = tensors()
+        next(stream), next(stream), next(stream)
+        return super().publish_stream(version, layout, tensors)
+
+
+def publish_three(leader: PolicyLeader, out: Path) -> None:
+    """Versions 1-3 over HTTP with an update before 2 and 3; what each looked like."""
+    seen: dict[str, object] = {"versions": []}
+    with WeightServer(piece_bytes=PIECE, keep_last=3) as server:
+        for version, batch in zip((1, 2, 3), (None, *batches()), strict=True):
+            if batch is not None:
+                leader.train(batch, version - 1)
+            if version == 2:  # left after two tensors: the followers' pass is drained
+                try:
+                    leader.publish(StopsEarly(), version)
+                except ConnectionError as exc:
+                    seen["stopped_early"] = str(exc)
+            retried = RetriesOnce(piece_bytes=PIECE) if version == 3 else None
+            if retried is not None:
+                seen["retried"] = leader.publish(retried, version).checksum
+            manifest = leader.publish(server, version)
+            _, pulled = HttpWeightClient(server.url, timeout_s=30).fetch(version)
+            gathered = leader.full_state()  # the whole state dict, as publishing once did
+            seen["versions"].append({  # type: ignore[attr-defined]
+                "manifest": manifest.checksum, "pieces": len(manifest.pieces),
+                "pulled": state_dict_checksum(pulled), "gathered": state_dict_checksum(gathered),
+                "phases": manifest.phases, "layout": leader.policy.layout,
+            })  # fmt: skip
+    leader.close(True)
+    torch.save(seen, out / "result.pt")
+
+
+def killed_mid_sync(leader: PolicyLeader, out: Path) -> None:
+    """Version 1 publishes; rank 1 dies in the middle of version 2's gathers."""
+    store = WeightStore(keep_last=1, piece_bytes=PIECE)
+    leader.publish(store, 1)
+    t0 = time.monotonic()
+    try:
+        leader.publish(store, 2)
+    except TrainerRankError as exc:
+        (out / "error.txt").write_text(f"{exc}\nranks={exc.ranks}\nseconds={time.monotonic() - t0}")
+        leader.close(False)
+        return
+    (out / "error.txt").write_text("no error")
+
+
+def die_in_second_pass(policy: Policy) -> None:
+    """Rank 1 SIGKILLs itself after gathering 3 tensors of its second pass."""
+    inner, passes = policy.gather_pass, [0]
+
+    def dying() -> Iterator[torch.Tensor]:
+        passes[0] += 1
+        for i, tensor in enumerate(inner()):
+            if passes[0] == 2 and i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield tensor
+
+    policy.gather_pass = dying  # type: ignore[method-assign]
+
+
 def save_onto_a_full_disk(save: Callable[[], object], out: Path, rank: int) -> None:
     try:
         save()
@@ -116,6 +214,8 @@ def main(scenario: str, rank: int, world_size: int, port: int, out: Path) -> int
     if scenario == "die" and rank == 1:
         layer = policy.model.model.layers[1]  # type: ignore[union-attr,index]
         layer.register_forward_pre_hook(lambda *_: os._exit(1))  # dies inside the update
+    if scenario == "killsync" and rank == 1:
+        die_in_second_pass(policy)
     channel = CommandChannel(world)
     try:
         if rank == 0:

@@ -58,7 +58,7 @@ from longtail_workers.trainer.rollout_batch import build_grpo_batch
 from longtail_workers.trainer.syncbook import SyncBook
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient
-from longtail_workers.weights.sync import WeightPublisher
+from longtail_workers.weights.sync import SyncPhases, WeightPublisher
 from longtail_workers.wire.rollout import Sample
 from longtail_workers.wire.samples import StepSamples
 
@@ -146,6 +146,8 @@ class StepDriver:
         # The KL reference is the policy as loaded (before any checkpoint is applied on resume).
         self.reference = policy.policy.reference
         self._published: tuple[int, str] | None = None  # (version, sha256) of the last publish
+        self.last_sync: SyncPhases | None = None
+        """The last publish's phases (gather, pack, wire; bytes): the manifest's."""
         self.syncs = SyncBook()
         """Each version's sync, phase by phase, and each worker's held version (status)."""
         self.state = DriverState(total_steps=spec.algorithm.total_steps)
@@ -178,11 +180,18 @@ class StepDriver:
     # --- the loop ---------------------------------------------------------------------------
 
     def publish_policy(self) -> float:
+        """Publish the current policy version (every trainer rank gathers it tensor by tensor,
+        rank 0 packs and sends: ``PolicyLeader.publish``); returns the wall seconds and keeps
+        the publish's phases in :attr:`last_sync`."""
         t0 = time.monotonic()
         with self.lock:
             version = self.state.policy_version
-            manifest = self.publisher.publish(version, self.policy.full_state())
-            self._published = (version, manifest.checksum)
+            manifest = self.policy.publish(self.publisher, version)
+            self.last_sync = manifest.phases
+            # The checkpoint's model_sha256 is the model state dict's checksum: the published
+            # version's only when it travels in the model's own dtypes (else None: computed).
+            native = self.policy.policy.wire_is_native
+            self._published = (version, manifest.checksum) if native else None
         return time.monotonic() - t0
 
     def run(self, start_step: int) -> str:

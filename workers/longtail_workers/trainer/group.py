@@ -3,25 +3,39 @@
 Rank 0 runs the RL loop (``trainer/driver.py``) and reaches the policy only through
 :class:`PolicyLeader`; every other rank runs :func:`follow` (``trainer/service.py``). Before
 each operation the leader posts a command in the rendezvous store (:class:`CommandChannel`:
-``train``, ``gather``, ``save``, ``load``, then ``stop`` or ``abort`` at the end); the followers
-poll for it, so their wait between steps (a rollout can take many minutes) is bounded by
-nothing but rank 0's liveness: the store lives in rank 0, and when it is gone the poll fails at
-once. The operation itself is a collective with the process group's timeout. A ``train``
-command is followed by the step's whole :class:`~longtail_workers.trainer.batch.GrpoBatch`
-(reference log-probs included), broadcast from rank 0; each rank trains on its own rows of it.
+``train``, ``stream``, ``gather``, ``save``, ``load``, then ``stop`` or ``abort`` at the end);
+the followers poll for it, so their wait between steps (a rollout can take many minutes) is
+bounded by nothing but rank 0's liveness: the store lives in rank 0, and when it is gone the
+poll fails at once. The operation itself is a collective with the process group's timeout. A
+``train`` command is followed by the step's whole
+:class:`~longtail_workers.trainer.batch.GrpoBatch` (reference log-probs included), broadcast
+from rank 0; each rank trains on its own rows of it.
 At world 1 there is no channel and the leader calls the policy directly.
+
+A weight sync (:meth:`PolicyLeader.publish`) hands the publisher a :class:`GatherStream`: each
+call announces ``stream`` and returns a pass over the policy's whole tensors, gathered one by
+one in the layout's order on every rank (:meth:`Policy.gather_pass`); rank 0 yields them to the
+publisher, the followers drop them. The followers run every pass to its end, so rank 0 must too:
+a pass the publisher leaves unfinished (an error while packing or sending, a broadcast attempt
+that failed) is drained by rank 0 (the remaining gathers run, their tensors dropped) before the
+next pass starts and before ``publish`` returns or raises, so no follower is left in a gather.
+A pass that failed because a rank stopped is not drained (the group is broken): its
+:class:`~longtail_workers.trainer.world.TrainerRankError` is what ``publish`` raises.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from longtail_workers.trainer.batch import GrpoBatch
@@ -30,6 +44,7 @@ from longtail_workers.trainer.optim import StepStats
 from longtail_workers.trainer.policy import Policy
 from longtail_workers.trainer.sharding import StateDict
 from longtail_workers.trainer.world import TrainerRankError, TrainerWorld
+from longtail_workers.weights.sync import SyncPhases, WeightPublisher, WeightsManifest
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +107,24 @@ class PolicyLeader:
                 share_batch(self.world, batch)
         return self.policy.train(batch, step)
 
+    def publish(self, publisher: WeightPublisher, version: int) -> WeightsManifest:
+        """Publish the policy as ``version`` through ``publisher.publish_stream``, every rank
+        gathering (see the module text); ``manifest.phases.gather_s`` is the gathers' time."""
+        stream = GatherStream(self)
+        try:
+            manifest = publisher.publish_stream(version, self.policy.layout, stream)
+        except BaseException as exc:
+            stream.finish()  # the followers finish their pass; raises if a rank stopped
+            if stream.failure is not None and stream.failure is not exc:
+                raise stream.failure from exc  # the publisher wrapped it: name the rank
+            raise
+        stream.finish()
+        phases = manifest.phases or SyncPhases(transport=type(publisher).__name__)
+        if not phases.gather_s:  # the publisher did not time its wait for the stream
+            phases.gather_s = stream.gather_s
+        phases.bytes = phases.bytes or manifest.size
+        return dataclasses.replace(manifest, phases=phases)
+
     def full_state(self) -> StateDict:
         self._announce("gather")
         state = self.policy.full_state()
@@ -117,6 +150,63 @@ class PolicyLeader:
             log.warning("could not tell the follower ranks to stop: %s", exc)
 
 
+class GatherStream:
+    """Rank 0's :data:`~longtail_workers.weights.sync.TensorStream` of one publish: each call
+    tells the followers to run a pass too and returns rank 0's pass (see the module text)."""
+
+    def __init__(self, leader: PolicyLeader) -> None:
+        self.leader = leader
+        self.gather_s = 0.0
+        """Seconds spent producing tensors, every pass of this publish together."""
+        self.passes = 0
+        self.failure: TrainerRankError | None = None
+        """Set when a gather failed because a rank stopped: no further pass can run."""
+        self._open: _Pass | None = None
+
+    def __call__(self) -> Iterator[torch.Tensor]:
+        if self.failure is not None:
+            raise self.failure
+        self.finish()  # a retry: the previous pass first runs to its end on every rank
+        self.leader._announce("stream")
+        self._open = _Pass(self, self.leader.policy.gather_pass())
+        self.passes += 1
+        return self._open
+
+    def finish(self) -> None:
+        """Run the open pass to its end (gathers whose tensors nobody takes), if any."""
+        opened, self._open = self._open, None
+        if opened is not None:
+            for _ in opened:
+                pass
+
+
+class _Pass:
+    """One pass of a :class:`GatherStream`: an iterator that times each gather and remembers
+    that it ended (by exhaustion or by an error), so :meth:`GatherStream.finish` knows what is
+    left to drain."""
+
+    def __init__(self, owner: GatherStream, tensors: Iterator[torch.Tensor]) -> None:
+        self.owner, self.tensors, self.done = owner, tensors, False
+
+    def __iter__(self) -> _Pass:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.done:
+            raise StopIteration
+        t0 = time.monotonic()
+        try:
+            return next(self.tensors)
+        except TrainerRankError as exc:
+            self.done, self.owner.failure = True, exc
+            raise
+        except BaseException:  # StopIteration (the end) or any other error: nothing to drain
+            self.done = True
+            raise
+        finally:
+            self.owner.gather_s += time.monotonic() - t0
+
+
 def share_batch(world: TrainerWorld, batch: GrpoBatch | None) -> GrpoBatch:
     """Broadcast rank 0's ``batch`` (CPU tensors, pickled) to every rank; returns it."""
     box: list[Any] = [batch]
@@ -137,6 +227,9 @@ def follow(policy: Policy, channel: CommandChannel) -> int:
             with world.collective(f"receiving the batch of step {command['step']}"):
                 batch = share_batch(world, None)
             policy.train(batch, int(command["step"]))
+        elif op == "stream":
+            for _ in policy.gather_pass():
+                pass  # rank 0 publishes; this rank only takes part in each gather
         elif op == "gather":
             policy.full_state()
         elif op == "save":

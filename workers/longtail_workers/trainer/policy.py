@@ -3,8 +3,9 @@
 ``trainer/setup.py`` (rank 0) and ``trainer/group.py`` (the follower ranks) build it with
 :func:`build_policy`; rank 0's step driver reaches it through
 :class:`~longtail_workers.trainer.group.PolicyLeader`, which first tells the followers which
-operation comes next, so that every rank runs :meth:`Policy.train`, :meth:`Policy.full_state`,
-:meth:`Policy.save` or :meth:`Policy.load` at the same point. At world 1 the same methods run
+operation comes next, so that every rank runs :meth:`Policy.train`, :meth:`Policy.gather_pass`
+(a weight sync), :meth:`Policy.full_state`, :meth:`Policy.save` or :meth:`Policy.load` at the
+same point. At world 1 the same methods run
 on the unsharded model, with no group at all. Each operation is one
 :meth:`~longtail_workers.trainer.world.TrainerWorld.collective` phase, so a rank that dies in it
 fails it with an error naming that rank.
@@ -14,12 +15,15 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from longtail_api.spec import RLJobSpec
+from longtail_workers.runtime import role_device
 from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.checkpoint import CheckpointState, load_checkpoint, save_checkpoint
 from longtail_workers.trainer.optim import (
@@ -29,8 +33,15 @@ from longtail_workers.trainer.optim import (
     micro_batch_budget,
     train_step,
 )
-from longtail_workers.trainer.sharding import StateDict, full_state_dict, shard_policy
+from longtail_workers.trainer.sharding import (
+    StateDict,
+    full_state_dict,
+    gather_tensors,
+    shard_policy,
+    wire_layout,
+)
 from longtail_workers.trainer.world import TrainerWorld
+from longtail_workers.weights.sync import TensorMeta
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +55,7 @@ class Policy:
         cfg: TrainConfig,
         world: TrainerWorld | None = None,
         reference: nn.Module | None = None,
+        wire_dtype: torch.dtype | None = None,
     ) -> None:
         self.model, self.cfg = model, cfg
         self.world = world or TrainerWorld()
@@ -51,6 +63,13 @@ class Policy:
         """The frozen KL reference (the policy as loaded), whole, on rank 0 only: rank 0 scores
         the batch with it and the followers receive the log-probs with the batch."""
         self.optimizer = build_optimizer(model, cfg)
+        self.layout: list[TensorMeta] = wire_layout(model, wire_dtype)
+        """Each published version's tensors as they travel (the rollout engine's dtype), in the
+        order every rank gathers them (:meth:`gather_pass`)."""
+        own = {k: v.dtype for k, v in model.state_dict().items()}
+        self.wire_is_native = all(own[m.name] == m.dtype for m in self.layout)
+        """True when a version travels in the model's own dtypes: its sha256 is then the
+        checksum of the model's state dict (the checkpoint's ``model_sha256``)."""
 
     def train(self, batch: GrpoBatch, step: int) -> StepStats:
         """One GRPO update on this rank's rows of ``batch`` (the whole batch, on every rank)."""
@@ -60,6 +79,16 @@ class Policy:
                 return train_step(self.model, self.optimizer, batch, self.cfg, self.world)
             finally:
                 self.model.eval()
+
+    def gather_pass(self) -> Iterator[torch.Tensor]:
+        """One pass over the whole tensors of :attr:`layout`, in its order (a weight sync).
+
+        A collective at world > 1: every rank runs the whole pass (the followers drop the
+        tensors); a rank that stops fails it with an error naming that rank. No rank holds
+        more than one whole tensor at a time.
+        """
+        with self.world.collective("gathering the policy weights for a weight sync"):
+            yield from gather_tensors(self.model, self.layout)
 
     def full_state(self) -> StateDict | None:
         """The whole state dict on rank 0 (None on the others): what gets published."""
@@ -100,4 +129,12 @@ def build_policy(
     )
     budget = micro_batch_budget(spec.trainer.micro_batch_tokens, world.device)
     cfg = TrainConfig.from_algorithm(spec.algorithm, micro_batch_tokens=budget)
-    return Policy(model, cfg, world, reference), tokenizer
+    return Policy(model, cfg, world, reference, wire_dtype(spec)), tokenizer
+
+
+def wire_dtype(spec: RLJobSpec) -> torch.dtype:
+    """The dtype policy versions travel in: the rollout engine's (``model.dtype`` resolved on
+    the rollout role's device), so the trainer casts once and no receiver does."""
+    from longtail_workers.models.loading import resolve_dtype  # transformers: only when used
+
+    return resolve_dtype(spec.model.dtype, torch.device(role_device(spec.rollout.resources)))

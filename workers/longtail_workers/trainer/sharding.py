@@ -1,9 +1,10 @@
 """FSDP2 for the policy: shard it over the trainer ranks, and gather it whole again.
 
-``trainer/policy.py`` calls :func:`shard_policy` once per rank after loading the policy, and
-:func:`full_state_dict` whenever the whole weights are needed (publishing a version to the
-rollout workers, the checkpoint checksum); ``trainer/checkpoint.py`` calls
-:func:`sharded_state` and :func:`load_sharded_state` around DCP. At world 1 nothing is
+``trainer/policy.py`` calls :func:`shard_policy` once per rank after loading the policy,
+:func:`wire_layout` and :func:`gather_tensors` to publish a version to the rollout workers one
+whole tensor at a time, and :func:`full_state_dict` when the whole state dict is needed (the
+checkpoint checksum); ``trainer/checkpoint.py`` calls :func:`sharded_state` and
+:func:`load_sharded_state` around DCP. At world 1 nothing is
 sharded: the model stays a plain module and the same functions fall back to its own state dict,
 so a lone trainer behaves exactly as before.
 
@@ -18,6 +19,7 @@ world-1 gradient.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,8 +33,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from longtail_workers.trainer.world import TrainerWorld
+from longtail_workers.weights.pieces import canonical_layout
+from longtail_workers.weights.sync import TensorMeta
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +103,33 @@ def full_state_dict(model: nn.Module, world: TrainerWorld) -> StateDict | None:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = get_model_state_dict(model, options=options)
     return dict(state) if world.leader else None
+
+
+def wire_layout(model: nn.Module, wire_dtype: torch.dtype | None) -> list[TensorMeta]:
+    """The policy version as it travels: every state-dict tensor with its whole (gathered)
+    shape, floating ones in ``wire_dtype`` (None: their own), in canonical order
+    (``weights.pieces.canonical_layout``). Metadata only: no collective, no copy."""
+    metas = []
+    for name, tensor in model.state_dict().items():  # DTensors' shape is the global one
+        dtype = wire_dtype if wire_dtype is not None and tensor.is_floating_point() else None
+        metas.append(TensorMeta(name, dtype or tensor.dtype, tuple(tensor.shape)))
+    return canonical_layout(metas)[0]
+
+
+def gather_tensors(model: nn.Module, layout: Sequence[TensorMeta]) -> Iterator[torch.Tensor]:
+    """Each whole tensor of ``layout`` in its order, one at a time: a DTensor's shard is cast to
+    the wire dtype (half the gather's bytes for an fp32 trainer and a bf16 engine) and gathered
+    with ``full_tensor()``, a collective every rank must run in the same order; an unsharded
+    tensor is the model's own (no copy). Each tensor may be dropped once the next is asked for.
+    """
+    state = model.state_dict()  # views of the parameters (shards when sharded): no copy
+    for meta in layout:
+        tensor = state[meta.name]
+        if isinstance(tensor, DTensor):
+            if tensor.is_floating_point() and tensor.dtype != meta.dtype:
+                tensor = tensor.to(meta.dtype)
+            tensor = tensor.full_tensor()
+        yield tensor
 
 
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> StateDict:

@@ -31,7 +31,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from http import HTTPStatus
 
@@ -45,6 +45,8 @@ from longtail_workers.weights.store import WeightStore
 from longtail_workers.weights.sync import (
     Piece,
     StateDict,
+    TensorMeta,
+    TensorStream,
     WeightFetchError,
     WeightIntegrityError,
     WeightPublisher,
@@ -137,6 +139,12 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
         return self.store.publish(version, state_dict)
+
+    def publish_stream(
+        self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
+    ) -> WeightsManifest:
+        """Pieces packed and hashed as the stream (a sharded trainer's gather) produces them."""
+        return self.store.publish_stream(version, layout, tensors)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop serving and close the socket (idempotent); ``start()`` may be called again."""

@@ -1,10 +1,12 @@
 """Pieces of a published policy version: packing, hashing, checking and reading them back.
 
 The trainer's :class:`~longtail_workers.weights.store.WeightStore` packs a version's canonical
-safetensors bytes (``checksum.py``) itself (:func:`pack`): one copy of each tensor into one
-buffer, and each ``piece_bytes`` piece is hashed on a thread as soon as the copy has filled it,
-while another thread hashes the whole stream in order (safetensors' own ``save`` copies every
-tensor twice and leaves all hashing for afterwards). Rollout workers pull the pieces in parallel
+safetensors bytes (``checksum.py``) itself (:func:`pack_stream`, as the sharded trainer gathers
+the tensors one by one in :func:`canonical_layout` order, casting each to the rollout engine's
+dtype; :func:`pack` for a whole state dict): one copy of each tensor into one buffer, and each
+``piece_bytes`` piece is hashed on a thread as soon as the copy has filled it, while another
+thread hashes the whole stream in order (safetensors' own ``save`` copies every tensor twice
+and leaves all hashing for afterwards). Rollout workers pull the pieces in parallel
 (``http_sync.HttpWeightClient``), check the manifest's layout (:func:`check_layout`), verify
 each piece as it lands in one buffer, and read the tensors straight out of it
 (:func:`tensors_from_bytes`: views, not a deserialised copy).
@@ -19,8 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -44,22 +47,45 @@ def pack(
     state_dict: Mapping[str, torch.Tensor], piece_bytes: int
 ) -> tuple[memoryview, str, tuple[Piece, ...]]:
     """The canonical bytes of ``state_dict`` (equal to ``serialize_state_dict``'s), their
-    sha256, and their pieces with each piece's sha256.
+    sha256, and their pieces with each piece's sha256 (:func:`pack_stream` of its tensors)."""
+    layout, _ = canonical_layout(metas_of(state_dict))
+    data, checksum, pieces, _ = pack_stream(
+        layout, (state_dict[m.name] for m in layout), piece_bytes
+    )
+    return data, checksum, pieces
 
-    hashlib releases the GIL on large buffers: each piece is hashed on one thread and fed to
-    the whole-stream hash on another as soon as the copy has filled it, while this thread
-    copies the next tensors.
+
+def pack_stream(
+    layout: Sequence[TensorMeta], tensors: Iterable[torch.Tensor], piece_bytes: int
+) -> tuple[memoryview, str, tuple[Piece, ...], float]:
+    """The canonical bytes of a version whose whole tensors arrive one by one in ``layout``
+    order (a :data:`~longtail_workers.weights.sync.TensorStream` pass; ``layout`` as
+    :func:`canonical_layout` orders it), each cast to its :class:`TensorMeta`'s dtype; their
+    sha256; their pieces with each piece's sha256; and the seconds spent waiting for the
+    tensors (a sharded trainer's gather).
+
+    Each tensor is copied (and cast, and moved off its device) straight into its place in one
+    buffer, so nothing but that buffer and the tensor in hand is held. hashlib releases the GIL
+    on large buffers: each piece is hashed on one thread and fed to the whole-stream hash on
+    another as soon as the copy has filled it, while this thread takes the next tensors.
     """
     if piece_bytes < 1:
         raise ValueError(f"piece_bytes must be >= 1, got {piece_bytes}")
-    tensors, header = _layout(state_dict)
-    total = len(header) + sum(t.numel() * t.element_size() for t in tensors.values())
+    ordered, header = canonical_layout(layout)
+    if [m.name for m in ordered] != [m.name for m in layout]:
+        raise ValueError(
+            "the layout is not in canonical order (first tensors "
+            f"{[m.name for m in layout[:3]]}, canonical {[m.name for m in ordered[:3]]}); "
+            "iterate in pieces.canonical_layout(metas)[0]'s order"
+        )
+    total = len(header) + sum(m.nbytes for m in layout)
     buf = torch.empty(total, dtype=torch.uint8)  # not zeroed: every byte is written below
     view = buf.numpy().data.cast("B")  # keeps buf alive
     view[: len(header)] = header
     whole = hashlib.sha256()
     digests: list[Future[str]] = []
     updates: list[Future[None]] = []
+    waited = 0.0
     with (
         ThreadPoolExecutor(1, thread_name_prefix="weights-hash") as piece_pool,
         ThreadPoolExecutor(1, thread_name_prefix="weights-hash-all") as whole_pool,
@@ -78,19 +104,49 @@ def pack(
 
         offset = len(header)
         hand_over(offset)
-        for tensor in tensors.values():
-            n = tensor.numel() * tensor.element_size()
-            if n:
-                buf[offset : offset + n].copy_(tensor.reshape(-1).view(torch.uint8))
-            offset += n
+        stream = iter(tensors)
+        for i, meta in enumerate(layout):
+            t0 = time.monotonic()
+            tensor = next(stream, None)
+            waited += time.monotonic() - t0
+            if tensor is None:
+                raise ValueError(f"the tensor stream ended after {i} of {len(layout)} tensors")
+            _place(buf, offset, meta, tensor)
+            offset += meta.nbytes
             hand_over(offset)
+        if next(stream, None) is not None:
+            raise ValueError(f"the tensor stream has more than the layout's {len(layout)} tensors")
         for update in updates:
             update.result()
         pieces = tuple(
             Piece(i * piece_bytes, min(piece_bytes, total - i * piece_bytes), d.result())
             for i, d in enumerate(digests)
         )
-    return view, whole.hexdigest(), pieces
+    return view, whole.hexdigest(), pieces, waited
+
+
+def _place(buf: torch.Tensor, offset: int, meta: TensorMeta, tensor: torch.Tensor) -> None:
+    """Copy ``tensor`` (any device, cast to ``meta.dtype``) into ``buf[offset:]``."""
+    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != meta.shape:
+        got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(
+            f"tensor {meta.name!r}: the stream gave {got}, the layout says shape {meta.shape}"
+        )
+    if tensor.is_floating_point() != meta.dtype.is_floating_point:
+        raise ValueError(
+            f"tensor {meta.name!r}: {tensor.dtype} cannot travel as {meta.dtype} (only floating "
+            "tensors are cast); give integer tensors their own dtype in the layout"
+        )
+    if meta.nbytes == 0:
+        return
+    src = tensor.detach()
+    if src.device.type != "cpu" and src.dtype != meta.dtype:
+        src = src.to(meta.dtype)  # cast on the device: half the bytes cross to the host
+    dst = buf[offset : offset + meta.nbytes]
+    if offset % meta.dtype.itemsize == 0:
+        dst.view(meta.dtype).view(meta.shape).copy_(src)  # one copy: cast, move and place
+    else:  # not aligned for a typed view (safetensors' order keeps this from happening)
+        dst.copy_(src.to(device="cpu", dtype=meta.dtype).contiguous().view(-1).view(torch.uint8))
 
 
 def _sha256(data: memoryview) -> str:

@@ -8,6 +8,8 @@ immutable :class:`PublishedWeights` under the lock and reads it afterwards, so i
 the previous version or the new one, never a half-written one, and a slow download never blocks
 the trainer's next publish.
 
+:meth:`WeightStore.publish_stream` packs a version as a (sharded) trainer's pass over its
+tensors produces them (``pieces.pack_stream``), so no whole state dict is ever built for it.
 Each version is cut into pieces of ``piece_bytes`` (``pieces.py``), each with its sha256 in the
 manifest, so rollout workers can pull and verify the pieces in parallel; the pieces are views of
 the one serialised copy, never copies.
@@ -20,15 +22,27 @@ downloading); more lets lagging workers catch up to an older version.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from longtail_workers.weights.checksum import dtype_map
-from longtail_workers.weights.pieces import DEFAULT_PIECE_BYTES, pack
-from longtail_workers.weights.sync import WeightPublisher, WeightsManifest, pieces_checksum
+from longtail_workers.weights.pieces import (
+    DEFAULT_PIECE_BYTES,
+    canonical_layout,
+    metas_of,
+    pack_stream,
+)
+from longtail_workers.weights.sync import (
+    SyncPhases,
+    TensorMeta,
+    TensorStream,
+    WeightPublisher,
+    WeightsManifest,
+    pieces_checksum,
+)
 
 
 @dataclass(frozen=True)
@@ -55,18 +69,33 @@ class WeightStore(WeightPublisher):
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
         """Serialise ``state_dict``, hash it and its pieces, then make it visible as ``version``."""
+        layout, _ = canonical_layout(metas_of(state_dict))
+        return self.publish_stream(version, layout, lambda: (state_dict[m.name] for m in layout))
+
+    def publish_stream(
+        self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
+    ) -> WeightsManifest:
+        """Pack one pass of ``tensors`` (``layout`` in canonical order, each cast to its
+        meta's dtype) into pieces hashed as the pass fills them, then make it visible as
+        ``version``. ``phases.gather_s`` is the time spent waiting for the stream."""
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be a non-negative int, got {version!r}")
-        self._check_newer(version)  # fail before the (slow) serialisation
-        data, checksum, pieces = pack(state_dict, self.piece_bytes)
+        self._check_newer(version)  # fail before the (slow) gather and packing
+        t0 = time.monotonic()
+        data, checksum, pieces, gather_s = pack_stream(layout, tensors(), self.piece_bytes)
+        pack_s = time.monotonic() - t0 - gather_s
         manifest = WeightsManifest(
             version=version,
             checksum=checksum,
             size=len(data),
-            dtypes=dtype_map(state_dict),
+            dtypes={
+                m.name: str(m.dtype).removeprefix("torch.")
+                for m in sorted(layout, key=lambda m: m.name)
+            },
             piece_bytes=self.piece_bytes,
             pieces=pieces,
             pieces_sha256=pieces_checksum(version, len(data), pieces),
+            phases=SyncPhases("http", gather_s=gather_s, pack_s=pack_s, bytes=len(data)),
         )
         self.put(manifest, data)
         return manifest
