@@ -222,7 +222,11 @@ def build_engine(
             resolve_model_path(spec.model.path),
             speculative=speculative,
             drafter=drafter if speculative.enabled else None,
-            config=vllm_engine.VllmEngineConfig(threads=threads, seed=spec.algorithm.seed),
+            config=vllm_engine.VllmEngineConfig(
+                threads=threads,
+                seed=spec.algorithm.seed,
+                push_bucket_mb=spec.weight_sync.bucket_mb,  # buckets into vLLM as on the wire
+            ),
         )
     return TorchEngine(
         model,
