@@ -64,6 +64,52 @@ class StepPoint:
 
 
 @dataclass(frozen=True)
+class SyncCosts:
+    """What moving one policy version costs, phase by phase (``longtail_api.steprow.SYNC_PHASES``),
+    as byte rates the simulator scales to the transport a job uses (``sim/sync.py``). Every
+    rate says in :attr:`sources` whether it was measured here or assumed (and from what)."""
+
+    version_bytes: int
+    """Bytes of one version as it travels: the profiled model's weights in its dtype."""
+    http_pack_bytes_per_s: float
+    """Trainer, ``http``: packing a version into checksummed pieces (cast, copy, sha256)."""
+    http_pull_bytes_per_s: float
+    """Rollout worker, ``http``: pulling a version's pieces and verifying them (the HTTP
+    transport's wire)."""
+    load_bytes_per_s: float
+    """Rollout worker: copying a received, verified version into its model."""
+    broadcast_pack_bytes_per_s: float | None = None
+    """Trainer, ``broadcast``: casting and copying tensors into bucket buffers (no hashing on
+    the critical path); None: not measured."""
+    broadcast_wire_bytes_per_s: float | None = None
+    """``broadcast``: the buckets' rate on the wire to :attr:`broadcast_receivers` receivers;
+    None: not measured."""
+    broadcast_receivers: int = 1
+    """Receivers the broadcast rate was timed with."""
+    gather_bytes_per_s: float | None = None
+    """A sharded trainer's all-gather of the whole version (bytes of the version per second);
+    None: not measured (a world-1 trainer holds whole tensors and gathers nothing)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """How each rate was obtained, by field name: ``measured: ...`` or ``assumed: ...``."""
+
+    def __post_init__(self) -> None:
+        if self.version_bytes < 1:
+            raise ProfileError(f"weight_sync.version_bytes={self.version_bytes!r}: must be >= 1")
+        for name in ("http_pack_bytes_per_s", "http_pull_bytes_per_s", "load_bytes_per_s",
+                     "broadcast_pack_bytes_per_s", "broadcast_wire_bytes_per_s",
+                     "gather_bytes_per_s"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ProfileError(
+                    f"weight_sync.{name}={value!r}: must be > 0 (bytes/s), or null if not measured"
+                )
+        if self.broadcast_receivers < 1:
+            raise ProfileError(
+                f"weight_sync.broadcast_receivers={self.broadcast_receivers!r}: must be >= 1"
+            )
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """Everything the simulator needs to time one rollout worker and the trainer."""
 
@@ -92,8 +138,11 @@ class EngineProfile:
     alike (forward + backward + optimizer, one trainer): every token of a sequence goes through
     the forward and backward passes, not only the ones that carry loss."""
     weight_sync_s: float = 0.0
-    """Seconds to move a new policy version to a rollout worker (publish, pull, load; workers
-    pull in parallel); 0: not measured."""
+    """Seconds to move a new policy version to a rollout worker over HTTP (publish, pull, load;
+    workers pull in parallel); 0: not measured."""
+    weight_sync: SyncCosts | None = None
+    """The weight sync's costs phase by phase, for both transports (None: a profile written
+    before they were measured; the simulator then needs ``--weight-sync-s``)."""
     kv_cache_tokens: int | None = None
     """Tokens (prompt + generated, all running answers together) one rollout worker's KV cache
     holds; None: not bounded (the torch engine grows its cache as needed)."""
@@ -171,14 +220,16 @@ class EngineProfile:
 
             rest = {
                 k: v for k, v in data.items()
-                if k not in ("model", "decode", "verify", "draft", "speculative")
+                if k not in ("model", "decode", "verify", "draft", "speculative", "weight_sync")
             }  # fmt: skip
+            sync = data.get("weight_sync")
             return cls(
                 model=ModelShape(**data["model"]),
                 decode=points("decode"),
                 verify=points("verify"),
                 draft=points("draft"),
                 speculative=points("speculative") if "speculative" in data else [],
+                weight_sync=None if sync is None else SyncCosts(**sync),
                 **rest,
             )
         except KeyError as exc:

@@ -116,14 +116,16 @@ def test_simulate_cli_replays_a_run_and_plots(
     profile = tmp_path / "profile.json"
     flat_profile().write(profile)
     png = tmp_path / "timeline.png"
-    args = [str(job), "--profile", str(profile), "--lengths", f"run:{run}", "--plot", str(png)]
+    # flat_profile has no per-phase weight-sync costs: the sync is given.
+    given = [str(job), "--weight-sync-s", "0.1", "--profile", str(profile)]
+    args = [*given, "--lengths", f"run:{run}", "--plot", str(png)]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"lengths: 2 steps of run {run}" in out and "measured profile" in out
     assert f"timeline: {png}" in out and png.is_file()
-    assert main([*args[:5], "--sensitivity"]) == 2
+    assert main([*args[:7], "--sensitivity"]) == 2
     assert "--sensitivity varies the lognormal length model" in capsys.readouterr().err
-    assert main([*args[:3], "--kv-tokens", "-1"]) == 2
+    assert main([*given, "--kv-tokens", "-1"]) == 2
     assert "--kv-tokens -1: must be >= 0" in capsys.readouterr().err
 
 

@@ -4,7 +4,9 @@ Called by the CLI (``cli/longtail_cli/main.py`` forwards its arguments here). Re
 a profile (``--profile FILE`` from ``longtail profile``, or ``--roofline MODEL``: the
 first-principles H100-class profile, labelled a projection) and response lengths (``--lengths
 lognormal:median=...``, a parametric long tail, or ``--lengths run:DIR``, every step of a
-finished run replayed with its own lengths and accepted length), runs
+finished run replayed with its own lengths and accepted length), charges the weight sync of
+the job's transport phase by phase from the profile (``sim/sync.py``; ``--weight-sync-s``
+overrides it with a fixed figure), runs
 :func:`longtail_workers.sim.step.compare` and prints the step, rollout, tail, trainer, idle and
 harvested GPU-seconds side by side with the projected speedup, followed by the profile's notes
 and what was adapted from the job. ``--plot FILE.png`` draws the per-worker timeline of one
@@ -26,6 +28,7 @@ from longtail_workers.sim.roofline import QWEN2_SHAPES, roofline_profile
 from longtail_workers.sim.runs import mean_results, read_run, replay
 from longtail_workers.sim.sensitivity import format_rows, sensitivity
 from longtail_workers.sim.step import JobShape, StepResult, compare
+from longtail_workers.sim.sync import TRANSPORTS, SyncCharge, sync_charge
 
 DEFAULT_ACCEPTED_LENGTH = 3.0
 """Accepted length when neither ``--accepted-length`` nor a run gives one."""
@@ -68,10 +71,26 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-running", type=int, default=256, help="running batch per worker")
     ap.add_argument("--prompt-tokens", type=int, default=256, help="prompt length, tokens")
     ap.add_argument(
+        "--weight-sync",
+        choices=TRANSPORTS,
+        default=None,
+        help="the weight-sync transport to charge (default: the job's spec.weightSync, with "
+        "auto resolved)",
+    )
+    ap.add_argument(
+        "--link-gbps",
+        type=float,
+        default=None,
+        help="assumed link rate between trainer and rollout workers, Gb/s (25 for 25 GbE, 400 "
+        "for 400 Gb/s InfiniBand): caps the broadcast wire, bounds the HTTP pulls sharing the "
+        "trainer's link; default: the profile's measured rates alone",
+    )
+    ap.add_argument(
         "--weight-sync-s",
         type=float,
         default=None,
-        help="seconds to move a policy version to the workers (default: the profile's)",
+        help="override: seconds to move a policy version to the workers (default: charged "
+        "phase by phase from the profile's measured costs for the job's transport)",
     )
     ap.add_argument(
         "--kv-tokens",
@@ -102,6 +121,25 @@ def format_table(base: StepResult, longtail: StepResult) -> str:
         f"rollout {base.rollout_s / longtail.rollout_s:.2f}x"
     )
     return "\n".join(lines)
+
+
+def _charge(args: argparse.Namespace, spec: RLJobSpec, profile: EngineProfile) -> SyncCharge | None:
+    """The job's weight sync charged from the profile's phase costs (None: ``--weight-sync-s``
+    given, which is charged as is)."""
+    if args.weight_sync_s is not None:
+        if args.weight_sync_s < 0:
+            raise ValueError(f"--weight-sync-s {args.weight_sync_s}: must be >= 0")
+        return None
+    transport = args.weight_sync or spec.weight_sync_transport()
+    link = None if args.link_gbps is None else args.link_gbps * 1e9 / 8
+    return sync_charge(
+        profile,
+        transport,
+        workers=spec.rollout.replicas,
+        trainer_world=spec.trainer.replicas * max(1, spec.trainer.resources.gpus),
+        bucket_bytes=spec.weight_sync.bucket_mb * 2**20,
+        link_bytes_per_s=link,
+    )
 
 
 def _job(path: str) -> RLJobSpec:
@@ -140,12 +178,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise ValueError(f"--kv-tokens {args.kv_tokens}: must be >= 0 (0: unbounded)")
             profile = dataclasses.replace(profile, kv_cache_tokens=args.kv_tokens or None)
         fixed = args.accepted_length
+        charge = _charge(args, spec, profile)
         shape, notes = shape_from_job(
             spec,
             max_running=args.max_running,
             prompt_tokens=args.prompt_tokens,
             accepted_length=DEFAULT_ACCEPTED_LENGTH if fixed is None else fixed,
-            weight_sync_s=args.weight_sync_s,
+            weight_sync_s=args.weight_sync_s if charge is None else charge.pause_s,
         )
         steps, source = _simulate(args, spec, shape, profile)
         if args.sensitivity and args.lengths.startswith("run:"):
@@ -164,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = mean_results([b for b, _ in steps])
     longtail = mean_results([lt for _, lt in steps])
     print(format_table(base, longtail))
+    if charge is not None:
+        print(charge.line())
+    else:
+        print(f"weight sync: {args.weight_sync_s:g} s a version (given: --weight-sync-s)")
     if table is not None:
         print(f"\nsensitivity (one input varied at a time; * = base case, {label}):")
         print(table)
@@ -175,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    f"{plotted + 1} of {len(steps)} (longest baseline tail)")  # fmt: skip
         timeline_png(*steps[plotted], args.plot, caption)
         print(f"timeline: {args.plot}")
-    for note in [*profile.notes, *notes]:
+    sync_notes = [] if charge is None else [f"weight sync: {n}" for n in charge.notes]
+    for note in [*profile.notes, *notes, *sync_notes]:
         print(f"note: {note}")
     return 0

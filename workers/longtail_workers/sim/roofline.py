@@ -23,7 +23,7 @@ Shapes are the public Hugging Face configs of Qwen2-0.5B/1.5B/7B (Qwen2.5 shares
 
 from __future__ import annotations
 
-from longtail_api.profile import EngineProfile, ModelShape, StepPoint
+from longtail_api.profile import EngineProfile, ModelShape, StepPoint, SyncCosts
 
 HBM_BYTES_PER_S = 3.35e12
 """H100 SXM HBM3 bandwidth, bytes/s (datasheet)."""
@@ -45,6 +45,16 @@ BYTES_PER_PARAM = 2
 """bf16 weights and KV cache."""
 WEIGHT_SYNC_BYTES_PER_S = 25e9
 """Assumed rate of a policy broadcast to the rollout GPUs (NCCL over NVLink/InfiniBand)."""
+HTTP_PACK_BYTES_PER_S = 1.0e9
+"""Assumed rate of packing a version into checksummed HTTP pieces: the trainer's publish as
+measured on the CPU machine (1.26 GB in 1.27 s, 3.55 GB in 3.27 s; docs/performance.md, #33),
+host-side copy and sha256 either way."""
+HTTP_PULL_BYTES_PER_S = 0.47e9
+"""Assumed rate of a worker's HTTP pull: the rollout pause measured on the CPU machine's
+loopback (1.26 GB in 2.7 s, 3.55 GB in 7.5 s, verify and copy included; docs/performance.md)."""
+LOAD_BYTES_PER_S = 25e9
+"""Assumed rate of loading a received version into the engine: a host-to-GPU copy at about
+half of PCIe 5.0 x16 (an upper bound on the time for broadcast buckets, already on the GPU)."""
 HBM_BYTES = 80e9
 """H100 SXM memory, bytes."""
 KV_MEMORY_FRACTION = 0.9
@@ -151,12 +161,40 @@ def notes() -> list[str]:
         "(decode/verify/draft), "
         f"{PREFILL_FLOPS_FRACTION:.0%} (prefill), {TRAIN_FLOPS_FRACTION:.0%} (training)",
         f"{FORWARD_OVERHEAD_S * 1e3:g} ms fixed overhead per forward; one GPU per model copy",
-        f"weight sync: bf16 weights broadcast at {WEIGHT_SYNC_BYTES_PER_S / 1e9:.0f} GB/s",
+        f"weight sync: bf16 weights broadcast at {WEIGHT_SYNC_BYTES_PER_S / 1e9:.0f} GB/s, "
+        f"packed into buckets at {_bucket_pack_rate() / 1e9:.0f} GB/s (HBM copy), loaded at "
+        f"{LOAD_BYTES_PER_S / 1e9:.0f} GB/s; HTTP: packed at {HTTP_PACK_BYTES_PER_S / 1e9:.2f} "
+        f"GB/s and pulled at {HTTP_PULL_BYTES_PER_S / 1e9:.2f} GB/s (the CPU machine's measured "
+        "rates); the sharded trainer's gather derived from the broadcast rate",
         f"trainer: (6 + 2 x {TRAINER_EXTRA_FORWARDS}) FLOPs per parameter per token on ONE GPU: "
         "set the job shape's trainer replicas to the trainer GPUs",
         f"KV cache: {KV_MEMORY_FRACTION:.0%} of {HBM_BYTES / 1e9:.0f} GB less the weights, per "
         "rollout GPU; a full cache preempts the newest answer (recompute)",
     ]
+
+
+def _bucket_pack_rate() -> float:
+    """Casting and copying into GPU buckets: each byte read and written once in HBM."""
+    return HBM_BYTES_PER_S * BANDWIDTH_FRACTION / 2
+
+
+def sync_costs(m: ModelShape) -> SyncCosts:
+    """The weight sync's per-phase rates on the roofline (every one an assumption)."""
+    return SyncCosts(
+        version_bytes=m.params * BYTES_PER_PARAM,
+        http_pack_bytes_per_s=HTTP_PACK_BYTES_PER_S,
+        http_pull_bytes_per_s=HTTP_PULL_BYTES_PER_S,
+        load_bytes_per_s=LOAD_BYTES_PER_S,
+        broadcast_pack_bytes_per_s=_bucket_pack_rate(),
+        broadcast_wire_bytes_per_s=WEIGHT_SYNC_BYTES_PER_S,
+        sources={
+            "http_pack_bytes_per_s": "assumed: the CPU machine's measured HTTP publish rate",
+            "http_pull_bytes_per_s": "assumed: the CPU machine's measured HTTP pull rate",
+            "load_bytes_per_s": "assumed: host-to-GPU copy, half of PCIe 5.0 x16",
+            "broadcast_pack_bytes_per_s": "assumed: HBM copy, read + write",
+            "broadcast_wire_bytes_per_s": "assumed: NCCL over NVLink/InfiniBand",
+        },
+    )
 
 
 def roofline_profile(
@@ -182,6 +220,7 @@ def roofline_profile(
         drafter_train_tokens_per_s=PEAK_FLOPS * TRAIN_FLOPS_FRACTION / drafter_train_flops,
         kv_cache_tokens=kv_capacity_tokens(m),
         weight_sync_s=m.params * BYTES_PER_PARAM / WEIGHT_SYNC_BYTES_PER_S,
+        weight_sync=sync_costs(m),
         trainer_seconds_per_token=train_flops / (PEAK_FLOPS * TRAIN_FLOPS_FRACTION),
         notes=[f"model shape: {model} (public config)", *notes()],
     )

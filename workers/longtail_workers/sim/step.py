@@ -13,8 +13,9 @@ Called by ``longtail simulate`` (and the projections in docs/performance.md) thr
    rollout ends. Polling granularity is ignored (idleness is seen the moment it reaches the
    threshold), and so are trainer GPUs even when ``trainer`` is an eligible role.
 3. **Trainer.** The update's tokens (prompt + response of every answer) x the profile's trainer
-   seconds per token, divided by the trainer replicas; then the weight sync (the profile's, or
-   an input).
+   seconds per token, divided by the trainer replicas; then the weight sync: the shape's
+   seconds (``longtail simulate`` charges the job's transport phase by phase, ``sim/sync.py``,
+   or takes ``--weight-sync-s``), or the profile's flat HTTP figure when the shape has none.
 
 GPU-seconds are worker seconds x GPUs per rollout worker. The accepted length is an input and
 stays fixed over the step (the drafter's improvement during harvest is not modelled).
@@ -59,8 +60,8 @@ class JobShape:
     trainer_replicas: int = 1
     """Trainer data-parallel replicas the update's tokens are split over."""
     weight_sync_s: float | None = None
-    """Seconds to move the new weights to the rollout workers after the update (None: the
-    profile's measured or roofline figure)."""
+    """Seconds to move the new weights to the rollout workers after the update (``longtail
+    simulate``: the transport's charge, ``sim/sync.py``; None: the profile's flat figure)."""
 
     def __post_init__(self) -> None:
         for name in ("rollout_workers", "gpus_per_worker", "prompts", "group", "max_running",
