@@ -138,3 +138,6 @@ def test_a_failed_bucket_push_refuses_to_generate_until_a_whole_version_is_pushe
         last.weight = good
     engine.policy_loaded(bucket_bytes=size)
     assert _tokens(engine, requests) == _tokens(TorchEngine(model), requests)
+    with pytest.raises(ValueError, match="bucket_bytes is 0"):  # refused before any bucket
+        engine.policy_loaded(bucket_bytes=0)
+    assert _tokens(engine, requests) == _tokens(TorchEngine(model), requests)

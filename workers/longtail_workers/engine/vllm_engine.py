@@ -184,6 +184,8 @@ class VllmEngine(RolloutEngine):
         :class:`PolicyPushError` if any bucket fails; the engine then refuses to generate
         until a later call has pushed a whole version."""
         size = bucket_bytes if bucket_bytes is not None else self.config.push_bucket_mb << 20
+        if size < 1:  # refused before anything is pushed: vLLM keeps its version
+            raise ValueError(f"bucket_bytes is {size}: give a positive size (weightSync.bucketMB)")
         with self._lock:
             self._torn = "a policy push is under way"
             t0 = time.perf_counter()
