@@ -1,6 +1,6 @@
 """Policy weight sync: checksums, HTTP pull over real loopback, all-or-nothing loads.
 
-The torch.distributed transport is tested in ``test_weight_sync_dist.py``.
+The broadcast transport is tested in ``test_weight_sync_broadcast*.py``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The trainer calls :meth:`WeightPublisher.publish` after each optimiser step; a rollout worker
 calls :meth:`WeightSource.load_into` between rollouts (never during one). Two transports
 implement the pair: ``http_sync`` (the trainer serves versions over HTTP, workers pull; the
-default, works anywhere) and ``dist_sync`` (torch.distributed broadcast from rank 0).
+default, works anywhere) and ``broadcast`` (buckets on a process group of its own per attempt,
+with HTTP catch-up).
 
 The guarantee every transport gives, and the reason this module exists: **a rollout worker
 never generates with a mix of versions.** :func:`apply_state_dict` (used by every

@@ -1,0 +1,112 @@
+"""The broadcast tests' harness (``test_weight_sync_broadcast*.py``): a world-1 trainer's
+:class:`~longtail_workers.weights.broadcast.BroadcastPublisher` in the test process, and rollout
+workers' weight sides as real processes (``ws_receiver.py``), each stopped by the fixture's
+finalizer. Imported by name (``conftest.py`` puts this directory on sys.path)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_targets import tiny_qwen2
+from ws_receiver import SHAPE
+
+from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
+from longtail_workers.weights.checksum import state_dict_checksum
+from longtail_workers.weights.http_sync import WeightServer
+
+HERE = Path(__file__).resolve().parent
+PHASE_TIMEOUT_S = 8.0
+BUCKET_BYTES = 4096
+"""~21 buckets for the tiny policy's 85 KB: faults land mid-broadcast."""
+
+
+def policy(version: int) -> dict[str, torch.Tensor]:
+    """The state dict the tests publish as ``version`` (seeded by it)."""
+    return tiny_qwen2(seed=version, **SHAPE).state_dict()
+
+
+def expected_sha(version: int) -> str:
+    return state_dict_checksum(policy(version))
+
+
+class Cluster:
+    """The trainer's publisher plus the receiver processes started so far."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.server = WeightServer(port=0).start()
+        config = BroadcastConfig(bucket_bytes=BUCKET_BYTES, phase_timeout_s=PHASE_TIMEOUT_S)
+        self.publisher = BroadcastPublisher(self.server, 0, config)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
+        log = (self.tmp / f"{name}.log").open("ab")
+        cmd = [sys.executable, str(HERE / "ws_receiver.py"), "--name", name,
+               "--addr", f"127.0.0.1:{self.publisher.port}", "--weights-url", self.server.url,
+               "--out", str(self.tmp), *extra]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def wait_live(self, names: list[str], timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not set(names) <= set(self.publisher.roster.live()):
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"receivers {names} not all registered after {timeout_s}s:\n{self.logs()}"
+                )
+            time.sleep(0.1)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        path = self.tmp / f"{name}.jsonl"
+        text = path.read_text() if path.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def wait_version(self, name: str, version: int, timeout_s: float = 30.0) -> dict[str, Any]:
+        """``name``'s event that it holds ``version`` (fails on a load error or timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for event in self.events(name):
+                if "error" in event:
+                    pytest.fail(f"{name} failed to load: {event['error']}")
+                if event["version"] == version:
+                    return event
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"{name} did not load version {version} in {timeout_s}s:\n{self.logs()}"
+                )
+            time.sleep(0.1)
+
+    def want(self, name: str, version: int) -> None:
+        """Ask ``name`` to load ``version`` (as the trainer's generate call would)."""
+        (self.tmp / f"{name}.want").write_text(str(version))
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.tmp.glob("*.log"))
+        )
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+        self.publisher.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()

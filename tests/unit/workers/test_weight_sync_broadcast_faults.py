@@ -1,0 +1,90 @@
+"""Broadcast weight sync under faults (#33), real processes and gloo groups on loopback: a
+receiver SIGKILLed mid-broadcast (the version reaches the other within the phase timeout; the
+restarted worker catches up over HTTP and is in the next broadcast), a receiver that registered
+and then stops (SIGSTOP: named and dropped within the timeout, the others get the version), and
+a bucket corrupted in flight (refused, the previous version kept, the version then fetched over
+HTTP). Faults are injected by the test receiver (``ws_receiver.py``), not by product flags."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+from broadcast_harness import PHASE_TIMEOUT_S, Cluster, expected_sha, policy
+from broadcast_harness import cluster as cluster  # the fixture
+
+from longtail_workers.weights.membership import STALE_S
+
+A, B = "rollout-0", "rollout-1"
+
+
+def test_a_receiver_killed_mid_broadcast_is_dropped_and_rejoins_after_an_http_catch_up(
+    cluster: Cluster,
+) -> None:
+    victim = cluster.spawn(A, "--kill-at", "1:5")  # dies receiving bucket 5 of version 1
+    cluster.spawn(B)
+    cluster.wait_live([A, B])
+    t0 = time.monotonic()
+    phases = cluster.publisher.publish(1, policy(1)).phases
+    took = time.monotonic() - t0
+    assert victim.wait(timeout=10) == -signal.SIGKILL
+    assert phases is not None
+    assert (phases.receivers, phases.dropped, phases.attempts) == ([B], [A], 2)
+    # Lost mid-broadcast: the broken attempt ends at once (the group is dropped), the loss is
+    # known when A's beat stops (STALE_S), and the retry to B is quick.
+    assert took < PHASE_TIMEOUT_S + STALE_S, took
+    event = cluster.wait_version(B, 1)
+    assert event["via"] == "broadcast" and event["sha"] == expected_sha(1)
+
+    cluster.spawn(A)  # restarted, as longtail run or the operator would
+    cluster.want(A, 1)
+    event = cluster.wait_version(A, 1)
+    assert event["via"] == "http" and event["sha"] == expected_sha(1)
+    cluster.wait_live([A, B])
+    phases = cluster.publisher.publish(2, policy(2)).phases
+    assert phases is not None and (phases.receivers, phases.dropped) == ([A, B], [])
+    for name in (A, B):
+        event = cluster.wait_version(name, 2)
+        assert event["via"] == "broadcast" and event["sha"] == expected_sha(2)
+
+
+def test_a_receiver_that_stops_answering_is_named_and_dropped_within_the_timeout(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    stuck = cluster.spawn(A)
+    cluster.spawn(B)
+    cluster.wait_live([A, B])
+    os.kill(stuck.pid, signal.SIGSTOP)  # registered, still counted live: announced, never acks
+    try:
+        t0 = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="longtail_workers.weights.broadcast"):
+            phases = cluster.publisher.publish(1, policy(1)).phases
+        assert time.monotonic() - t0 < PHASE_TIMEOUT_S + 2
+        assert phases is not None and (phases.receivers, phases.dropped) == ([B], [A])
+        assert any(A in r.getMessage() and "dropped" in r.getMessage() for r in caplog.records)
+        event = cluster.wait_version(B, 1)
+        assert event["via"] == "broadcast" and event["sha"] == expected_sha(1)
+    finally:
+        os.kill(stuck.pid, signal.SIGCONT)
+
+
+def test_a_bucket_corrupted_in_flight_is_refused_and_the_version_fetched_over_http(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster.spawn(A, "--corrupt-at", "1:3")
+    cluster.spawn(B)
+    cluster.wait_live([A, B])
+    with caplog.at_level(logging.WARNING, logger="longtail_workers.weights.broadcast"):
+        phases = cluster.publisher.publish(1, policy(1)).phases
+    assert phases is not None and (phases.receivers, phases.dropped) == ([B], [A])
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refusals and "bucket(s) [3]" in refusals[0] and A in refusals[0]
+    assert cluster.wait_version(B, 1)["sha"] == expected_sha(1)
+    time.sleep(0.5)  # A would have loaded a kept broadcast within its 50 ms poll
+    assert [e["version"] for e in cluster.events(A)] == [0]  # the previous version, whole
+    cluster.want(A, 1)
+    event = cluster.wait_version(A, 1)
+    assert event["via"] == "http" and event["sha"] == expected_sha(1)

@@ -1,0 +1,407 @@
+"""The broadcast transport, trainer side: each policy version in buckets on a group of its own.
+
+``trainer/setup.py``'s ``make_publisher`` builds a :class:`BroadcastPublisher` for
+``--weight-sync broadcast``; the driver calls :meth:`~BroadcastPublisher.publish_stream` (or
+``publish``) once per version. Per version (the phases are ``docs/architecture.md``'s "Weight
+sync"): membership (the live members of the :class:`~longtail_workers.weights.membership.Roster`
+are announced an attempt; whoever does not acknowledge within the phase timeout, or stops
+beating, is named and dropped), a fresh gloo/NCCL group of the acknowledged members, then the
+buckets: bucket ``k+1`` is cast and packed from the tensor stream while bucket ``k`` is on the
+wire, each followed by its digest (``buckets.py``), and finish (every member reports ``ok``, or
+why it refused, within the timeout). A member lost mid-broadcast fails the attempt within the
+timeout; the version is sent again, from the trainer's host copy (no second gather), to the
+members still beating, at most :attr:`BroadcastConfig.attempts` times; then the step goes on.
+
+The trainer's HTTP :class:`~longtail_workers.weights.http_sync.WeightServer` always runs too:
+the host copy of the buckets is its version (pieces = buckets, sha256s hashed on threads while
+the buckets are on the wire), so a dropped, new or restarted worker and the drafter workers
+catch up over HTTP (``broadcast_source.py``), then join the next broadcast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch._C._distributed_c10d import Backend, Work
+
+from longtail_workers.weights.buckets import (
+    PieceHasher,
+    bucket_count,
+    bucket_digest,
+    bucket_span,
+    fill_buckets,
+)
+from longtail_workers.weights.http_sync import WeightServer
+from longtail_workers.weights.membership import (
+    ATTEMPTS,
+    BEAT_S,
+    POLL_S,
+    STALE_S,
+    AttemptRecord,
+    Roster,
+    attempt_group,
+    attempt_key,
+    broadcast,
+    error_line,
+)
+from longtail_workers.weights.pieces import canonical_layout, metas_of
+from longtail_workers.weights.sync import (
+    SyncPhases,
+    TensorMeta,
+    TensorStream,
+    WeightPublisher,
+    WeightsManifest,
+    pieces_checksum,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BroadcastConfig:
+    """How the trainer broadcasts (from ``spec.weightSync`` and the roles' devices)."""
+
+    bucket_bytes: int = 1 << 30
+    """Bytes per bucket (``bucketMB``); the sender holds at most two at a time on its device."""
+    phase_timeout_s: float = 120.0
+    """Longest any phase may take (``phaseTimeoutSeconds``): acks, group set-up, one bucket,
+    the finish."""
+    device: str = "cpu"
+    """``cpu`` (gloo, buckets in host memory) or ``cuda`` (NCCL, buckets on the GPU)."""
+    attempts: int = 3
+    """Broadcast attempts per version before the rest are left to catch up over HTTP."""
+
+    def __post_init__(self) -> None:
+        if self.bucket_bytes < 8 or self.bucket_bytes % 8:
+            raise ValueError(f"bucket_bytes={self.bucket_bytes}: must be a multiple of 8, >= 8")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device={self.device!r}: use cpu (gloo) or cuda (NCCL)")
+
+
+@dataclass
+class _Outcome:
+    """How one attempt ended, per member."""
+
+    ok: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+    """Members that received it and refused it (a digest mismatch): they fetch over HTTP."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Members that did not get it (lost, or the group broke): retried while still beating."""
+    ended: float = 0.0
+
+
+class _Attempt:
+    """One announced attempt's group and its in-flight bucket (the sender's half)."""
+
+    def __init__(self, n: int, members: list[str], pg: Backend | None) -> None:
+        self.n, self.members, self.pg = n, members, pg
+        self.error: str | None = None if pg is not None else "the group was not formed"
+        self._pending: tuple[Work, torch.Tensor] | None = None  # (bucket work, digest[2])
+        self.wire_s = 0.0
+
+    def send(self, bucket: torch.Tensor) -> None:
+        """Put ``bucket`` on the wire after the previous one (and its digest) went out."""
+        if self.error is not None or self.pg is None:
+            return
+        try:
+            self.drain()
+            digest = bucket_digest(bucket)
+            self._pending = (broadcast(self.pg, bucket), digest)
+        except RuntimeError as exc:
+            self.fail(exc)
+
+    def drain(self) -> None:
+        """Wait for the bucket in flight, then send its digest."""
+        if self._pending is None or self.pg is None:
+            return
+        work, digest = self._pending
+        self._pending = None
+        t0 = time.perf_counter()
+        work.wait()
+        broadcast(self.pg, digest).wait()
+        self.wire_s += time.perf_counter() - t0
+
+    def finish(self) -> None:
+        if self.error is None:
+            try:
+                self.drain()
+            except RuntimeError as exc:
+                self.fail(exc)
+        self.close()
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = error_line(exc)
+        log.warning("weight sync attempt %d broke on the wire: %s", self.n, self.error)
+        self.close()
+
+    def close(self) -> None:
+        """Drop the group: the survivors' pending receives fail at once instead of waiting for
+        the timeout (gloo closes the connections), and the next attempt builds a new one."""
+        self._pending = None
+        if self.pg is not None and self.error is not None and hasattr(self.pg, "abort"):
+            self.pg.abort()  # NCCL: tear down the communicator of a broken attempt
+        self.pg = None
+
+
+class BroadcastPublisher(WeightPublisher):
+    """Trainer rank 0: broadcast each version to the registered rollout workers, and keep it in
+    ``server``'s store for HTTP catch-up."""
+
+    def __init__(
+        self,
+        server: WeightServer,
+        port: int,
+        config: BroadcastConfig | None = None,
+        wire_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.server, self.config, self.wire_dtype = server, config or BroadcastConfig(), wire_dtype
+        self.roster = Roster(port, self.config.phase_timeout_s)
+        self.store = self.roster.store
+        self.port = self.roster.port
+        """The rendezvous port actually bound (``port`` 0 picks a free one)."""
+        self._buffers: list[torch.Tensor] = []  # the two device buckets (cuda only)
+
+    def close(self) -> None:
+        self.roster.close()
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
+        metas = metas_of(state_dict)
+        if self.wire_dtype is not None:
+            metas = [
+                TensorMeta(m.name, self.wire_dtype, m.shape) if m.dtype.is_floating_point else m
+                for m in metas
+            ]
+        layout, _ = canonical_layout(metas)
+        return self.publish_stream(version, layout, lambda: (state_dict[m.name] for m in layout))
+
+    def publish_stream(
+        self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
+    ) -> WeightsManifest:
+        latest = self.server.store.latest()
+        if latest is not None and version <= latest.manifest.version:
+            raise ValueError(
+                f"version {version} is not newer than the last published version "
+                f"{latest.manifest.version}; versions must increase (use the RL step number)"
+            )
+        ordered, header = canonical_layout(layout)
+        if [m.name for m in ordered] != [m.name for m in layout]:
+            raise ValueError(
+                "publish_stream: the layout is not in canonical order; build it with "
+                "pieces.canonical_layout(metas) and iterate the tensors in that order"
+            )
+        size = len(header) + sum(m.nbytes for m in ordered)
+        phases = SyncPhases("broadcast", bytes=size, attempts=0)
+        host = torch.empty(size, dtype=torch.uint8)  # the HTTP copy: [size], not zeroed
+        view = host.numpy().data.cast("B")  # keeps host alive
+        attempt = self._announce(version, size, self.roster.live(), phases)
+        t0 = time.perf_counter()
+        gather = _Timed(tensors())
+        try:
+            hasher = self._pass(header, ordered, gather, host, view, attempt)
+        except BaseException as exc:  # a bad stream: the receivers must not wait for buckets
+            if attempt is not None:
+                attempt.fail(exc)
+            raise
+        checksum, pieces = hasher.finish()
+        manifest = WeightsManifest(
+            version=version, checksum=checksum, size=size,
+            dtypes={m.name: str(m.dtype).removeprefix("torch.") for m in ordered},
+            piece_bytes=self.config.bucket_bytes, pieces=pieces,
+            pieces_sha256=pieces_checksum(version, size, pieces), phases=phases,
+        )  # fmt: skip
+        self.server.store.put(manifest, view)  # catch-up over HTTP from here on
+        wire_s = attempt.wire_s if attempt else 0.0
+        phases.gather_s = gather.seconds
+        phases.pack_s = time.perf_counter() - t0 - gather.seconds - wire_s
+        t1 = time.perf_counter()
+        outcome = self._finish(attempt) if attempt else None
+        while outcome is not None:
+            phases.receivers += outcome.ok
+            phases.dropped += list(outcome.refused)
+            retry = self._survivors(outcome, phases)
+            if not retry:
+                break
+            if phases.attempts >= self.config.attempts:
+                phases.dropped += retry
+                log.error(
+                    "weight sync: version %d did not reach %s in %d attempts; they catch up "
+                    "over HTTP", version, ", ".join(retry), phases.attempts,
+                )  # fmt: skip
+                break
+            attempt = self._announce(version, size, retry, phases)
+            if attempt is None:
+                break
+            for k in range(bucket_count(size, self.config.bucket_bytes)):
+                a, b = bucket_span(k, size, self.config.bucket_bytes)
+                attempt.send(self._device_bucket(k, b - a, host[a:b]))
+            outcome = self._finish(attempt)
+        phases.wire_s = wire_s + time.perf_counter() - t1
+        phases.receivers.sort()
+        log.info(
+            "weight sync: version %d (%.1f MB) broadcast to %s in %d attempt(s)%s: gather %.2fs "
+            "pack %.2fs wire %.2fs", version, size / 1e6, ", ".join(phases.receivers) or "nobody",
+            phases.attempts, f", dropped {', '.join(phases.dropped)}" if phases.dropped else "",
+            phases.gather_s, phases.pack_s, phases.wire_s,
+        )  # fmt: skip
+        return manifest
+
+    def _pass(
+        self,
+        header: bytes,
+        layout: list[TensorMeta],
+        tensors: Iterator[torch.Tensor],
+        host: torch.Tensor,
+        view: memoryview,
+        attempt: _Attempt | None,
+    ) -> PieceHasher:
+        """The one pass over the tensor stream: pack each bucket (into the host copy itself
+        on CPU, into one of two device buffers on GPU), send it, and hash its host copy."""
+        bucket, size = self.config.bucket_bytes, host.numel()
+        cuda = self.config.device == "cuda"
+        hasher = PieceHasher()
+
+        def target(k: int) -> torch.Tensor:
+            a, b = bucket_span(k, size, bucket)
+            return self._device_bucket(k, b - a, None) if cuda else host[a:b]
+
+        try:
+            for k in fill_buckets(header, layout, tensors, bucket, target):
+                a, b = bucket_span(k, size, bucket)
+                if cuda:
+                    filled = self._buffers[k % 2][: b - a]
+                    host[a:b].copy_(filled)
+                else:
+                    filled = host[a:b]
+                hasher.add(a, view[a:b])
+                if attempt is not None:
+                    attempt.send(filled)  # waits for bucket k-1: buffer (k+1) % 2 is free
+        except BaseException:
+            hasher.close()
+            raise
+        return hasher
+
+    def _device_bucket(self, k: int, n: int, src: torch.Tensor | None) -> torch.Tensor:
+        """Bucket ``k`` (``n`` bytes) to send: on CPU the host slice ``src`` itself; on GPU one
+        of two reused device buffers (filled from ``src`` when given)."""
+        if self.config.device == "cpu":
+            assert src is not None
+            return src
+        if not self._buffers:
+            self._buffers = [
+                torch.empty(self.config.bucket_bytes, dtype=torch.uint8, device="cuda")
+                for _ in range(2)
+            ]  # two buckets: the most a sync ever adds on the trainer's GPU
+        buf = self._buffers[k % 2][:n]
+        if src is not None:
+            buf.copy_(src)
+        return buf
+
+    def _announce(
+        self, version: int, size: int, members: list[str], phases: SyncPhases
+    ) -> _Attempt | None:
+        """Announce an attempt to ``members``; drop (naming them) those that do not
+        acknowledge within the phase timeout; build the group of the rest. None: nobody."""
+        if not members:
+            return None
+        timeout = self.config.phase_timeout_s
+        n = self.store.add(ATTEMPTS, 1)
+        phases.attempts += 1
+        record = AttemptRecord(version, size, self.config.bucket_bytes, members, self.config.device)
+        self.store.set(attempt_key(n, "record"), record.dumps())
+        missing, deadline = set(members), time.monotonic() + timeout
+        while missing and time.monotonic() < deadline:
+            for name in sorted(missing):
+                if self.store.check([attempt_key(n, f"ack/{name}")]):
+                    missing.discard(name)
+                elif self.roster.stale(name):
+                    missing.discard(name)
+                    phases.dropped.append(name)
+                    log.warning(
+                        "weight sync attempt %d (version %d): %s stopped beating before it "
+                        "acknowledged; dropped, it catches up over HTTP", n, version, name,
+                    )  # fmt: skip
+            time.sleep(POLL_S)
+        for name in sorted(missing):
+            phases.dropped.append(name)
+            log.warning(
+                "weight sync attempt %d (version %d): %s did not acknowledge within %gs (the "
+                "phase timeout); dropped, it catches up over HTTP", n, version, name, timeout,
+            )  # fmt: skip
+        joined = [m for m in members if m not in phases.dropped]
+        self.store.set(attempt_key(n, "go"), json.dumps(joined))
+        if not joined:
+            return None
+        try:
+            pg = attempt_group(self.store, n, 0, len(joined) + 1, self.config.device, timeout)
+        except RuntimeError as exc:  # a member lost between its ack and the group (timeout)
+            attempt = _Attempt(n, joined, None)
+            attempt.error = error_line(exc)
+            log.warning("weight sync attempt %d: the group did not form: %s", n, attempt.error)
+            return attempt
+        return _Attempt(n, joined, pg)
+
+    def _finish(self, attempt: _Attempt) -> _Outcome:
+        """Wait (<= the phase timeout) for each member's report of attempt ``attempt``."""
+        attempt.finish()
+        out, waiting = _Outcome(), set(attempt.members)
+        deadline = time.monotonic() + self.config.phase_timeout_s
+        while waiting:
+            for name in sorted(waiting):
+                key = attempt_key(attempt.n, f"done/{name}")
+                if self.store.check([key]):
+                    text = self.store.get(key).decode()
+                    if text == "ok":
+                        out.ok.append(name)
+                    elif text.startswith("refused"):
+                        out.refused[name] = text
+                        log.warning("weight sync attempt %d: %s %s", attempt.n, name, text)
+                    else:
+                        out.failed[name] = text
+                    waiting.discard(name)
+                elif self.roster.stale(name) or time.monotonic() > deadline:
+                    out.failed[name] = "stopped beating" if self.roster.stale(name) else "timeout"
+                    waiting.discard(name)
+            time.sleep(POLL_S)
+        out.ended = time.monotonic()
+        if out.failed:
+            log.warning(
+                "weight sync attempt %d failed for %s%s", attempt.n,
+                ", ".join(f"{n} ({why})" for n, why in sorted(out.failed.items())),
+                f" (the wire: {attempt.error})" if attempt.error else "",
+            )  # fmt: skip
+        return out
+
+    def _survivors(self, outcome: _Outcome, phases: SyncPhases) -> list[str]:
+        """The failed members still beating after the attempt ended (they get the version
+        again); the others are dropped, named."""
+        names = sorted(outcome.failed)
+        deadline = outcome.ended + STALE_S + BEAT_S
+        while names and time.monotonic() < deadline:
+            if all(self.roster.beat_after(n, outcome.ended) for n in names):
+                break
+            time.sleep(POLL_S)
+        alive = [n for n in names if self.roster.beat_after(n, outcome.ended)]
+        for name in names:
+            if name not in alive:
+                phases.dropped.append(name)
+                log.warning("weight sync: %s was lost mid-broadcast; dropped", name)
+        return alive
+
+
+class _Timed(Iterator[torch.Tensor]):
+    """An iterator that adds up the time spent producing each item (the gather)."""
+
+    def __init__(self, inner: Iterator[torch.Tensor]) -> None:
+        self.inner, self.seconds = inner, 0.0
+
+    def __next__(self) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            return next(self.inner)
+        finally:
+            self.seconds += time.perf_counter() - t0

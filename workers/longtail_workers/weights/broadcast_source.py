@@ -1,0 +1,227 @@
+"""The broadcast transport, rollout side: receive versions in the background, catch up over HTTP.
+
+``runtime.make_weight_source`` builds a :class:`BroadcastSource` for ``--weight-sync
+broadcast``; the rollout worker calls ``load_into`` between rollouts as with HTTP. A background
+thread follows the trainer's attempts (``membership.py``): for each one naming this worker it
+acknowledges, builds the attempt's fresh group, receives every bucket straight into one buffer
+on the engine's device and compares each bucket's digest with the trainer's
+(``buckets.bucket_digest``). Only a version whose every bucket matched, whose size is the
+announced one and whose header parses is kept; it then reports ``ok`` (else ``refused: ...`` or
+``failed: ...``) to the trainer. A refused version never reaches the model: it keeps its
+previous one.
+
+:meth:`BroadcastSource.fetch` hands out the version received by broadcast when it is the one
+asked for, waits (at most the phase timeout) while an attempt carrying it is running, and
+otherwise pulls it over HTTP (``HttpWeightClient``): a new or restarted worker catches up that
+way, and its registration puts it in the next broadcast.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import torch
+from torch import nn
+from torch._C._distributed_c10d import Backend, Store
+
+from longtail_workers.weights.buckets import (
+    bucket_count,
+    bucket_digest,
+    bucket_span,
+    tensors_from_buffer,
+)
+from longtail_workers.weights.http_sync import HttpWeightClient
+from longtail_workers.weights.membership import (
+    ATTEMPTS,
+    POLL_S,
+    AttemptRecord,
+    Registration,
+    attempt_group,
+    attempt_key,
+    broadcast,
+    connect,
+    error_line,
+    parse_addr,
+)
+from longtail_workers.weights.sync import StateDict, WeightSource, WeightVersionError
+
+log = logging.getLogger(__name__)
+
+
+class BroadcastSource(WeightSource):
+    """A rollout worker's weights: broadcast when it is in the attempt, HTTP otherwise."""
+
+    def __init__(
+        self,
+        addr: str,
+        name: str,
+        http: HttpWeightClient,
+        *,
+        device: str = "cpu",
+        timeout_s: float = 120.0,
+    ) -> None:
+        self.host, self.port = parse_addr(addr, "--weight-sync-addr")
+        self.name, self.http, self.device, self.timeout_s = name, http, device, timeout_s
+        self.last_via = ""
+        """How the last fetch got its version: ``broadcast`` or ``http``."""
+        self.registration: Registration | None = None
+        self._cond = threading.Condition()
+        self._latest: tuple[int, StateDict] | None = None
+        self._busy: int | None = None  # the version of the attempt this worker is in
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ws-receive", daemon=True)
+        self._thread.start()
+
+    # --- the engine's side ---------------------------------------------------------------
+
+    def fetch(self, version: int | None = None) -> tuple[int, StateDict]:
+        if version is None:
+            manifest = self.http.latest()
+            if manifest is None:
+                raise WeightVersionError(
+                    f"{self.http.base_url} has no policy weights published yet",
+                    requested=None,
+                    received=None,
+                )
+            version = manifest.version
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            while self._busy == version and time.monotonic() < deadline:
+                self._cond.wait(min(1.0, max(deadline - time.monotonic(), 0.0)))
+            if self._latest is not None and self._latest[0] == version:
+                self.last_via = "broadcast"
+                return self._latest
+        got = self.http.fetch(version)
+        self.last_via = "http"
+        return got
+
+    def received(self) -> int | None:
+        """The version received (and verified) by broadcast and not loaded yet, if any."""
+        with self._cond:
+            return None if self._latest is None else self._latest[0]
+
+    def load_into(self, model: nn.Module, version: int | None = None) -> int:
+        got = super().load_into(model, version)
+        with self._cond:
+            if self._latest is not None and self._latest[0] <= got:
+                self._latest = None  # the model has it now: free the received buffer
+        if self.registration is not None:
+            self.registration.set_held(got)
+        return got
+
+    def close(self) -> None:
+        self._stop.set()
+        if self.registration is not None:
+            self.registration.close()
+        self._thread.join(timeout=5.0)
+
+    # --- the receiving thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        delay = 0.2
+        while not self._stop.is_set():
+            try:
+                store = connect(self.host, self.port, self.timeout_s)
+                seen = store.add(ATTEMPTS, 0)  # attempts before this registration are not ours
+                if self.registration is None:
+                    self.registration = Registration(
+                        self.host, self.port, self.name, self.timeout_s
+                    )
+                delay = 0.2
+                while not self._stop.wait(POLL_S * 2):
+                    for n in range(seen + 1, store.add(ATTEMPTS, 0) + 1):
+                        seen = n
+                        record = AttemptRecord.loads(store.get(attempt_key(n, "record")))
+                        if self.name in record.members:
+                            self._attempt(store, n, record)
+            except RuntimeError as exc:  # the trainer's store unreachable or gone
+                log.warning(
+                    "weight sync: store %s:%d: %s; retrying in %.1fs",
+                    self.host, self.port, str(exc).splitlines()[0][:200], delay,
+                )  # fmt: skip
+                self._stop.wait(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _attempt(self, store: Store, n: int, record: AttemptRecord) -> None:
+        """Take part in attempt ``n``: ack, wait for the members, receive, report."""
+        with self._cond:
+            self._busy = record.version
+        try:
+            store.set(attempt_key(n, f"ack/{self.name}"), "1")
+            members = self._go(store, n)
+            if members is None:
+                result = f"failed: no go for attempt {n} within {self.timeout_s:g}s"
+            elif self.name not in members:
+                return  # dropped before the group formed: HTTP catch-up
+            else:
+                rank = members.index(self.name) + 1
+                result = self._receive(store, n, record, rank, len(members) + 1)
+            if result != "ok":
+                log.warning("weight sync attempt %d (version %d): %s", n, record.version, result)
+            store.set(attempt_key(n, f"done/{self.name}"), result)
+        finally:
+            with self._cond:
+                self._busy = None
+                self._cond.notify_all()
+
+    def _go(self, store: Store, n: int) -> list[str] | None:
+        deadline = time.monotonic() + self.timeout_s
+        key = attempt_key(n, "go")
+        while not store.check([key]):
+            if time.monotonic() > deadline or self._stop.is_set():
+                return None
+            time.sleep(POLL_S)
+        return [str(m) for m in json.loads(store.get(key))]
+
+    def _receive(self, store: Store, n: int, record: AttemptRecord, rank: int, size: int) -> str:
+        """Every bucket of attempt ``n`` into one buffer; ``ok`` once it is kept, else why not."""
+        t0 = time.perf_counter()
+        pg: Backend | None = None
+        try:
+            pg = attempt_group(store, n, rank, size, record.device, self.timeout_s)
+            buf, bad = self._buckets(pg, record)
+        except RuntimeError as exc:
+            return f"failed: {error_line(exc)}"
+        finally:
+            del pg  # drop the attempt's group now, not at the next one
+        if bad:
+            return (
+                f"refused: version {record.version}: bucket(s) {bad[:10]} of "
+                f"{bucket_count(record.size, record.bucket_bytes)} failed their digest; the "
+                "model keeps its previous version (it fetches this one over HTTP)"
+            )
+        try:
+            state = tensors_from_buffer(buf)
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            return f"refused: version {record.version}: digests ok but not safetensors: {exc}"
+        with self._cond:
+            self._latest = (record.version, state)
+        log.info(
+            "weight sync: version %d received by broadcast (%.1f MB in %.2fs)",
+            record.version, record.size / 1e6, time.perf_counter() - t0,
+        )  # fmt: skip
+        return "ok"
+
+    def _buckets(self, pg: Backend, record: AttemptRecord) -> tuple[torch.Tensor, list[int]]:
+        """Every bucket into one buffer (``[size]`` uint8 on the device), and the buckets whose
+        digest did not match the trainer's."""
+        buf = torch.empty(record.size, dtype=torch.uint8, device=record.device)  # [size]
+        theirs = torch.empty(2, dtype=torch.int64, device=record.device)  # [2] digest
+        bad: list[int] = []
+        for k in range(bucket_count(record.size, record.bucket_bytes)):
+            a, b = bucket_span(k, record.size, record.bucket_bytes)
+            self._receive_bucket(pg, record, k, buf[a:b])
+            broadcast(pg, theirs).wait()
+            if not torch.equal(bucket_digest(buf[a:b]), theirs):
+                bad.append(k)  # keep receiving: the collectives must stay paired
+        return buf, bad
+
+    def _receive_bucket(
+        self, pg: Backend, record: AttemptRecord, k: int, view: torch.Tensor
+    ) -> None:
+        """Bucket ``k`` of ``record``'s version from the trainer into ``view`` (the fault tests'
+        receiver corrupts it here, as a faulty link would, or dies here)."""
+        broadcast(pg, view).wait()
