@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -311,12 +312,18 @@ def test_a_full_disk_at_a_checkpoint_stops_the_run_with_the_reason(tmp_path: Pat
         assert "resumed from" in (run_dir / "logs" / "trainer.log").read_text()
 
 
-def test_two_step_run_with_torch_distributed_weight_sync(tmp_path: Path) -> None:
+def test_two_step_run_with_broadcast_weight_sync(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    code, out = finish(longtail_run(str(JOB), "-o", str(run_dir), "--weight-sync", "dist"))
+    code, out = finish(longtail_run(str(JOB), "-o", str(run_dir), "--weight-sync", "broadcast"))
     assert code == 0, out
-    assert [r["policy_version"] for r in rows(run_dir)] == [1, 2]
-    assert json.loads((run_dir / "run.json").read_text())["weight_sync"] == "dist"
+    got = rows(run_dir)
+    assert [r["policy_version"] for r in got] == [1, 2]
+    assert json.loads((run_dir / "run.json").read_text())["weight_sync"] == "broadcast"
+    # Both workers registered before the first step: versions 1 and 2 reached them by broadcast.
+    trainer_log = (run_dir / "logs" / "trainer.log").read_text()
+    for version in (1, 2):
+        line = rf"version {version} \([\d.]+ MB\) broadcast to rollout-0, rollout-1 in 1 attempt"
+        assert re.search(line, trainer_log), trainer_log[-3000:]
     assert_children_gone(run_dir)
 
 

@@ -1,14 +1,13 @@
 """Process plumbing shared by the rollout and trainer services (pods and ``longtail run`` alike).
 
 ``rollout/service.py``, ``trainer/service.py`` and ``drafter_worker/service.py`` call
-:func:`policy_and_drafter` (policy, initial
-drafter, drafter registry: a shared directory or the trainer's HTTP exchange),
-:func:`torch_threads` (torch's CPU threads from the role's ``resources.cpu``),
-:func:`make_weight_source` (HTTP pull or torch.distributed
-receive, by ``--weight-sync``) and :class:`ServiceRuntime` (bind, print the ``listening on URL``
-line a parent process reads, run until SIGTERM/SIGINT, stop cleanly); the rollout and drafter
-workers' ``main`` opens with :func:`start_service` (arguments from :func:`worker_parser`, logging,
-job token, job spec), and
+:func:`policy_and_drafter` (policy, initial drafter, drafter registry: a shared directory or the
+trainer's HTTP exchange), :func:`torch_threads` (torch's CPU threads from the role's
+``resources.cpu``), :func:`make_weight_source` (HTTP pull, or broadcast receive with HTTP
+catch-up, by ``--weight-sync``; flags from :func:`add_weight_sync_args`) and
+:class:`ServiceRuntime` (bind, print the ``listening on URL`` line a parent process reads, run
+until SIGTERM/SIGINT, stop cleanly); the rollout and drafter workers' ``main`` opens with
+:func:`start_service` (arguments from :func:`worker_parser`, logging, job token, job spec), and
 the trainer's and the drafter worker's HTTP handlers answer errors with :func:`answer_error`.
 """
 
@@ -19,9 +18,7 @@ import logging
 import os
 import sys
 import threading
-import time
 from dataclasses import dataclass
-from datetime import timedelta
 from http import HTTPStatus
 from typing import Any, Protocol
 
@@ -29,7 +26,7 @@ import torch
 
 from longtail_api.spec import ResourcesSpec, RLJobSpec
 from longtail_workers.signals import install_stop_signals
-from longtail_workers.weights.sync import StateDict, WeightSource, WeightSyncError
+from longtail_workers.weights.sync import WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -110,84 +107,40 @@ def initial_drafter(spec: RLJobSpec, model: Any, target_id: str) -> Any:
     return drafter.eval()
 
 
-class _WeightArgs(Protocol):
-    weight_sync: str
-    weights_url: str | None
-    dist_init: str | None
-    dist_rank: int | None
-    dist_world: int | None
-
-
-def init_dist(init: str | None, rank: int | None, world: int | None, timeout_s: float) -> None:
-    """Join the job's torch.distributed group (gloo on CPU, NCCL when CUDA is present)."""
-    import torch.distributed as dist
-
-    if not init or rank is None or world is None:
-        raise ValueError(
-            "--weight-sync dist needs --dist-init tcp://HOST:PORT, --dist-rank and --dist-world"
-        )
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(
-        backend, init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
-    )
-
-
-class BackgroundDistSource(WeightSource):
-    """Receives every broadcast in a thread (a collective needs every rank at once) and hands
-    out the newest verified version on :meth:`fetch`."""
-
-    def __init__(self) -> None:
-        from longtail_workers.weights.dist_sync import DistWeightReceiver
-
-        self._receiver = DistWeightReceiver()
-        self._cond = threading.Condition()
-        self._latest: tuple[int, StateDict] | None = None
-        self._error: BaseException | None = None
-        threading.Thread(target=self._loop, name="dist-weights", daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                got = self._receiver.fetch()
-            except Exception as exc:  # noqa: BLE001 - re-raised to every later fetch() caller
-                with self._cond:
-                    self._error = exc
-                    self._cond.notify_all()
-                log.error("torch.distributed weight receive failed: %s", exc)
-                return
-            with self._cond:
-                self._latest = got
-                self._cond.notify_all()
-
-    def fetch(self, version: int | None = None, timeout_s: float = 120.0) -> tuple[int, StateDict]:
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                if self._latest is not None and (version is None or self._latest[0] == version):
-                    return self._latest
-                if self._error is not None:
-                    raise WeightSyncError(f"torch.distributed weight sync broke: {self._error}")
-                if self._latest is not None and version is not None and self._latest[0] > version:
-                    raise WeightSyncError(
-                        f"asked for policy version {version}, newest broadcast is "
-                        f"{self._latest[0]}; the trainer moved on"
-                    )
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WeightSyncError(f"policy version {version} not broadcast in {timeout_s}s")
-                self._cond.wait(min(left, 1.0))
-
-
-def make_weight_source(args: _WeightArgs) -> WeightSource | None:
-    """The worker's weight source for ``--weight-sync`` (None: keep the weights it loaded)."""
-    if args.weight_sync == "dist":
-        init_dist(args.dist_init, args.dist_rank, args.dist_world, timeout_s=300.0)
-        return BackgroundDistSource()
-    if not args.weights_url:
-        return None
+def make_weight_source(
+    args: argparse.Namespace, spec: RLJobSpec, timeout_s: float = 120.0
+) -> WeightSource | None:
+    """The rollout worker's weight source (None: no ``--weights-url``, keep the weights it
+    loaded). ``--weight-sync`` (default: the job's ``spec.weightSync``, resolved) ``http`` pulls
+    each version from the trainer's weight server; ``broadcast`` receives it on the trainer's
+    broadcast (``--weight-sync-addr``, else ``LONGTAIL_WEIGHT_SYNC_ADDR``) and pulls over HTTP
+    only to catch up, so it needs the weights URL too."""
     from longtail_workers.weights.http_sync import HttpWeightClient
 
-    return HttpWeightClient(args.weights_url, timeout_s=120.0, retries=5)
+    transport = args.weight_sync or spec.weight_sync_transport()
+    if not args.weights_url:
+        if transport == "broadcast":
+            raise ValueError(
+                "--weight-sync broadcast needs --weights-url too: a new or restarted worker "
+                "catches up over HTTP before it joins the next broadcast"
+            )
+        return None
+    http = HttpWeightClient(args.weights_url, timeout_s=timeout_s, retries=5)
+    if transport == "http":
+        return http
+    from longtail_workers.weights.broadcast_source import BroadcastSource
+    from longtail_workers.weights.membership import ADDR_ENV
+
+    addr = args.weight_sync_addr or os.environ.get(ADDR_ENV, "")
+    if not addr:
+        raise ValueError(
+            f"--weight-sync broadcast needs the trainer's rendezvous: --weight-sync-addr "
+            f"HOST:PORT (the trainer's --weight-sync-port) or {ADDR_ENV}"
+        )
+    device = role_device(spec.rollout.resources)
+    wire = "cuda" if device == "cuda" and spec.trainer.resources.gpus >= 1 else "cpu"
+    timeout = float(spec.weight_sync.phase_timeout_seconds)
+    return BroadcastSource(addr, args.name, http, device=wire, timeout_s=timeout)
 
 
 class _Server(Protocol):
@@ -227,10 +180,27 @@ class ServiceRuntime:
 
 
 def add_weight_sync_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--weight-sync", choices=("http", "dist"), default="http")
-    ap.add_argument("--dist-init", default=None, help="tcp://HOST:PORT of the dist group")
-    ap.add_argument("--dist-rank", type=int, default=None)
-    ap.add_argument("--dist-world", type=int, default=None)
+    """``--weight-sync`` and the broadcast rendezvous flags (trainer and rollout workers)."""
+    ap.add_argument(
+        "--weight-sync",
+        choices=("http", "broadcast"),
+        default=None,
+        help="how policy versions travel (default: the job's spec.weightSync, resolved)",
+    )
+    ap.add_argument(
+        "--weight-sync-port",
+        type=int,
+        default=None,
+        help="trainer: the broadcast rendezvous port (default $LONGTAIL_WEIGHT_SYNC_PORT, else "
+        "29600; 0 picks a free one)",
+    )
+    ap.add_argument(
+        "--weight-sync-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="rollout worker: the trainer's broadcast rendezvous (default "
+        "$LONGTAIL_WEIGHT_SYNC_ADDR)",
+    )
 
 
 @dataclass(frozen=True)

@@ -186,15 +186,6 @@ def test_a_run_with_no_rollout_worker_left_says_so() -> None:
     assert Restarts(limit=0).none_left([trainer]) is None  # a run without rollout children
 
 
-def test_no_restart_with_torch_distributed_weight_sync() -> None:
-    trainer, w0 = FakeChild("trainer", "trainer"), FakeChild("rollout-0", "rollout", code=-9)
-    children: list[Any] = [w0, trainer]
-    r = Restarts(limit=3, why_not="not restarted: --weight-sync dist cannot add a member")
-    (line,) = r.check(children, trainer)
-    assert children[0] is w0 and w0.restarts == 0 and "--weight-sync dist" in line
-    assert r.summary()["restarted_workers"] == []
-
-
 def test_free_port_never_hands_out_a_port_twice() -> None:
     ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == len(ports)

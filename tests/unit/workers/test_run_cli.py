@@ -19,12 +19,14 @@ def test_worker_roles_include_rollout_trainer_and_drafter() -> None:
     assert WORKER_ROLES["drafter"] == "longtail_workers.drafter_worker.service:main"
 
 
-def test_a_dedicated_drafter_with_dist_weight_sync_is_refused(tmp_path: Path, capsys) -> None:
-    example = REPO / "examples" / "05-tiny-arith-drafter-pod.yaml"
-    run_dir = tmp_path / "run"
-    assert main(["run", str(example), "-o", str(run_dir), "--weight-sync", "dist"]) == 2
+def test_a_run_of_the_removed_dist_weight_sync_is_refused_on_resume(tmp_path: Path, capsys) -> None:
+    job = REPO / "examples" / "01-tiny-arith.yaml"
+    (tmp_path / "job.yaml").write_text(job.read_text())
+    run = {"job": "x", "no_speculative": False, "no_harvest": False, "weight_sync": "dist"}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert main(["run", "--resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "spec.drafter needs the trainer's HTTP weight server" in err and not run_dir.exists()
+    assert "weight_sync 'dist' is not supported any more" in err and "broadcast" in err
 
 
 def test_invalid_job_is_refused_with_every_error(tmp_path: Path, capsys) -> None:

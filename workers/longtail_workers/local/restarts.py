@@ -8,8 +8,9 @@ while fewer than ``spec.backoffLimit`` restarts were made, as the operator recre
 pod up to ``backoffLimit``. The trainer has already re-dispatched the lost worker's requests to
 the others; at the start of each step it health-checks the workers it marked down
 (``RolloutPool.revive``), so the restarted worker takes work again once it has loaded its model.
-Past the limit, or with ``--weight-sync dist`` (a torch.distributed group cannot take a new
-member), the worker stays down and the run goes on with the others; when none is left
+Under ``--weight-sync broadcast`` it first pulls the current policy version over HTTP, and its
+registration puts it in the next broadcast (``weights/broadcast.py``). Past the limit the
+worker stays down and the run goes on with the others; when none is left
 (:meth:`Restarts.none_left`) the run stops at once with the reason instead of waiting on the
 trainer. Any other child that exits (the verifier) is reported, not restarted. The lost
 and restarted workers end up in ``summary.json``, the report and the run's last lines.
@@ -32,8 +33,6 @@ class Restarts:
 
     limit: int
     """``spec.backoffLimit``: restarts allowed over the whole run."""
-    why_not: str | None = None
-    """Set when restarting cannot help (``--weight-sync dist``): the reason, printed once."""
     on_restart: Callable[[], None] = lambda: None
     """Called after a restart (``run.py`` rewrites ``processes.json`` with the new pid)."""
     lost: list[str] = field(default_factory=list)
@@ -57,9 +56,6 @@ class Restarts:
             self.lost.append(f"{child.name} (exit {code})")
             if child.role not in RESTARTED_ROLES:
                 lines.append(f"warning: {child.name} exited with {code}; it is not restarted")
-                continue
-            if self.why_not is not None:
-                lines.append(f"warning: {child.name} exited with {code}; {self.why_not}")
                 continue
             if len(self.restarted) >= self.limit:
                 lines.append(

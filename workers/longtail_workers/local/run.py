@@ -10,8 +10,10 @@ rendezvous environment a trainer pod gets; rank 0 logs to ``logs/trainer.log``, 
 one torch thread each; the trainer keeps ``drafters/`` and the workers exchange drafters with
 it over its HTTP port, as pods do on a cluster) and ``spec.drafter.replicas`` dedicated drafter
 workers (``longtail worker drafter``, ``logs/drafter-N.log``; given the trainer's URL up front,
-they poll it until it serves, as a drafter pod does; they need its HTTP weight server, so
-``--weight-sync dist`` is refused); run the harvest
+they poll it until it serves, as a drafter pod does, and pull policy versions from its HTTP
+weight server); policy versions travel by ``--weight-sync`` (``auto``, the default: the job's
+``spec.weightSync`` resolved; ``http``; ``broadcast``: the trainer gets a free
+``--weight-sync-port`` and the rollout workers its ``--weight-sync-addr``); run the harvest
 coordinator and the progress display until the trainer exits (restarting a lost rollout or
 drafter worker up to ``spec.backoffLimit`` times, ``local/restarts.py``); stop every child;
 write the report. Ctrl-C (SIGINT), SIGTERM or
@@ -59,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue this run")
     ap.add_argument("--no-speculative", action="store_true", help="plain decoding (baseline)")
     ap.add_argument("--no-harvest", action="store_true", help="never harvest idle workers")
-    ap.add_argument("--weight-sync", choices=("http", "dist"), default="http")
+    ap.add_argument(
+        "--weight-sync",
+        choices=("auto", "http", "broadcast"),
+        default="auto",
+        help="how policy versions reach the rollout workers (auto: the job's spec.weightSync)",
+    )
     ap.add_argument("--startup-timeout", type=float, default=600.0)
     return ap
 
@@ -126,16 +133,18 @@ def start_children(
     n = spec.rollout.replicas
     ports = [free_port() for _ in range(n)]
     workers = {f"rollout-{i}": f"http://127.0.0.1:{p}" for i, p in enumerate(ports)}
-    sync = ["--weight-sync", opts["weight_sync"]]
-    if opts["weight_sync"] == "dist":
-        init = f"tcp://127.0.0.1:{free_port()}"
-        sync += ["--dist-init", init, "--dist-world", str(n + 1)]
+    transport = weight_sync_transport(spec, opts["weight_sync"])
+    sync = ["--weight-sync", transport]
+    trainer_sync, rollout_sync = list(sync), list(sync)
+    if transport == "broadcast":
+        sync_port = free_port()
+        trainer_sync += ["--weight-sync-port", str(sync_port)]
+        rollout_sync += ["--weight-sync-addr", f"127.0.0.1:{sync_port}"]
     rollouts = []
-    for i, (name, port) in enumerate(zip(workers, ports, strict=True)):
-        extra = ["--dist-rank", str(i + 1)] if opts["weight_sync"] == "dist" else []
+    for name, port in zip(workers, ports, strict=True):
         args = ["--job", job, "--name", name, "--port", str(port),
                 "--drafters-url", f"http://127.0.0.1:{trainer_port}",
-                "--weights-url", f"http://127.0.0.1:{weights_port}", *sync, *extra]  # fmt: skip
+                "--weights-url", f"http://127.0.0.1:{weights_port}", *rollout_sync]  # fmt: skip
         if opts["no_speculative"]:
             args.append("--no-speculative")
         rollouts.append(Child(name, "rollout", args, logs, "longtail rollout listening on "))
@@ -145,9 +154,8 @@ def start_children(
     verifier_url = verifier.wait_ready(timeout_s)
     targs = ["--job", job, "--run-dir", str(run_dir), "--port", str(trainer_port),
              "--weights-port", str(weights_port), "--verifier-url", verifier_url,
-             "--drafters", drafters, *sync, "--startup-timeout", str(timeout_s)]  # fmt: skip
-    if opts["weight_sync"] == "dist":
-        targs += ["--dist-rank", "0"]
+             "--drafters", drafters, "--startup-timeout", str(timeout_s),
+             *trainer_sync]  # fmt: skip
     targs += [a for name, url in workers.items() for a in ("--rollout", f"{name}={url}")]
     if resume:
         targs.append("--resume")
@@ -175,14 +183,18 @@ def start_drafters(
         started.append(Child(name, "drafter", args, logs, "longtail drafter listening on "))
 
 
-def check_weight_sync(spec: RLJobSpec, weight_sync: str, job_file: str) -> None:
-    """A dedicated drafter pulls policy weights over HTTP; ``--weight-sync dist`` has no server."""
-    if spec.drafter is not None and spec.drafter.replicas > 0 and weight_sync == "dist":
+def weight_sync_transport(spec: RLJobSpec, weight_sync: str) -> str:
+    """``http`` or ``broadcast``: ``--weight-sync`` (kept in ``run.json``), ``auto`` meaning the
+    job's ``spec.weightSync`` resolved as the operator resolves it."""
+    if weight_sync == "auto":
+        return spec.weight_sync_transport()
+    if weight_sync not in ("http", "broadcast"):
         raise JobSpecError(
-            f"{job_file}: spec.drafter needs the trainer's HTTP weight server, which "
-            "--weight-sync dist does not run; use --weight-sync http (the default), or remove "
-            "spec.drafter"
+            f"run.json: weight_sync {weight_sync!r} is not supported any more (the "
+            "torch.distributed transport was replaced by broadcast); write auto, http or "
+            "broadcast there and resume again"
         )
+    return weight_sync
 
 
 def trainer_ranks(spec: RLJobSpec) -> list[dict[str, str]]:
@@ -206,13 +218,12 @@ def read_job(args: argparse.Namespace) -> tuple[RLJobSpec, Path, dict[str, Any]]
         run_dir, opts = prepare_run_dir(args)  # creates nothing
         spec = load_job_spec(run_dir / "job.yaml")
         check_job(spec, opts.get("source", str(run_dir / "job.yaml")))
-        check_weight_sync(spec, opts["weight_sync"], str(run_dir / "job.yaml"))
+        weight_sync_transport(spec, opts["weight_sync"])
         return spec, run_dir, opts
     if not args.file:
         raise JobSpecError("give the RLJob file: longtail run FILE (or --resume RUN_DIR)")
     spec = load_job_spec(args.file)
     check_job(spec, args.file)
-    check_weight_sync(spec, args.weight_sync, args.file)
     run_dir, opts = prepare_run_dir(args)
     return spec, run_dir, opts
 
@@ -258,7 +269,7 @@ def run(argv: list[str]) -> int:
     children: list[Child] = []
     coordinator: Coordinator | None = None
     code, started, reason = 1, time.monotonic(), None
-    restarts = Restarts(spec.backoff_limit, why_not=_no_restart(opts))
+    restarts = Restarts(spec.backoff_limit)
     try:
         token = export_run_token()  # the run's job token: children inherit it, not via argv
         trainer, workers = start_children(
@@ -297,12 +308,6 @@ def stop_signals() -> list[signal.Signals]:
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         sigs.append(signal.SIGHUP)
     return sigs
-
-
-def _no_restart(opts: dict[str, Any]) -> str | None:
-    if opts["weight_sync"] == "dist":
-        return "not restarted: --weight-sync dist cannot add a member to its process group"
-    return None
 
 
 def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,

@@ -293,7 +293,7 @@ def _serve(args: argparse.Namespace, spec: Any, token: str | None) -> int:
         spec, args.drafters, args.drafters_url, device=device
     )
     engine = build_engine(spec, model, drafter, speculative, threads)
-    weights = make_weight_source(args)
+    weights = make_weight_source(args, spec)
     worker = GeneratingWorker(
         engine,
         target_id=target_id,

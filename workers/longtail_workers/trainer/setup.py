@@ -3,10 +3,11 @@
 Called once by ``trainer/service.py``: policy and tokenizer (``load_policy``), train and eval
 datasets (``resolve_dataset``; :func:`check_context` fails at once when the longest prompt
 plus ``algorithm.maxNewTokens`` does not fit the model), the rollout pool and verifier client
-from the command line, the weight publisher (HTTP server, or torch.distributed rank 0 with
-``--weight-sync dist``) and the drafter registry (``--drafters``; the trainer's HTTP port
-serves it to the rollout workers, ``drafter/exchange.py``; candidates are checked against the job's
-drafter, ``drafter/vetting.py``, and weighed and scored by the trainer at the merge,
+from the command line, the weight publisher (:func:`make_publisher`: the HTTP server, and the
+broadcast to the rollout workers with ``--weight-sync broadcast``) and the drafter registry
+(``--drafters``; the trainer's HTTP port serves it to the rollout workers,
+``drafter/exchange.py``; candidates are checked against the job's drafter,
+``drafter/vetting.py``, and weighed and scored by the trainer at the merge,
 ``trainer/candidate_checks.py``) and, when the job makes the trainer a harvest target
 (``trainer/drafter_window.py``), the trainer's own drafter training. Returns the driver and a
 function that stops the publisher. On a sharded trainer (``trainer/world.py``) this runs on rank
@@ -23,6 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from longtail_api.context import context_error
 from longtail_api.spec import RLJobSpec
 from longtail_workers.data import Example, format_example, resolve_dataset
@@ -31,7 +34,7 @@ from longtail_workers.drafter.checkpoint import DrafterMismatchError
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.drafter.vetting import DrafterReference
-from longtail_workers.runtime import init_dist, initial_drafter
+from longtail_workers.runtime import initial_drafter, role_device
 from longtail_workers.trainer.candidate_checks import (
     CandidateChecks,
     HeldoutSample,
@@ -67,25 +70,47 @@ def parse_rollouts(items: list[str]) -> dict[str, str]:
 
 
 def make_publisher(
-    args: argparse.Namespace, keep_last: int, world: TrainerWorld | None = None
+    args: argparse.Namespace, spec: RLJobSpec, keep_last: int, world: TrainerWorld | None = None
 ) -> tuple[WeightPublisher, Callable[[], None]]:
-    if args.weight_sync == "dist":
-        if world is not None and world.sharded:
-            # The broadcast group (trainer + rollout workers) would be a second default process
-            # group in rank 0, next to the trainer group that FSDP uses.
-            raise ValueError(
-                f"--weight-sync dist is not available with a sharded trainer ({world.size} "
-                "ranks): use --weight-sync http (the default), or trainer.replicas 1 on a "
-                "pod with at most one GPU"
-            )
-        from longtail_workers.weights.dist_sync import DistWeightPublisher
-
-        init_dist(args.dist_init, 0, args.dist_world, timeout_s=300.0)
-        return DistWeightPublisher(), lambda: None
+    """The trainer's weight publisher and its stop function. The HTTP weight server always
+    runs (``--weights-port``): it is the ``http`` transport, and with ``broadcast`` (default:
+    the job's ``spec.weightSync``, resolved) the catch-up path of new, restarted or dropped
+    rollout workers and of drafter workers. Only rank 0 publishes; on a sharded trainer its
+    tensor stream is a gather every rank joins (``world`` needs nothing else here)."""
     from longtail_workers.weights.http_sync import WeightServer
 
     server = WeightServer(args.host, args.weights_port, keep_last=keep_last).start()
-    return server, server.stop
+    transport = args.weight_sync or spec.weight_sync_transport()
+    if transport == "http":
+        return server, server.stop
+    from longtail_workers.models.loading import resolve_dtype
+    from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
+    from longtail_workers.weights.membership import sync_port
+
+    rollout_device = role_device(spec.rollout.resources)
+    gpus = rollout_device == "cuda" and role_device(spec.trainer.resources) == "cuda"
+    config = BroadcastConfig(
+        bucket_bytes=spec.weight_sync.bucket_mb << 20,
+        phase_timeout_s=float(spec.weight_sync.phase_timeout_seconds),
+        device="cuda" if gpus else "cpu",
+    )
+    wire = resolve_dtype(spec.model.dtype, torch.device(rollout_device))
+    try:
+        publisher = BroadcastPublisher(server, sync_port(args.weight_sync_port), config, wire)
+    except (RuntimeError, ValueError):
+        server.stop()
+        raise
+    log.info(
+        "weight sync: broadcast (%s, %d MiB buckets, %gs phase timeout), rendezvous on port %d",
+        "NCCL" if gpus else "gloo", spec.weight_sync.bucket_mb, config.phase_timeout_s,
+        publisher.port,
+    )  # fmt: skip
+
+    def stop() -> None:
+        publisher.close()
+        server.stop()
+
+    return publisher, stop
 
 
 def build_driver(
@@ -106,7 +131,7 @@ def build_driver(
     check_context(spec, model, tokenizer, [*train, *evals])
     pool = RolloutPool(parse_rollouts(args.rollout), timeout_s=args.rollout_timeout)
     verifier = VerifierClient(args.verifier_url)
-    publisher, stop_publisher = make_publisher(args, keep_last=3, world=world)
+    publisher, stop_publisher = make_publisher(args, spec, keep_last=3, world=world)
     registry = checks = None
     if args.drafters:
         initial = job_drafter(spec, model)
