@@ -346,9 +346,8 @@ class StepDriver:
 
     def _book_sync(self, seconds: float) -> None:
         """Book the publish just made: its wall ``seconds`` and the publisher's phases
-        (``last_sync``, from the manifest; None from a publisher that does not time them)."""
-        phases = getattr(self, "last_sync", None)
-        self.syncs.published(self.state.policy_version, seconds, phases)
+        (:attr:`last_sync`, from the manifest; None from a publisher that does not time them)."""
+        self.syncs.published(self.state.policy_version, seconds, self.last_sync)
 
     def _handed_out(self, out: RolloutOutcome) -> None:
         """Book each worker's answer tokens to the drafter version they were generated with,
