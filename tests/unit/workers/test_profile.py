@@ -39,6 +39,12 @@ def test_quick_profile_writes_a_valid_file(tmp_path: Path, capsys) -> None:
         (b, c, 5) for b in (1, 3) for c in (8, 24)
     }
     assert profile.weight_sync_s > 0
+    # The weight sync's phases, both transports, measured here (sim/sync.py charges them).
+    sync = profile.weight_sync
+    assert sync is not None and sync.version_bytes > 0 and sync.gather_bytes_per_s is None
+    rates = ("http_pack", "http_pull", "load", "broadcast_pack", "broadcast_wire")
+    for name in (f"{r}_bytes_per_s" for r in rates):
+        assert (getattr(sync, name) or 0) > 0 and sync.sources[name].startswith("measured"), name
     assert "wrote" in capsys.readouterr().out
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from longtail_api.profile import EngineProfile
+from longtail_api.profile import EngineProfile, SyncCosts
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.models.loading import resolve_device
@@ -34,7 +34,7 @@ from longtail_workers.profile.forwards import (
 )
 from longtail_workers.profile.models import SHAPES, load_target, make_drafter, model_shape
 from longtail_workers.profile.neighbours import Neighbours, NeighbourSpec
-from longtail_workers.profile.sync import weight_sync_seconds
+from longtail_workers.profile.sync import measure_sync
 from longtail_workers.profile.timing import Repeats
 from longtail_workers.profile.training import (
     TrainShape,
@@ -318,8 +318,9 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
         catch_up = _catch_up(args, policy, drafter, grid, preset, gen)
     say(f"prefill: {prefill:,.0f} tokens/s")
     say(f"drafter catch-up when SD switches on: {_rate(catch_up)}")
-    sync_s = weight_sync_seconds(policy, preset.runs.repeats)
+    sync_s, sync_costs = measure_sync(policy, preset.runs.repeats)
     say(f"weight sync (publish, pull over loopback HTTP, load): {sync_s * 1e3:.1f} ms")
+    say(_sync_rates(sync_costs))
     shape = preset.train
     drafter_rate = drafter_train_tokens_per_s(drafter, shape, preset.runs, gen)
     say(f"drafter training: {drafter_rate:,.0f} tokens/s")
@@ -342,6 +343,7 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
         drafter_train_tokens_per_s=drafter_rate,
         trainer_seconds_per_token=per_token,
         weight_sync_s=sync_s,
+        weight_sync=sync_costs,
         notes=[
             f"model {name}; torch {torch.__version__}; median of {preset.runs.repeats} runs "
             f"after {preset.runs.warmup} warm-up",
@@ -357,6 +359,20 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
             f"{_accepted_drafts(args) + 1})",
             *_engine_notes(args),
         ],
+    )
+
+
+def _sync_rates(c: SyncCosts) -> str:
+    """The weight sync's measured phase rates, one line."""
+
+    def gb(rate: float | None) -> str:
+        return "-" if rate is None else f"{rate / 1e9:.2f}"
+
+    return (
+        f"weight sync phases, GB/s: http pack {gb(c.http_pack_bytes_per_s)}, pull "
+        f"{gb(c.http_pull_bytes_per_s)}, load {gb(c.load_bytes_per_s)}; broadcast pack "
+        f"{gb(c.broadcast_pack_bytes_per_s)}, wire {gb(c.broadcast_wire_bytes_per_s)} "
+        f"(gloo, {c.broadcast_receivers} receiver, loopback)"
     )
 
 
