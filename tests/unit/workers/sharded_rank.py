@@ -12,13 +12,18 @@ the policy over HTTP and publishes versions 1-3 with updates between them, each 
 every rank's gathers; before version 2 a publisher that stops after two tensors, before
 version 3 one that abandons its first pass and retries; rank 0 saves what it published, pulled
 and gathered to ``OUT/result.pt``) and ``killsync`` (rank 1 SIGKILLs itself in the middle of
-the second version's gather; rank 0 writes the error it got to ``OUT/error.txt``). The model and
-batches come from :func:`tiny_policy` and :func:`batches`, which the test also uses for its
-world-1 reference.
+the second version's gather; rank 0 writes the error it got to ``OUT/error.txt``). For
+``test_weight_sync_sharded_broadcast.py``: ``broadcast`` (the ``builtin:tiny`` policy; rank 0
+runs the broadcast publisher and writes its addresses to ``OUT/endpoints.json``, waits for the
+receivers named in ``OUT/receivers.json``, then broadcasts versions 1-3 with updates between
+them, waiting after each until every receiver has loaded it; what it published and gathered
+goes to ``OUT/result.json``). The model and batches come from :func:`tiny_policy` and
+:func:`batches`, which the test also uses for its world-1 reference.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -26,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,6 +65,14 @@ def tiny_policy(world: TrainerWorld) -> Policy:
     return Policy(shard_policy(model, world, activation_checkpointing=False), CFG, world)
 
 
+def builtin_policy(world: TrainerWorld) -> Policy:
+    """``builtin:tiny`` (a model vLLM can load too), fp32, sharded over ``world``."""
+    from longtail_workers.models.loading import load_policy
+
+    model, _ = load_policy("builtin:tiny", dtype="float32")
+    return Policy(shard_policy(model, world, activation_checkpointing=False), CFG, world)
+
+
 def batches() -> list[GrpoBatch]:
     """Two seeded batches of 7 rows (uneven lengths: the ranks get different micro-batch counts;
     row 3 has no response token at all)."""
@@ -88,6 +102,9 @@ def lead(policy: Policy, channel: CommandChannel, scenario: str, out: Path) -> N
         return
     if scenario == "killsync":
         killed_mid_sync(leader, out)
+        return
+    if scenario == "broadcast":
+        broadcast_three(leader, out)
         return
     first, second = batches()
     if scenario == "die":
@@ -163,6 +180,54 @@ def publish_three(leader: PolicyLeader, out: Path) -> None:
     torch.save(seen, out / "result.pt")
 
 
+def broadcast_three(leader: PolicyLeader, out: Path) -> None:
+    """Versions 1-3 broadcast to the receivers (updates between them); see the module text."""
+    from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
+
+    names = json.loads((out / "receivers.json").read_text())
+    result: dict[str, Any] = {"versions": []}
+    with WeightServer(keep_last=2) as server:
+        config = BroadcastConfig(bucket_bytes=256 << 10, phase_timeout_s=30.0)
+        publisher = BroadcastPublisher(server, 0, config)
+        try:
+            addr = f"127.0.0.1:{publisher.port}"
+            (out / "endpoints.json").write_text(json.dumps({"addr": addr, "url": server.url}))
+            until(lambda: set(names) <= set(publisher.roster.live()), 240, f"{names} registered")
+            for version, batch in zip((1, 2, 3), (None, *batches()), strict=True):
+                if batch is not None:
+                    leader.train(batch, version - 1)
+                manifest = leader.publish(publisher, version)
+                gathered = state_dict_checksum(leader.full_state())
+                phases = manifest.phases
+                assert phases is not None
+                result["versions"].append({
+                    "version": version, "manifest": manifest.checksum, "gathered": gathered,
+                    "receivers": phases.receivers, "dropped": phases.dropped,
+                    "attempts": phases.attempts, "gather_s": phases.gather_s,
+                })  # fmt: skip
+                until(lambda v=version: all(loaded(out, n) >= v for n in names), 120,
+                      f"every receiver loaded version {version}")  # fmt: skip
+        finally:
+            publisher.close()
+    leader.close(True)
+    (out / "result.json").write_text(json.dumps(result))
+
+
+def loaded(out: Path, name: str) -> int:
+    """The newest version receiver ``name`` reports loaded (0: none yet)."""
+    path = out / f"{name}.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return max((json.loads(x).get("version", 0) for x in lines if x.strip()), default=0)
+
+
+def until(done: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout_s:g}s: {what}")
+        time.sleep(0.1)
+
+
 def killed_mid_sync(leader: PolicyLeader, out: Path) -> None:
     """Version 1 publishes; rank 1 dies in the middle of version 2's gathers."""
     store = WeightStore(keep_last=1, piece_bytes=PIECE)
@@ -210,7 +275,7 @@ def main(scenario: str, rank: int, world_size: int, port: int, out: Path) -> int
     torch.set_num_threads(1)
     rendezvous = TrainerRendezvous("127.0.0.1", port, nnodes=world_size, node_rank=rank)
     world = join_world(rendezvous, 0, "cpu", timeout_s=60.0)
-    policy = tiny_policy(world)
+    policy = builtin_policy(world) if scenario == "broadcast" else tiny_policy(world)
     if scenario == "die" and rank == 1:
         layer = policy.model.model.layers[1]  # type: ignore[union-attr,index]
         layer.register_forward_pre_hook(lambda *_: os._exit(1))  # dies inside the update

@@ -37,10 +37,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_world(scenario: str, out: Path, world: int = 2) -> list[tuple[int, str]]:
-    """Start every rank, wait (bounded: a hang fails the test), return ``(rc, output)`` each."""
+def start_world(scenario: str, out: Path, world: int = 2) -> list[subprocess.Popen[str]]:
+    """Start every rank of ``sharded_rank.py SCENARIO`` (wait for them with :func:`wait_world`)."""
     port = free_port()
-    procs = [
+    return [
         subprocess.Popen(
             [sys.executable, str(SCRIPT), scenario, str(r), str(world), str(port), str(out)],
             stdout=subprocess.PIPE,
@@ -49,16 +49,27 @@ def run_world(scenario: str, out: Path, world: int = 2) -> list[tuple[int, str]]
         )
         for r in range(world)
     ]
+
+
+def wait_world(
+    procs: list[subprocess.Popen[str]], scenario: str, timeout_s: float = 240
+) -> list[tuple[int, str]]:
+    """Wait for every rank (bounded: a hang fails the test), return ``(rc, output)`` each."""
     results = []
     for p in procs:
         try:
-            text, _ = p.communicate(timeout=240)
+            text, _ = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail(f"{scenario}: a rank hung (no exit in 240 s)")
+            pytest.fail(f"{scenario}: a rank hung (no exit in {timeout_s:g} s)")
         results.append((p.returncode, text))
     return results
+
+
+def run_world(scenario: str, out: Path, world: int = 2) -> list[tuple[int, str]]:
+    """Start every rank, wait (bounded: a hang fails the test), return ``(rc, output)`` each."""
+    return wait_world(start_world(scenario, out, world), scenario)
 
 
 def assert_close_states(a: dict[str, Any], b: dict[str, Any]) -> None:
