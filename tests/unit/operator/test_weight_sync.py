@@ -185,3 +185,26 @@ def test_weight_sync_port_setting() -> None:
     for raw, message in bad.items():
         with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
             from_env({"LONGTAIL_OPERATOR_WEIGHT_SYNC_PORT": raw})
+
+
+def test_the_workers_own_parsers_read_the_flags_the_operator_writes(tmp_path: Path) -> None:
+    """The operator spells the workers' flags as strings (it does not import the workers): the
+    rollout and trainer services' own parsers must read them back as meant."""
+    from longtail_workers.rollout.service import build_parser as rollout_parser
+    from longtail_workers.trainer.service import build_parser as trainer_parser
+
+    manifest = broadcast()
+    spec = spec_of(manifest)
+    config = tmp_path / "rljob.yaml"
+    config.write_text(yaml.safe_dump(manifest))
+    parsed = {}
+    for role, parser in (("trainer", trainer_parser), ("rollout", rollout_parser)):
+        pod = builders.worker_pod(JOB, spec, SETTINGS, role, 0)
+        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+        env |= {"LONGTAIL_POD_NAME": pod["metadata"]["name"], "LONGTAIL_CONFIG": str(config)}
+        parsed[role] = parser().parse_args(pod_args(role, args_of(pod)[2:], env))
+    assert parsed["trainer"].weight_sync == parsed["rollout"].weight_sync == "broadcast"
+    assert parsed["trainer"].weight_sync_port == 9600
+    assert parsed["rollout"].weight_sync_addr == f"{TRAINER_0}:9600"
+    assert parsed["rollout"].name == "tiny-rollout-0"
+    assert parsed["rollout"].weights_url == f"http://{TRAINER_0}:9301"
