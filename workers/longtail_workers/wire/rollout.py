@@ -192,7 +192,9 @@ class GenerateReply:
     samples: list[Sample]
     engine: dict[str, float] = field(default_factory=dict)
     """``seconds``, ``decodeSteps``, ``sdSteps``, ``tokens``, ``sdTokens``,
-    ``meanAcceptedLength`` (0 when SD never ran) of this call."""
+    ``meanAcceptedLength`` (0 when SD never ran) of this call, and ``policyLoadSeconds``: the
+    rollout pause the call spent obtaining and loading the policy version it names (0 when
+    the worker held it; the trainer books it, ``trainer/syncbook.py``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
