@@ -152,6 +152,14 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
         assert set(r["worker_generate_s"]) <= {"rollout-0", "rollout-1"}, r["worker_generate_s"]
         assert all(v > 0 for v in r["worker_generate_s"].values())
         assert len(r["answer_spec_steps"]) == len(r["answer_accepted_drafts"]) == 8
+    # Each row's weight sync is the version its rollout used (published by the step before),
+    # phase by phase; step 2's workers loaded version 1 at its first generate call.
+    assert [r["sync_version"] for r in got] == [0, 1]
+    assert all(r["sync_transport"] == "http" and r["sync_bytes"] > 0 for r in got)
+    assert set(got[1]["worker_load_s"]) == {"rollout-0", "rollout-1"}
+    assert got[1]["sync_load_s"] == max(got[1]["worker_load_s"].values()) > 0
+    assert got[1]["sync_pause_s"] > got[1]["sync_load_s"] and got[1]["sync_gb_per_s"] > 0
+    assert re.search(r"train [\d.]+s sync [\d.]+s, [\d.]+ GB/s", out), out  # the step lines
     # trainer.microBatchTokens 64 splits each ~500-token update (the CPU default, 1024, would not)
     assert all(r["train_micro_batches"] >= 2 for r in got), [r["train_micro_batches"] for r in got]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
@@ -168,6 +176,7 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
         assert (run_dir / "report" / name).stat().st_size > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "complete" and summary["steps_completed"] == 2
+    assert summary["weight_sync_transport"] == "http" and summary["weight_sync_pause_s_mean"] > 0
     assert summary["start_eval_accuracy"] is not None
     assert summary["start_eval_sampled_accuracy"] is not None  # evalSamples' default: 4
     assert summary["final_eval_sampled_accuracy"] is not None
