@@ -1,14 +1,21 @@
 """Policy weights by broadcast (#33): buckets and digests in process, then a world-1 trainer
 broadcasting three versions over real gloo groups to rollout workers' weight sides running as
 separate processes (``ws_receiver.py``), with a late joiner that catches up over HTTP and is in
-the next broadcast. The fault cases are in ``test_weight_sync_broadcast_faults.py``."""
+the next broadcast; a broadcast worker started without its rendezvous or weights URL. The fault
+cases are in ``test_weight_sync_broadcast_faults.py``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 from broadcast_harness import Cluster, expected_sha, policy
 from broadcast_harness import cluster as cluster  # the fixture
 
+from longtail_workers.jobspec import load_job_spec
+from longtail_workers.rollout.service import build_parser
+from longtail_workers.runtime import make_weight_source
 from longtail_workers.weights.buckets import (
     bucket_count,
     bucket_digest,
@@ -17,8 +24,12 @@ from longtail_workers.weights.buckets import (
     tensors_from_buffer,
 )
 from longtail_workers.weights.checksum import serialize_state_dict, state_dict_checksum
+from longtail_workers.weights.http_sync import HttpWeightClient
+from longtail_workers.weights.membership import ADDR_ENV
 from longtail_workers.weights.pieces import canonical_layout, metas_of
 from longtail_workers.weights.sync import TensorMeta
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_buckets_carry_the_canonical_bytes_in_the_wire_dtype() -> None:
@@ -84,3 +95,21 @@ def test_three_versions_reach_every_receiver_and_a_late_joiner_catches_up(
             event = cluster.wait_version(name, version)
             assert event["via"] == "broadcast", event
             assert event["sha"] == expected_sha(version), name
+
+
+def test_a_broadcast_worker_without_its_rendezvous_or_weights_url_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = load_job_spec(REPO / "examples" / "01-tiny-arith.yaml")
+    monkeypatch.delenv(ADDR_ENV, raising=False)
+    args = build_parser().parse_args(["--job", "x", "--weight-sync", "broadcast"])
+    with pytest.raises(ValueError, match="needs --weights-url too"):
+        make_weight_source(args, spec)
+    args.weights_url = "http://127.0.0.1:1"
+    with pytest.raises(ValueError, match=f"--weight-sync-addr HOST:PORT .* or {ADDR_ENV}"):
+        make_weight_source(args, spec)
+    args.weight_sync_addr = "trainer-0"
+    with pytest.raises(ValueError, match="'trainer-0' is not HOST:PORT"):
+        make_weight_source(args, spec)
+    args.weight_sync = None  # the job's transport: example 01 has no GPUs, so http
+    assert isinstance(make_weight_source(args, spec), HttpWeightClient)

@@ -105,12 +105,17 @@ class BroadcastSource(WeightSource):
 
     def load_into(self, model: nn.Module, version: int | None = None) -> int:
         got = super().load_into(model, version)
-        with self._cond:
-            if self._latest is not None and self._latest[0] <= got:
-                self._latest = None  # the model has it now: free the received buffer
-        if self.registration is not None:
-            self.registration.set_held(got)
+        self.loaded(got)
         return got
+
+    def loaded(self, version: int) -> None:
+        """``version`` is in the engine now (``load_into`` calls this; an engine fed from
+        :meth:`fetch` directly calls it itself): free the received copy, report it as held."""
+        with self._cond:
+            if self._latest is not None and self._latest[0] <= version:
+                self._latest = None
+        if self.registration is not None:
+            self.registration.set_held(version)
 
     def close(self) -> None:
         self._stop.set()
