@@ -121,15 +121,34 @@ def gather_tensors(model: nn.Module, layout: Sequence[TensorMeta]) -> Iterator[t
     the wire dtype (half the gather's bytes for an fp32 trainer and a bf16 engine) and gathered
     with ``full_tensor()``, a collective every rank must run in the same order; an unsharded
     tensor is the model's own (no copy). Each tensor may be dropped once the next is asked for.
+
+    A tied weight (one parameter under two names, e.g. a small Qwen2's embedding and LM head:
+    adjacent in the layout) is gathered once and given for both names; every rank decides that
+    from the module structure, so they all skip the same gather.
     """
     state = model.state_dict()  # views of the parameters (shards when sharded): no copy
+    tied = _tied_parameters(model)
+    last: tuple[int, torch.Tensor] | None = None  # (tied parameter, its gathered tensor)
     for meta in layout:
         tensor = state[meta.name]
         if isinstance(tensor, DTensor):
+            key = tied.get(meta.name)
+            if key is not None and last is not None and last[0] == key:  # same wire dtype too
+                yield last[1]
+                continue
             if tensor.is_floating_point() and tensor.dtype != meta.dtype:
                 tensor = tensor.to(meta.dtype)
             tensor = tensor.full_tensor()
+            last = None if key is None else (key, tensor)
         yield tensor
+
+
+def _tied_parameters(model: nn.Module) -> dict[str, int]:
+    """``{name: parameter id}`` for the names that share their parameter with another name."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return {n: key for key, group in names.items() if len(group) > 1 for n in group}
 
 
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> StateDict:
