@@ -126,6 +126,7 @@ class PolicyLeader:
         return dataclasses.replace(manifest, phases=phases)
 
     def full_state(self) -> StateDict:
+        """The whole state dict (:meth:`Policy.full_state`; not for a weight sync)."""
         self._announce("gather")
         state = self.policy.full_state()
         assert state is not None  # rank 0 always gets the whole state dict

@@ -91,7 +91,9 @@ class Policy:
             yield from gather_tensors(self.model, self.layout)
 
     def full_state(self) -> StateDict | None:
-        """The whole state dict on rank 0 (None on the others): what gets published."""
+        """The whole state dict on rank 0 (None on the others), in the model's dtypes: a whole
+        CPU copy, so a weight sync never uses it (it streams: :meth:`gather_pass`); the tests
+        compare what was published with it."""
         with self.world.collective("gathering the policy weights"):
             return full_state_dict(self.model, self.world)
 
