@@ -18,6 +18,25 @@ extra trainer memory (the process's RSS growth while ``publish`` runs, sampled e
 it from there (only the package name in their imports is rewritten); the HTTP server and
 client modules they use are today's. ``new`` is the package in this tree. Each (shape,
 protocol) runs in a fresh Python process so memory figures do not mix.
+
+``broadcast`` (world 1) runs the tree's :class:`BroadcastPublisher` in that process and two
+receivers (:class:`BroadcastSource`, each its own process, started with ``--receiver``) on real
+gloo groups over loopback. The trainer's tensor stream yields views of one scratch tensor as
+large as the largest tensor, in canonical order (the bytes differ from the 'old'/'new' rows'
+random state, the cost per byte does not; a world-1 trainer's tensors are already whole, so
+the gather is ~0), which keeps the 1.5B row within this machine's memory; likewise each
+receiver's load copies every received tensor into one scratch tensor of the largest tensor's
+size (the same bytes copied as into a model). ``broadcast-w2`` adds a real second trainer rank:
+each tensor is sharded by rows over two processes and all-gathered over their own gloo group
+as it is streamed (what FSDP2's ``full_tensor()`` does per tensor), so its gather column is a
+real world-2 gather. Row columns as above; for broadcast the publish returns once both
+receivers verified the version (its phases: pack = cast + copy into buckets + hashing the
+HTTP copy, wire = waiting for the buckets and the receivers' reports), and the pause is the
+worker's ``fetch`` + load when asked for the version (the broadcast is already in). ``trainer
++GB`` includes the HTTP catch-up copy (one version, as for 'new'); on CPU the buckets are
+slices of it (0 buckets beyond it), on a GPU two device buckets come on top. Last, a projection
+for a 7B policy (15.2 GB) over 25 GbE and 400 Gb/s InfiniBand from the measured phase rates,
+with its assumptions printed.
 """
 
 from __future__ import annotations
@@ -25,6 +44,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,31 +65,37 @@ SHAPES = {  # hidden, intermediate, layers, attention heads, kv heads, vocab
 MODULES = ("sync", "checksum", "pieces", "store", "http_sync")
 
 
-def qwen2_state(shape: str) -> dict[str, torch.Tensor]:
-    """Random bf16 tensors with the names and shapes of a Qwen2 model's state dict."""
+def qwen2_shapes(shape: str) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of a Qwen2 model's state dict (``lm_head.weight`` included)."""
     hidden, inter, layers, heads, kv_heads, vocab = SHAPES[shape]
     kv = hidden // heads * kv_heads
-    out: dict[str, torch.Tensor] = {}
-
-    def add(name: str, *dims: int) -> None:
-        out[name] = torch.empty(dims, dtype=torch.bfloat16).uniform_(-0.05, 0.05)
-
-    add("model.embed_tokens.weight", vocab, hidden)
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        add(p + "self_attn.q_proj.weight", hidden, hidden)
-        add(p + "self_attn.q_proj.bias", hidden)
+        out[p + "self_attn.q_proj.weight"] = (hidden, hidden)
+        out[p + "self_attn.q_proj.bias"] = (hidden,)
         for n in ("k", "v"):
-            add(p + f"self_attn.{n}_proj.weight", kv, hidden)
-            add(p + f"self_attn.{n}_proj.bias", kv)
-        add(p + "self_attn.o_proj.weight", hidden, hidden)
-        add(p + "mlp.gate_proj.weight", inter, hidden)
-        add(p + "mlp.up_proj.weight", inter, hidden)
-        add(p + "mlp.down_proj.weight", hidden, inter)
-        add(p + "input_layernorm.weight", hidden)
-        add(p + "post_attention_layernorm.weight", hidden)
-    add("model.norm.weight", hidden)
-    out["lm_head.weight"] = out["model.embed_tokens.weight"]  # tied, as in both models
+            out[p + f"self_attn.{n}_proj.weight"] = (kv, hidden)
+            out[p + f"self_attn.{n}_proj.bias"] = (kv,)
+        out[p + "self_attn.o_proj.weight"] = (hidden, hidden)
+        out[p + "mlp.gate_proj.weight"] = (inter, hidden)
+        out[p + "mlp.up_proj.weight"] = (inter, hidden)
+        out[p + "mlp.down_proj.weight"] = (hidden, inter)
+        out[p + "input_layernorm.weight"] = (hidden,)
+        out[p + "post_attention_layernorm.weight"] = (hidden,)
+    out["model.norm.weight"] = (hidden,)
+    out["lm_head.weight"] = (vocab, hidden)
+    return out
+
+
+def qwen2_state(shape: str) -> dict[str, torch.Tensor]:
+    """Random bf16 tensors with the names and shapes of a Qwen2 model's state dict."""
+    out: dict[str, torch.Tensor] = {}
+    for name, dims in qwen2_shapes(shape).items():
+        if name == "lm_head.weight":
+            out[name] = out["model.embed_tokens.weight"]  # tied, as in both models
+        else:
+            out[name] = torch.empty(dims, dtype=torch.bfloat16).uniform_(-0.05, 0.05)
     return out
 
 
@@ -96,6 +122,12 @@ def _rss() -> int:
 
 def timed_publish(server: Any, version: int, state: dict[str, torch.Tensor]) -> tuple[float, int]:
     """Seconds of ``server.publish`` and the process's peak RSS growth meanwhile."""
+    seconds, extra, _ = timed(lambda: server.publish(version, state))
+    return seconds, extra
+
+
+def timed(fn: Any) -> tuple[float, int, Any]:
+    """Seconds of ``fn()``, the process's peak RSS growth meanwhile, and its result."""
     before, peak, done = _rss(), [0], threading.Event()
 
     def sample() -> None:
@@ -106,11 +138,11 @@ def timed_publish(server: Any, version: int, state: dict[str, torch.Tensor]) -> 
     sampler = threading.Thread(target=sample)
     sampler.start()
     t0 = time.perf_counter()
-    server.publish(version, state)
+    result = fn()
     seconds = time.perf_counter() - t0
     done.set()
     sampler.join()
-    return seconds, max(peak[0], _rss()) - before
+    return seconds, max(peak[0], _rss()) - before, result
 
 
 def one(shape: str, protocol: str, repeat: int, old_rev: str) -> dict[str, Any]:
@@ -148,37 +180,108 @@ def one(shape: str, protocol: str, repeat: int, old_rev: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+PROTOCOLS = ("old", "new", "broadcast", "broadcast-w2")
+
+
+def _line(r: dict[str, Any]) -> str:
+    def col(key: str, width: int) -> str:
+        return f"{r[key]:{width}.2f}" if key in r else f"{'-':>{width}}"
+
+    return (
+        f"{r['shape']:>6} {r['protocol']:>12} {r['gb']:5.2f} {r['s_per_version']:9.2f} "
+        f"{r['gb_s']:6.2f} {r['publish_s']:9.2f} {col('gather_s', 8)} {col('pack_s', 6)} "
+        f"{col('wire_s', 6)} {r['pause_s']:8.2f} {r['extra_gb']:11.2f}"
+    )
+
+
+def _version_gb(shape: str) -> float:
+    n = 0
+    for dims in qwen2_shapes(shape).values():
+        k = 1
+        for d in dims:
+            k *= d
+        n += k
+    return n * 2 / 1e9
+
+
+def _available_gb() -> float:
+    """MemAvailable: a broadcast row holds ~4 versions across its processes (the trainer's
+    HTTP copies of the last and the new version, each receiver's buffer) plus scratch and, for
+    world 2, the second rank's shards; a row that does not fit is skipped, not OOM-killed."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024 / 1e9
+    return 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     ap.add_argument("--repeat", type=int, default=3, help="timed versions per row (median)")
+    ap.add_argument("--bucket-mb", type=int, default=256, help="broadcast bucket size (MiB)")
     ap.add_argument("--old-rev", default=OLD_REV, help="commit holding today's protocol")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # "SHAPE:PROTOCOL", run in a child
+    ap.add_argument("--receiver", nargs=4, help=argparse.SUPPRESS)  # ADDR NAME URL SHAPE
+    ap.add_argument("--rank1", nargs=3, help=argparse.SUPPRESS)  # PORT SHAPE SEED
     args = ap.parse_args()
+    if args.receiver:
+        from bench_broadcast import receiver  # type: ignore[import-not-found]
+
+        receiver(*args.receiver)
+        return
+    if args.rank1:
+        from bench_broadcast import rank1  # type: ignore[import-not-found]
+
+        rank1(int(args.rank1[0]), args.rank1[1])
+        return
     if args.one:
         shape, protocol = args.one.split(":")
-        print(json.dumps(one(shape, protocol, args.repeat, args.old_rev)), flush=True)
+        if protocol.startswith("broadcast"):
+            from bench_broadcast import one_broadcast  # type: ignore[import-not-found]
+
+            row = one_broadcast(shape, protocol, args.repeat, args.bucket_mb << 20, __file__)
+        else:
+            row = one(shape, protocol, args.repeat, args.old_rev)
+        print(json.dumps(row), flush=True)
         return
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(f"load average {load} on {len(os.sched_getaffinity(0))} CPUs; "
+          f"{_available_gb():.0f} GB available; buckets {args.bucket_mb} MiB")  # fmt: skip
     print(
-        f"{'policy':>6} {'protocol':>8} {'GB':>5} {'s/version':>9} {'GB/s':>6} "
-        f"{'publish s':>9} {'pause s':>8} {'trainer +GB':>11}"
+        f"{'policy':>6} {'protocol':>12} {'GB':>5} {'s/version':>9} {'GB/s':>6} "
+        f"{'publish s':>9} {'gather s':>8} {'pack s':>6} {'wire s':>6} {'pause s':>8} "
+        f"{'trainer +GB':>11}"
     )
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for shape in args.shapes:
-        for protocol in ("old", "new"):
+        for protocol in args.protocols:
+            need = {"broadcast": 4.5, "broadcast-w2": 5.0}.get(protocol, 0.0) * _version_gb(shape)
+            if need > _available_gb():
+                print(f"{shape:>6} {protocol:>12} skipped: needs ~{need:.0f} GB, "
+                      f"{_available_gb():.0f} GB available now")  # fmt: skip
+                continue
             cmd = [sys.executable, __file__, "--one", f"{shape}:{protocol}"]
             cmd += ["--repeat", str(args.repeat), "--old-rev", args.old_rev]
+            cmd += ["--bucket-mb", str(args.bucket_mb)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            r = rows[shape, protocol] = json.loads(out.strip().splitlines()[-1])
-            print(
-                f"{shape:>6} {protocol:>8} {r['gb']:5.2f} {r['s_per_version']:9.2f} "
-                f"{r['gb_s']:6.2f} {r['publish_s']:9.2f} {r['pause_s']:8.2f} "
-                f"{r['extra_gb']:11.2f}",
-                flush=True,
-            )
-        speedup = rows[shape, "old"]["s_per_version"] / rows[shape, "new"]["s_per_version"]
-        print(f"{shape:>6} new/old rate end to end: {speedup:.2f}x", flush=True)
+            rows[shape, protocol] = json.loads(out.strip().splitlines()[-1])
+            print(_line(rows[shape, protocol]), flush=True)
+        if (shape, "old") in rows:
+            base = rows[shape, "old"]["s_per_version"]
+            ratios = [
+                f"{p} {base / rows[shape, p]['s_per_version']:.2f}x"
+                for p in PROTOCOLS[1:]
+                if (shape, p) in rows
+            ]
+            print(f"{shape:>6} rate end to end vs old: {', '.join(ratios)}", flush=True)
+    broadcast = [r for (_, p), r in rows.items() if p == "broadcast"]
+    if broadcast:
+        from bench_broadcast import projection  # type: ignore[import-not-found]
+
+        print(projection(max(broadcast, key=lambda r: r["gb"]), args.bucket_mb << 20))
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

@@ -166,6 +166,7 @@ class Roster:
         self._poller = connect("127.0.0.1", self.port, timeout_s)  # its own connection
         self._lock = threading.Lock()
         self._seen_reg = 0
+        self._unread: dict[int, float] = {}  # registrations counted, name not read yet
         self._beats: dict[str, tuple[int, float]] = {}  # name -> (beat, when it last moved)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ws-roster", daemon=True)
@@ -205,12 +206,19 @@ class Roster:
                 log.warning("weight-sync roster poll failed: %s", exc)
 
     def _poll(self) -> None:
-        count = self._poller.add("ws/nreg", 0)
-        names = [
-            self._poller.get(f"ws/reg/{i}").decode() for i in range(self._seen_reg + 1, count + 1)
-        ]
-        self._seen_reg = count
         now = time.monotonic()
+        count = self._poller.add("ws/nreg", 0)
+        for i in range(self._seen_reg + 1, count + 1):
+            self._unread.setdefault(i, now)
+        self._seen_reg = count
+        names = []
+        for i, since in sorted(self._unread.items()):
+            key = f"ws/reg/{i}"
+            if self._poller.check([key]):
+                names.append(self._poller.get(key).decode())
+                del self._unread[i]
+            elif now - since > STALE_S:  # counted, then died before writing its name
+                del self._unread[i]
         with self._lock:
             known = set(self._beats) | set(names)
         beats = {n: self._poller.add(beat_key(n), 0) for n in known}

@@ -1,0 +1,263 @@
+"""The broadcast rows of ``bench/weight_sync.py`` (#33), and its 7B projection.
+
+Imported by ``weight_sync.py`` only (it puts ``bench/`` on ``sys.path``); see that module's
+text for what each row measures. :func:`one_broadcast` is a world-1 (or, with a second process
+running :func:`rank1`, world-2) trainer publishing to two :func:`receiver` processes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import hashlib
+import json
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from weight_sync import qwen2_shapes, timed
+
+from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
+from longtail_workers.weights.broadcast_source import BroadcastSource
+from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
+from longtail_workers.weights.pieces import canonical_layout
+from longtail_workers.weights.sync import TensorMeta
+
+RECEIVERS = ("rollout-0", "rollout-1")
+GPU_COPY_BYTES_PER_S = 200e9
+"""Assumed device-side pack (cast + copy into a bucket) and load rate on a GPU for the
+projection: an order of magnitude below an H100's ~3 TB/s HBM (not measured here: no GPU)."""
+
+
+def layout(shape: str) -> tuple[list[TensorMeta], torch.Tensor]:
+    """The canonical bf16 layout of ``shape`` and a random scratch tensor as large as its
+    largest tensor (every streamed tensor is a view of it)."""
+    metas = [TensorMeta(n, torch.bfloat16, d) for n, d in qwen2_shapes(shape).items()]
+    ordered, _ = canonical_layout(metas)
+    biggest = max(m.nbytes // 2 for m in ordered)
+    return ordered, torch.empty(biggest, dtype=torch.bfloat16).uniform_(-0.05, 0.05)
+
+
+def whole(ordered: list[TensorMeta], scratch: torch.Tensor) -> Callable[[], Iterator[torch.Tensor]]:
+    """A world-1 trainer's stream: its tensors are already whole."""
+
+    def views() -> Iterator[torch.Tensor]:
+        for m in ordered:
+            n = m.nbytes // 2
+            yield scratch[:n].view(m.shape)
+
+    return views
+
+
+def gathered(ordered: list[TensorMeta], scratch: torch.Tensor) -> Iterator[torch.Tensor]:
+    """One pass of a world-2 trainer: each tensor all-gathered from its two row shards (rank 0
+    yields the whole tensor, rank 1 discards it), as FSDP2's ``full_tensor()`` does."""
+    for m in ordered:
+        n = m.nbytes // 2
+        shard = scratch[: n // 2].view(m.shape[0] // 2, *m.shape[1:])
+        out = torch.empty(m.shape, dtype=torch.bfloat16)
+        dist.all_gather_into_tensor(out, shard)
+        yield out
+
+
+def rank1(port: int, shape: str) -> None:
+    """The second trainer rank of ``broadcast-w2``: one gather pass per flag from rank 0."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2,
+        timeout=datetime.timedelta(seconds=600),
+    )  # fmt: skip
+    ordered, scratch = layout(shape)
+    flag = torch.zeros(1, dtype=torch.int64)
+    while True:
+        dist.broadcast(flag, src=0)
+        if int(flag) == 0:
+            break
+        for _ in gathered(ordered, scratch):
+            pass
+    dist.destroy_process_group()
+
+
+def receiver(addr: str, name: str, url: str, shape: str) -> None:
+    """A rollout worker's weight side: every version received is fetched and copied tensor by
+    tensor into a scratch tensor (the load), and reported on stdout as one JSON line."""
+    torch.set_num_threads(1)
+    source = BroadcastSource(addr, name, HttpWeightClient(url, timeout_s=600.0), timeout_s=300)
+    _, scratch = layout(shape)
+    held = 0
+    while True:
+        time.sleep(0.01)
+        version = source.received()
+        if version is None or version <= held:
+            continue
+        t0 = time.perf_counter()
+        got = _load(source, version, scratch)  # no reference to the received bytes outlives it
+        source.loaded(got)
+        print(json.dumps({"version": got, "pause_s": time.perf_counter() - t0}), flush=True)
+        held = got
+
+
+def _load(source: BroadcastSource, version: int, scratch: torch.Tensor) -> int:
+    got, state = source.fetch(version)
+    for tensor in state.values():
+        scratch[: tensor.numel()].copy_(tensor.reshape(-1))
+    return got
+
+
+def one_broadcast(
+    shape: str, protocol: str, repeat: int, bucket_bytes: int, script: str
+) -> dict[str, Any]:
+    """One broadcast row (world 1, or world 2 for ``broadcast-w2``)."""
+    torch.set_num_threads(2)
+    ordered, scratch = layout(shape)
+    procs: list[subprocess.Popen[str]] = []
+    server = WeightServer(keep_last=1).start()
+    publisher = BroadcastPublisher(server, 0, BroadcastConfig(bucket_bytes, phase_timeout_s=300))
+    reports: queue.Queue[dict[str, Any]] = queue.Queue()
+    try:
+        world2 = protocol == "broadcast-w2"
+        if world2:
+            port = _free_port()
+            procs.append(_start(script, ["--rank1", str(port), shape, "0"]))
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2,
+                timeout=datetime.timedelta(seconds=600),
+            )  # fmt: skip
+        for name in RECEIVERS:
+            args = ["--receiver", f"127.0.0.1:{publisher.port}", name, server.url, shape]
+            procs.append(_start(script, args))
+            threading.Thread(target=_read, args=(procs[-1], reports), daemon=True).start()
+        deadline = time.monotonic() + 120
+        while set(publisher.roster.live()) != set(RECEIVERS):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the receivers did not register within 120 s")
+            time.sleep(0.1)
+        stream = (lambda: gathered(ordered, scratch)) if world2 else whole(ordered, scratch)
+        rows = []
+        for version in range(1, repeat + 2):  # the first round warms up
+            if world2:
+                dist.broadcast(torch.ones(1, dtype=torch.int64), src=0)  # rank 1: one pass
+            seconds, extra, manifest = timed(
+                lambda v=version: publisher.publish_stream(v, ordered, stream)
+            )
+            pauses = [_next(reports, version) for _ in RECEIVERS]
+            phases = manifest.phases
+            if sorted(phases.receivers) != list(RECEIVERS):
+                raise RuntimeError(f"version {version} did not reach both receivers: {phases}")
+            if version > 1:
+                rows.append((seconds, extra, max(pauses), phases, manifest.size))
+        if world2:
+            dist.broadcast(torch.zeros(1, dtype=torch.int64), src=0)
+            dist.destroy_process_group()
+        tiny = {"x": torch.zeros(8, dtype=torch.bfloat16)}
+        overhead_s, _, _ = timed(lambda: publisher.publish(repeat + 2, tiny))
+        sample = scratch.view(torch.uint8).numpy().data.cast("B")
+        hash_s, _, _ = timed(lambda: hashlib.sha256(sample).digest())
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+        publisher.close()
+        server.stop()
+    return _row(shape, protocol, rows, overhead_s, len(sample) / hash_s)
+
+
+def _row(
+    shape: str, protocol: str, rows: list[Any], overhead_s: float, hash_rate: float
+) -> dict[str, Any]:
+    def med(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    size = rows[0][4]
+    total = med([r[0] + r[2] for r in rows])
+    return {
+        "shape": shape, "protocol": protocol, "gb": size / 1e9, "s_per_version": total,
+        "gb_s": size / 1e9 / total, "publish_s": med([r[0] for r in rows]),
+        "gather_s": med([r[3].gather_s for r in rows]), "pack_s": med([r[3].pack_s for r in rows]),
+        "wire_s": med([r[3].wire_s for r in rows]), "pause_s": med([r[2] for r in rows]),
+        "extra_gb": max(r[1] for r in rows) / 1e9, "overhead_s": overhead_s,
+        "hash_gb_s": hash_rate / 1e9,
+    }  # fmt: skip
+
+
+def projection(row: dict[str, Any], bucket_bytes: int) -> str:
+    """The 7B projection from the measured broadcast row (text, assumptions included)."""
+    size = row["gb"] * 1e9
+    pack_rate, load_rate = size / row["pack_s"], size / row["pause_s"]
+    hash_rate = row["hash_gb_s"] * 1e9
+    seven = 15.2e9
+    lines = [
+        f"7B projection (15.2 GB bf16) from the {row['shape']} broadcast row. Measured here: "
+        f"pack {pack_rate / 1e9:.2f} GB/s (CPU: cast + copy into buckets, and the HTTP copy's "
+        f"hashing), load {load_rate / 1e9:.2f} GB/s (CPU copy), sha256 {hash_rate / 1e9:.2f} "
+        f"GB/s per thread, fixed cost {row['overhead_s']:.2f}s per version (announce, acks, "
+        "group set-up, reports: a 16-byte publish).",
+        "Assumptions: the wire runs at the link rate (floor = bytes / rate); packing, the wire "
+        "and the trainer's hashing of its HTTP catch-up copy (a thread, overlapping the wire) "
+        f"are pipelined bucket by bucket, so a version takes max(pack, wire, hash) + one "
+        f"{bucket_bytes >> 20} MiB bucket to fill the pipe + load + the fixed cost. 'GPU' "
+        f"assumes device-side pack and load at {GPU_COPY_BYTES_PER_S / 1e9:.0f} GB/s (not "
+        "measured: no GPU here) and this machine's sha256 rate on the trainer's host; the "
+        "sharded gather is not included. 'hash deferred': the HTTP copy hashed after the "
+        "broadcast, off the critical path (not implemented: the manifest carries the sha256).",
+    ]
+    for link, rate in {"25 GbE": 25e9 / 8, "400 Gb/s InfiniBand": 400e9 / 8}.items():
+        floor = seven / rate
+        for where, pack, load, hashing in (
+            ("CPU as measured", pack_rate, load_rate, hash_rate),
+            ("GPU", GPU_COPY_BYTES_PER_S, GPU_COPY_BYTES_PER_S, hash_rate),
+            ("GPU, hash deferred", GPU_COPY_BYTES_PER_S, GPU_COPY_BYTES_PER_S, float("inf")),
+        ):
+            fill = min(bucket_bytes, seven) / min(pack, rate)
+            stages = {"pack": seven / pack, "wire": floor, "hash": seven / hashing}
+            slowest = max(stages, key=lambda k: stages[k])
+            total = stages[slowest] + fill + seven / load + row["overhead_s"]
+            lines.append(
+                f"  {link:>20}: wire floor {floor:5.2f}s; {where:>18}: {total:6.2f}s per "
+                f"version (bound by {slowest}: {stages[slowest]:.2f}s)"
+            )
+    return "\n".join(lines)
+
+
+def _start(script: str, args: list[str]) -> subprocess.Popen[str]:
+    """A child that dies with this process (an OOM kill of the trainer leaves no orphans);
+    its stderr goes to a log file under the temporary directory."""
+    log = open(f"{tempfile.gettempdir()}/bench-weight-sync-{args[0][2:]}-{args[2]}.log", "w")  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, script, *args], stdout=subprocess.PIPE, stderr=log, text=True,
+        preexec_fn=_die_with_parent,
+    )  # fmt: skip
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _read(proc: subprocess.Popen[str], out: queue.Queue[dict[str, Any]]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("{"):
+            out.put(json.loads(line))
+
+
+def _next(reports: queue.Queue[dict[str, Any]], version: int) -> float:
+    while True:
+        report = reports.get(timeout=300)
+        if report["version"] == version:
+            return float(report["pause_s"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
