@@ -37,13 +37,15 @@ from torch._C._distributed_c10d import (
     Work,
 )
 
+from longtail_api import podenv, rendezvous
+
 log = logging.getLogger(__name__)
 
-DEFAULT_SYNC_PORT = 29600
-"""The trainer's rendezvous port when neither ``--weight-sync-port`` nor
-``LONGTAIL_WEIGHT_SYNC_PORT`` is given."""
-ADDR_ENV = "LONGTAIL_WEIGHT_SYNC_ADDR"
-PORT_ENV = "LONGTAIL_WEIGHT_SYNC_PORT"
+DEFAULT_SYNC_PORT = rendezvous.WEIGHT_SYNC_PORT
+"""The trainer's rendezvous port when neither ``--weight-sync-port`` nor its environment
+variable (``podenv.WEIGHT_SYNC_PORT``) is given."""
+ADDR_ENV = podenv.WEIGHT_SYNC_ADDR
+PORT_ENV = podenv.WEIGHT_SYNC_PORT
 BEAT_S = 0.5
 """A member's heartbeat period."""
 STALE_S = 3.0
@@ -84,7 +86,7 @@ def error_line(exc: BaseException) -> str:
 
 
 def sync_port(flag: int | None) -> int:
-    """The trainer's rendezvous port: ``flag``, else ``LONGTAIL_WEIGHT_SYNC_PORT``, else 29600."""
+    """The trainer's rendezvous port: ``flag``, else ``$PORT_ENV``, else the default."""
     if flag is not None:
         return flag
     raw = os.environ.get(PORT_ENV, "")
