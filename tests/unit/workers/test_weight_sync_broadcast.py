@@ -21,12 +21,11 @@ from longtail_workers.weights.buckets import (
     bucket_digest,
     bucket_span,
     fill_buckets,
-    tensors_from_buffer,
 )
 from longtail_workers.weights.checksum import serialize_state_dict, state_dict_checksum
 from longtail_workers.weights.http_sync import HttpWeightClient
 from longtail_workers.weights.membership import ADDR_ENV
-from longtail_workers.weights.pieces import canonical_layout, metas_of
+from longtail_workers.weights.pieces import canonical_layout, metas_of, tensors_from_buffer
 from longtail_workers.weights.sync import TensorMeta
 
 REPO = Path(__file__).resolve().parents[3]

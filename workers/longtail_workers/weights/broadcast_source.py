@@ -31,7 +31,6 @@ from longtail_workers.weights.buckets import (
     bucket_count,
     bucket_digest,
     bucket_span,
-    tensors_from_buffer,
 )
 from longtail_workers.weights.http_sync import HttpWeightClient
 from longtail_workers.weights.membership import (
@@ -46,6 +45,7 @@ from longtail_workers.weights.membership import (
     error_line,
     parse_addr,
 )
+from longtail_workers.weights.pieces import tensors_from_buffer
 from longtail_workers.weights.sync import StateDict, WeightSource, WeightVersionError
 
 log = logging.getLogger(__name__)

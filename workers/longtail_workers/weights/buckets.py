@@ -8,22 +8,19 @@ and copies the tensors of a :data:`~longtail_workers.weights.sync.TensorStream` 
 buffers one bucket at a time (the sender broadcasts bucket ``k`` while this fills ``k+1``);
 :func:`bucket_digest` is the small device-side check every bucket is followed by;
 :class:`PieceHasher` hashes the trainer's host copy (the HTTP catch-up store, pieces = buckets)
-on threads while the buckets are on the wire; :func:`tensors_from_buffer` reads the received
+on threads while the buckets are on the wire; :func:`pieces.tensors_from_buffer` reads the received
 bytes back as views on the receiver's device.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from longtail_workers.weights.pieces import _DTYPES
-from longtail_workers.weights.sync import Piece, StateDict, TensorMeta
+from longtail_workers.weights.sync import Piece, TensorMeta
 
 DIGEST_ROW = 4096
 """int64 words per row of :func:`bucket_digest`'s position weighting (32 KiB)."""
@@ -134,34 +131,3 @@ class PieceHasher:
 
 def _sha256(data: memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def tensors_from_buffer(buf: torch.Tensor) -> StateDict:
-    """The state dict in the canonical bytes ``buf`` (uint8, any device) as views of it.
-
-    ``pieces.tensors_from_bytes`` for a device tensor: the header is read on the host, the
-    tensors stay where the bytes landed. safetensors orders tensors by dtype size, largest
-    first, and pads the header to 8 bytes, so every view is aligned.
-    """
-    (header_len,) = struct.unpack("<Q", bytes(buf[:8].cpu().numpy()))
-    if not 0 < header_len <= buf.numel() - 8:
-        raise ValueError(f"header length {header_len} does not fit {buf.numel()} bytes")
-    header = json.loads(bytes(buf[8 : 8 + header_len].cpu().numpy()))
-    base = 8 + header_len
-    out: StateDict = {}
-    covered = 0
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _DTYPES.get(meta["dtype"])
-        if dtype is None:
-            raise ValueError(f"tensor {name!r}: dtype {meta['dtype']} is not supported here")
-        start, end = meta["data_offsets"]
-        if not 0 <= start <= end <= buf.numel() - base:
-            raise ValueError(f"tensor {name!r}: bytes [{start}, {end}) outside the data")
-        shape = tuple(meta["shape"])
-        out[name] = buf[base + start : base + end].view(dtype).view(shape)
-        covered = max(covered, end)
-    if base + covered != buf.numel():
-        raise ValueError(f"the tensors cover {base + covered} bytes of {buf.numel()}")
-    return out

@@ -237,10 +237,24 @@ def tensors_from_bytes(data: memoryview) -> StateDict:
     """The state dict stored in the verified safetensors bytes ``data``: every tensor is a
     view of ``data`` (no copy); loading it into a model (``apply_state_dict``) copies, as
     ``load_state_dict`` always does."""
-    (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(bytes(data[8 : 8 + header_len]))
+    return tensors_from_buffer(torch.frombuffer(data, dtype=torch.uint8))
+
+
+def tensors_from_buffer(buf: torch.Tensor) -> StateDict:
+    """The state dict in the canonical bytes ``buf`` (uint8, any device) as views of it.
+
+    The header is read on the host, the tensors stay where the bytes landed (the broadcast
+    receiver's device buffer; the HTTP client's host buffer via :func:`tensors_from_bytes`).
+    safetensors orders tensors by dtype size, largest first, and pads the header to 8 bytes,
+    so every view is aligned.
+    """
+    (header_len,) = struct.unpack("<Q", bytes(buf[:8].cpu().numpy()))
+    if not 0 < header_len <= buf.numel() - 8:
+        raise ValueError(f"header length {header_len} does not fit {buf.numel()} bytes")
+    header = json.loads(bytes(buf[8 : 8 + header_len].cpu().numpy()))
     base = 8 + header_len
     out: StateDict = {}
+    covered = 0
     for name, meta in header.items():
         if name == "__metadata__":
             continue
@@ -248,10 +262,11 @@ def tensors_from_bytes(data: memoryview) -> StateDict:
         if dtype is None:
             raise ValueError(f"tensor {name!r}: dtype {meta['dtype']} is not supported here")
         start, end = meta["data_offsets"]
+        if not 0 <= start <= end <= buf.numel() - base:
+            raise ValueError(f"tensor {name!r}: bytes [{start}, {end}) outside the data")
         shape = tuple(meta["shape"])
-        if end == start:
-            out[name] = torch.empty(shape, dtype=dtype)
-        else:
-            raw = data[base + start : base + end]
-            out[name] = torch.frombuffer(raw, dtype=dtype).view(shape)
+        out[name] = buf[base + start : base + end].view(dtype).view(shape)
+        covered = max(covered, end)
+    if base + covered != buf.numel():
+        raise ValueError(f"the tensors cover {base + covered} bytes of {buf.numel()}")
     return out
