@@ -31,6 +31,7 @@ from longtail_workers.shards import shard_round_robin
 from longtail_workers.trainer.dispatch import RolloutFailed, RolloutPool
 from longtail_workers.trainer.driver import DriverState
 from longtail_workers.trainer.service import TrainerApp
+from longtail_workers.trainer.syncbook import SyncBook
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
 from longtail_workers.wire.rollout import GenerateCall, GenerateReply, Sample
 
@@ -126,6 +127,7 @@ def test_pool_keeps_order_and_redispatches_a_dead_workers_shard(servers, weights
 class _Driver:
     def __init__(self) -> None:
         self.state = DriverState(total_steps=5)
+        self.syncs = SyncBook()  # the status route reports each worker's held version
 
 
 def test_coordinator_harvests_idle_worker_and_returns_it(servers, weights) -> None:

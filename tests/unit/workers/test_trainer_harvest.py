@@ -37,6 +37,7 @@ from longtail_workers.spot.sequences import SequenceWindows, engine_hidden_state
 from longtail_workers.trainer.drafter_window import TrainerHarvest
 from longtail_workers.trainer.driver import DriverState
 from longtail_workers.trainer.service import TrainerApp
+from longtail_workers.trainer.syncbook import SyncBook
 from longtail_workers.wire.rollout import Sample
 
 SPEC = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=100_000)
@@ -144,6 +145,7 @@ def test_window_trains_stops_and_submits_a_trainer_candidate(model, results, tmp
 class _Driver:
     def __init__(self) -> None:
         self.state = DriverState(total_steps=5)
+        self.syncs = SyncBook()  # the status route reports each worker's held version
 
 
 @pytest.fixture
