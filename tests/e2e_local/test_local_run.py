@@ -328,11 +328,14 @@ def test_two_step_run_with_broadcast_weight_sync(tmp_path: Path) -> None:
     got = rows(run_dir)
     assert [r["policy_version"] for r in got] == [1, 2]
     assert json.loads((run_dir / "run.json").read_text())["weight_sync"] == "broadcast"
-    # Both workers registered before the first step: versions 1 and 2 reached them by broadcast.
+    # A worker that registers while a version is being announced is not in that broadcast (it
+    # pulls that version over HTTP; seen on a loaded CI machine for version 1), but every worker
+    # is registered by the second step: version 2 reaches both by broadcast.
     trainer_log = (run_dir / "logs" / "trainer.log").read_text()
-    for version in (1, 2):
-        line = rf"version {version} \([\d.]+ MB\) broadcast to rollout-0, rollout-1 in 1 attempt"
-        assert re.search(line, trainer_log), trainer_log[-3000:]
+    line = r"version 1 \([\d.]+ MB\) broadcast to (rollout-0, rollout-1|rollout-0|rollout-1) in 1"
+    assert re.search(line, trainer_log), trainer_log[-3000:]
+    line = r"version 2 \([\d.]+ MB\) broadcast to rollout-0, rollout-1 in 1 attempt"
+    assert re.search(line, trainer_log), trainer_log[-3000:]
     assert_children_gone(run_dir)
 
 
