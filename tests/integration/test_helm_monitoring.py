@@ -186,8 +186,18 @@ STEP_ROW = StepRow(
     accuracy=0.35,
     policy_version=3,
     drafter_version=0,
+    sync_version=2,
+    sync_transport="broadcast",
+    sync_gather_s=0.1,
+    sync_pack_s=0.3,
+    sync_wire_s=0.5,
+    sync_load_s=0.2,
+    sync_pause_s=1.2,
+    sync_bytes=1_000_000_000,
+    sync_gb_per_s=0.83,
 )
-"""One completed step, as the trainer step driver records it."""
+"""One completed step, as the trainer step driver records it (with the weight sync of the
+version its rollout used, which the dashboard's weight-sync row reads)."""
 
 
 @pytest.fixture(scope="module")
