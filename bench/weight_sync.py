@@ -30,13 +30,16 @@ size (the same bytes copied as into a model). ``broadcast-w2`` adds a real secon
 each tensor is sharded by rows over two processes and all-gathered over their own gloo group
 as it is streamed (what FSDP2's ``full_tensor()`` does per tensor), so its gather column is a
 real world-2 gather. Row columns as above; for broadcast the publish returns once both
-receivers verified the version (its phases: pack = cast + copy into buckets + hashing the
-HTTP copy, wire = waiting for the buckets and the receivers' reports), and the pause is the
-worker's ``fetch`` + load when asked for the version (the broadcast is already in). ``trainer
-+GB`` includes the HTTP catch-up copy (one version, as for 'new'); on CPU the buckets are
-slices of it (0 buckets beyond it), on a GPU two device buckets come on top. Last, a projection
-for a 7B policy (15.2 GB) over 25 GbE and 400 Gb/s InfiniBand from the measured phase rates,
-with its assumptions printed.
+receivers verified the version (its phases: pack = cast + copy into buckets and their digests,
+wire = waiting for the buckets and the receivers' reports), and the pause is the worker's
+``fetch`` + load when asked for the version (the broadcast is already in). ``hashed s``: how
+long after the broadcast publish returned its HTTP catch-up copy was hashed and served (in the
+background, off the critical path; the bench waits for it, untimed, before the next version).
+No row hashes the whole version: the checkpoint's sha256 is computed only when a checkpoint
+asks for it. ``trainer +GB`` includes the HTTP catch-up copy (one version, as for 'new'); on
+CPU the buckets are slices of it (0 buckets beyond it), on a GPU two device buckets come on
+top. Last, a projection for a 7B policy (15.2 GB) over 25 GbE and 400 Gb/s InfiniBand from the
+measured phase rates, with its assumptions printed.
 """
 
 from __future__ import annotations
@@ -120,12 +123,6 @@ def _rss() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-def timed_publish(server: Any, version: int, state: dict[str, torch.Tensor]) -> tuple[float, int]:
-    """Seconds of ``server.publish`` and the process's peak RSS growth meanwhile."""
-    seconds, extra, _ = timed(lambda: server.publish(version, state))
-    return seconds, extra
-
-
 def timed(fn: Any) -> tuple[float, int, Any]:
     """Seconds of ``fn()``, the process's peak RSS growth meanwhile, and its result."""
     before, peak, done = _rss(), [0], threading.Event()
@@ -158,7 +155,7 @@ def one(shape: str, protocol: str, repeat: int, old_rev: str) -> dict[str, Any]:
         with mod.WeightServer(keep_last=1) as server:
             client = mod.HttpWeightClient(server.url, timeout_s=600.0)
             for version in range(1, repeat + 2):  # the first round warms up
-                pub_s, extra = timed_publish(server, version, state)
+                pub_s, extra, _ = timed(lambda v=version: server.publish(v, state))
                 t0 = time.perf_counter()
                 _, pulled = client.fetch(version)
                 with torch.no_grad():
@@ -190,7 +187,7 @@ def _line(r: dict[str, Any]) -> str:
     return (
         f"{r['shape']:>6} {r['protocol']:>12} {r['gb']:5.2f} {r['s_per_version']:9.2f} "
         f"{r['gb_s']:6.2f} {r['publish_s']:9.2f} {col('gather_s', 8)} {col('pack_s', 6)} "
-        f"{col('wire_s', 6)} {r['pause_s']:8.2f} {r['extra_gb']:11.2f}"
+        f"{col('wire_s', 6)} {r['pause_s']:8.2f} {r['extra_gb']:11.2f} {col('ready_s', 8)}"
     )
 
 
@@ -251,7 +248,7 @@ def main() -> None:
     print(
         f"{'policy':>6} {'protocol':>12} {'GB':>5} {'s/version':>9} {'GB/s':>6} "
         f"{'publish s':>9} {'gather s':>8} {'pack s':>6} {'wire s':>6} {'pause s':>8} "
-        f"{'trainer +GB':>11}"
+        f"{'trainer +GB':>11} {'hashed s':>8}"
     )
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for shape in args.shapes:

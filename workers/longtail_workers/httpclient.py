@@ -11,8 +11,9 @@ exponential backoff and jitter (tenacity) only for transient failures (connectio
 reset, timeouts, other transport errors, HTTP 5xx), the job's token on writes, and the server's
 error text in every error. A 409 is :class:`WorkerBusy` (a worker in another role); any other
 error status is :class:`WorkerHTTPError`; an unreachable server is :class:`WorkerUnreachable`.
-With ``into`` a successful body is streamed into the caller's buffer instead of a new ``bytes``
-(the policy weight pull writes each piece where its tensors will be read from).
+With ``into`` a successful body is read from the socket straight into the caller's buffer
+(``http.client``'s ``readinto``: the policy weight pull writes each piece where its tensors will
+be read from) instead of a new ``bytes``.
 :meth:`Response.check_sha256` compares a downloaded body with the sha256 its server sent.
 :func:`http_json` is the JSON form the coordinators use.
 """
@@ -20,6 +21,7 @@ With ``into`` a successful body is streamed into the caller's buffer instead of 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import logging
 import random
@@ -27,6 +29,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import tenacity
@@ -225,10 +228,20 @@ def request(
 
 def _answer(answer: httpx.Response, method: str, url: str, accept: tuple[int, ...]) -> Response:
     """A read answer as a :class:`Response`, or the error its status means."""
-    status = answer.status_code
-    if answer.is_success or status in accept:
-        return Response(status, answer.headers, answer.content, url)
-    text = error_text(answer.content)[:500]
+    return _judge(answer.status_code, answer.headers, answer.content, method, url, accept)
+
+
+def _judge(
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    method: str,
+    url: str,
+    accept: tuple[int, ...],
+) -> Response:
+    if 200 <= status < 300 or status in accept:
+        return Response(status, headers, body, url)
+    text = error_text(body)[:500]
     if status >= 500:
         raise _Transient(f"HTTP {status}: {text}", status, text)
     if status == 409:
@@ -245,23 +258,39 @@ def _stream_into(
     timeout_s: float,
     accept: tuple[int, ...],
 ) -> Response:
-    """One attempt whose 2xx body is written into ``into`` (see :func:`request`)."""
-    with _shared_client().stream(
-        method, url, content=body, headers=headers, timeout=timeout_s
-    ) as answer:
-        if not answer.is_success:
-            answer.read()
-            return _answer(answer, method, url, accept)
-        done = 0
-        for chunk in answer.iter_bytes():
-            end = done + len(chunk)
-            if end > len(into):
-                raise _Transient(f"body longer than the expected {len(into)} bytes")
-            into[done:end] = chunk
-            done = end
-        if done != len(into):
-            raise _Transient(f"body of {done} bytes, expected {len(into)}")
-        return Response(answer.status_code, answer.headers, b"", url)
+    """One attempt whose 2xx body is written into ``into`` (see :func:`request`).
+
+    The body goes from the socket straight into ``into`` (``http.client``'s ``readinto``):
+    httpx hands a body out in 64 KiB ``bytes`` chunks that are then copied, which made a policy
+    weight pull CPU-bound at a third of the rate (figures: docs/performance.md). Same timeout
+    (per socket operation), same errors, a new connection per request as the shared client.
+    """
+    parts = urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname or "", parts.port, timeout=timeout_s)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        conn.request(method, target, body=body, headers=headers)
+        answer = conn.getresponse()
+        if not 200 <= answer.status < 300:
+            refused = (answer.status, httpx.Headers(answer.getheaders()), answer.read())
+        else:
+            refused = None
+            done = 0
+            while done < len(into):
+                n = answer.readinto(into[done:])
+                if not n:
+                    break
+                done += n
+            if done != len(into) or answer.read(1):
+                raise _Transient(f"body of {done}+ bytes, expected {len(into)}")
+    except (OSError, http.client.HTTPException) as exc:
+        raise _Transient(f"{type(exc).__name__}: {exc or 'no detail'}") from exc
+    finally:
+        conn.close()
+    if refused is not None:
+        return _judge(*refused, method, url, accept)
+    return Response(answer.status, httpx.Headers(answer.getheaders()), b"", url)
 
 
 def _log_retry(method: str, url: str, retry: Retry, state: tenacity.RetryCallState) -> None:

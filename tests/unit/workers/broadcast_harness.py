@@ -21,6 +21,7 @@ from ws_receiver import SHAPE
 from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
 from longtail_workers.weights.checksum import state_dict_checksum
 from longtail_workers.weights.http_sync import WeightServer
+from longtail_workers.weights.membership import Go, attempt_key
 
 HERE = Path(__file__).resolve().parent
 PHASE_TIMEOUT_S = 8.0
@@ -35,6 +36,11 @@ def policy(version: int) -> dict[str, torch.Tensor]:
 
 def expected_sha(version: int) -> str:
     return state_dict_checksum(policy(version))
+
+
+def go(cluster: Cluster, n: int) -> Go:
+    """The trainer's go for attempt ``n``: its members and the group they used."""
+    return Go.loads(cluster.publisher.store.get(attempt_key(n, "go")))
 
 
 class Cluster:

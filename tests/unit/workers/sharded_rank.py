@@ -167,14 +167,15 @@ def publish_three(leader: PolicyLeader, out: Path) -> None:
                     seen["stopped_early"] = str(exc)
             retried = RetriesOnce(piece_bytes=PIECE) if version == 3 else None
             if retried is not None:
-                seen["retried"] = leader.publish(retried, version).checksum
-            manifest = leader.publish(server, version)
+                seen["retried"] = leader.publish(retried, version).content_sha256()
+            published = leader.publish(server, version)
+            manifest = published.manifest()
             _, pulled = HttpWeightClient(server.url, timeout_s=30).fetch(version)
             gathered = leader.full_state()  # the whole state dict, as publishing once did
             seen["versions"].append({  # type: ignore[attr-defined]
-                "manifest": manifest.checksum, "pieces": len(manifest.pieces),
+                "manifest": published.content_sha256(), "pieces": len(manifest.pieces),
                 "pulled": state_dict_checksum(pulled), "gathered": state_dict_checksum(gathered),
-                "phases": manifest.phases, "layout": leader.policy.layout,
+                "phases": published.phases, "layout": leader.policy.layout,
             })  # fmt: skip
     leader.close(True)
     torch.save(seen, out / "result.pt")
@@ -196,12 +197,11 @@ def broadcast_three(leader: PolicyLeader, out: Path) -> None:
             for version, batch in zip((1, 2, 3), (None, *batches()), strict=True):
                 if batch is not None:
                     leader.train(batch, version - 1)
-                manifest = leader.publish(publisher, version)
+                published = leader.publish(publisher, version)
                 gathered = state_dict_checksum(leader.full_state())
-                phases = manifest.phases
-                assert phases is not None
+                phases, content = published.phases, published.content_sha256()
                 result["versions"].append({
-                    "version": version, "manifest": manifest.checksum, "gathered": gathered,
+                    "version": version, "manifest": content, "gathered": gathered,
                     "receivers": phases.receivers, "dropped": phases.dropped,
                     "attempts": phases.attempts, "gather_s": phases.gather_s,
                 })  # fmt: skip

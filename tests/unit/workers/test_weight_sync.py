@@ -86,7 +86,7 @@ def test_checksum_is_canonical_and_sensitive() -> None:
 def test_http_round_trip_loads_exact_weights() -> None:
     trainer, rollout = tiny_model(1), tiny_model(2)
     with WeightServer() as server:
-        manifest = server.publish(7, trainer.state_dict())
+        manifest = server.publish(7, trainer.state_dict()).manifest()
         c = client(server)
         latest = c.latest()
         assert latest == manifest
@@ -119,8 +119,8 @@ def _tamper(server: WeightServer, monkeypatch: pytest.MonkeyPatch, **changes: An
     data = changes.pop("data", entry.data)
     manifest = dataclasses.replace(entry.manifest, **changes)
     bad = PublishedWeights(manifest=manifest, data=data)
-    monkeypatch.setattr(server.store, "get", lambda version: bad)
-    monkeypatch.setattr(server.store, "latest", lambda: bad)
+    monkeypatch.setattr(server.store, "get", lambda version, wait_s=0.0: bad)
+    monkeypatch.setattr(server.store, "latest", lambda wait_s=0.0: bad)
 
 
 @pytest.mark.parametrize("what", ["bytes", "advertised checksum"])
@@ -130,7 +130,8 @@ def test_integrity_failure_leaves_model_untouched(
     rollout = tiny_model(2)
     before = snapshot(rollout)
     with WeightServer() as server:
-        manifest = server.publish(1, tiny_model(1).state_dict())
+        published = server.publish(1, tiny_model(1).state_dict())
+        manifest = published.manifest()
         entry = server.store.get(1)
         assert entry is not None
         if what == "bytes":
@@ -138,14 +139,14 @@ def test_integrity_failure_leaves_model_untouched(
             data[-5] ^= 0x01  # one bit of one weight
             _tamper(server, monkeypatch, data=bytes(data))
         else:
-            # The version's checksums: the whole stream's and its pieces' list (which is what a
-            # receiver verifies, with every piece's own sha256).
-            _tamper(server, monkeypatch, checksum="0" * 64, pieces_sha256="0" * 64)
+            # The version's checksum: its pieces' list (what a receiver verifies, with every
+            # piece's own sha256).
+            _tamper(server, monkeypatch, pieces_sha256="0" * 64)
         with pytest.raises(WeightIntegrityError) as info:
             client(server).load_into(rollout)
     err = info.value
     assert err.version == 1
-    assert manifest.checksum in str(err) or "0" * 64 in str(err)
+    assert manifest.pieces[0].sha256 in str(err) or "0" * 64 in str(err)  # one piece
     assert err.actual in str(err) and err.expected in str(err)
     assert err.expected != err.actual
     assert_same(snapshot(rollout), before)
@@ -158,7 +159,8 @@ def test_version_mismatch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         server.publish(2, tiny_model(1).state_dict())
         server.publish(3, tiny_model(3).state_dict())
         v3 = server.store.get(3)
-        monkeypatch.setattr(server.store, "get", lambda version: v3)  # answers 3 to everything
+        # The store answers version 3 to everything.
+        monkeypatch.setattr(server.store, "get", lambda version, wait_s=0.0: v3)
         with pytest.raises(WeightVersionError, match="for policy version 2, got version 3") as info:
             client(server).load_into(rollout, 2)
     assert (info.value.requested, info.value.received) == (2, 3)

@@ -1,8 +1,9 @@
 """Policy weights by broadcast (#33): buckets and digests in process, then a world-1 trainer
 broadcasting three versions over real gloo groups to rollout workers' weight sides running as
 separate processes (``ws_receiver.py``), with a late joiner that catches up over HTTP and is in
-the next broadcast; a broadcast worker started without its rendezvous or weights URL. The fault
-cases are in ``test_weight_sync_broadcast_faults.py``."""
+the next broadcast (the group is reused while the members stay the same); a broadcast worker
+started without its rendezvous or weights URL. The fault cases are in
+``test_weight_sync_broadcast_faults.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from broadcast_harness import Cluster, expected_sha, policy
+from broadcast_harness import Cluster, expected_sha, go, policy
 from broadcast_harness import cluster as cluster  # the fixture
 
 from longtail_workers.jobspec import load_job_spec
@@ -81,19 +82,23 @@ def test_three_versions_reach_every_receiver_and_a_late_joiner_catches_up(
             assert event["via"] == "http" and event["sha"] == expected_sha(2)
             names.append("rollout-2")
         state = policy(version)
-        manifest = cluster.publisher.publish(version, state)
-        phases = manifest.phases
+        published = cluster.publisher.publish(version, state)
+        manifest, phases = published.manifest(), published.phases
         assert phases is not None and phases.transport == "broadcast"
         assert (phases.receivers, phases.dropped, phases.attempts) == (names, [], 1)
         assert phases.bytes == manifest.size > 0 and len(manifest.pieces) > 10
         # The HTTP catch-up copy is the canonical bytes, hashed as HTTP publishes them.
-        assert manifest.checksum == state_dict_checksum(state)
+        assert published.content_sha256() == state_dict_checksum(state)
         kept = cluster.server.store.get(version)
         assert kept is not None and bytes(kept.data) == serialize_state_dict(state)
         for name in names:
             event = cluster.wait_version(name, version)
             assert event["via"] == "broadcast", event
             assert event["sha"] == expected_sha(version), name
+    # Attempt n carried version n: the same two members reused attempt 1's group for version
+    # 2, and the third member made version 3 build a fresh one.
+    groups = [go(cluster, n).group for n in (1, 2, 3)]
+    assert groups == [1, 1, 3], groups
 
 
 def test_a_broadcast_worker_without_its_rendezvous_or_weights_url_is_refused(

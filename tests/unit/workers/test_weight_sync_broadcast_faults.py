@@ -1,6 +1,7 @@
 """Broadcast weight sync under faults (#33), real processes and gloo groups on loopback: a
 receiver SIGKILLed mid-broadcast (the version reaches the other within the phase timeout; the
-restarted worker catches up over HTTP and is in the next broadcast), a receiver that registered
+restarted worker catches up over HTTP and is in the next broadcast), a receiver restarted
+between two versions (the kept group is not used: a fresh one, no wait), a receiver that registered
 and then stops (SIGSTOP: named and dropped within the timeout, the others get the version), and
 a bucket corrupted in flight (refused, the previous version kept, the version then fetched over
 HTTP). Faults are injected by the test receiver (``ws_receiver.py``), not by product flags."""
@@ -13,7 +14,7 @@ import signal
 import time
 
 import pytest
-from broadcast_harness import PHASE_TIMEOUT_S, Cluster, expected_sha, policy
+from broadcast_harness import PHASE_TIMEOUT_S, Cluster, expected_sha, go, policy
 from broadcast_harness import cluster as cluster  # the fixture
 
 from longtail_workers.weights.membership import STALE_S
@@ -46,6 +47,29 @@ def test_a_receiver_killed_mid_broadcast_is_dropped_and_rejoins_after_an_http_ca
     cluster.wait_live([A, B])
     phases = cluster.publisher.publish(2, policy(2)).phases
     assert phases is not None and (phases.receivers, phases.dropped) == ([A, B], [])
+    for name in (A, B):
+        event = cluster.wait_version(name, 2)
+        assert event["via"] == "broadcast" and event["sha"] == expected_sha(2)
+
+
+def test_a_receiver_restarted_between_versions_gets_a_fresh_group_not_the_kept_one(
+    cluster: Cluster,
+) -> None:
+    first = cluster.spawn(A)
+    cluster.spawn(B)
+    cluster.wait_live([A, B])
+    assert cluster.publisher.publish(1, policy(1)).phases.receivers == [A, B]
+    first.kill()  # between versions: the trainer keeps attempt 1's group for [A, B]
+    first.wait(timeout=10)
+    cluster.spawn(A)  # the same name, a new process that holds no group
+    cluster.want(A, 1)
+    assert cluster.wait_version(A, 1)["via"] == "http"
+    cluster.wait_live([A, B])
+    t0 = time.monotonic()
+    phases = cluster.publisher.publish(2, policy(2)).phases
+    assert (phases.receivers, phases.dropped, phases.attempts) == ([A, B], [], 1)
+    assert time.monotonic() - t0 < PHASE_TIMEOUT_S  # no wait on the dead process's group
+    assert go(cluster, 2).group == 2  # A acknowledged holding no group: a fresh one
     for name in (A, B):
         event = cluster.wait_version(name, 2)
         assert event["via"] == "broadcast" and event["sha"] == expected_sha(2)

@@ -29,8 +29,10 @@ from longtail_workers.weights.http_sync import (
     HttpWeightClient,
     WeightServer,
 )
-from longtail_workers.weights.pieces import canonical_layout, metas_of, pack
+from longtail_workers.weights.pieces import canonical_layout, metas_of
+from longtail_workers.weights.store import WeightStore
 from longtail_workers.weights.sync import (
+    Published,
     TensorMeta,
     WeightFetchError,
     WeightIntegrityError,
@@ -88,6 +90,15 @@ def client(url: str, **kwargs: Any) -> HttpWeightClient:
     return HttpWeightClient(url, timeout_s=10, backoff_s=0.05, parallel=4, **kwargs)
 
 
+def pack(state: dict[str, torch.Tensor]) -> tuple[memoryview, Published]:
+    """``state`` published by a store: its canonical bytes and the publish."""
+    store = WeightStore(piece_bytes=PIECE)
+    published = store.publish(1, state)
+    entry = store.get(1)
+    assert entry is not None
+    return memoryview(entry.data), published
+
+
 def piece_path(version: int, index: int) -> str:
     return f"/v1/weights/{version}/pieces/{index}"
 
@@ -101,16 +112,16 @@ def test_pieces_are_canonical_bytes_and_tensors_span_them() -> None:
         "big": torch.randn(3000, dtype=torch.bfloat16),  # 6000 bytes: spans two 4 KiB pieces
     }
     for state in (mixed, tiny_model(0).state_dict()):  # tied embedding and LM head
-        data, checksum, pieces = pack(state, PIECE)
+        data, published = pack(state)
         assert bytes(data) == serialize_state_dict(state)
-        assert checksum == state_dict_checksum(state)
-        assert [p.offset for p in pieces] == list(range(0, len(data), PIECE))
+        assert published.content_sha256() == state_dict_checksum(state)
+        assert [p.offset for p in published.manifest().pieces] == list(range(0, len(data), PIECE))
 
 
 def test_canonical_layout_gives_packs_header_and_tensor_order() -> None:
     state = tiny_model(0).state_dict()
     state["counts"] = torch.arange(7)  # another dtype: safetensors orders by dtype, then name
-    data, _, _ = pack(state, PIECE)
+    data, _ = pack(state)
     metas = [TensorMeta(k, v.dtype, tuple(v.shape)) for k, v in reversed(state.items())]
     ordered, header = canonical_layout(metas)
     assert bytes(data[: len(header)]) == header
@@ -129,8 +140,9 @@ def test_canonical_layout_gives_packs_header_and_tensor_order() -> None:
 def test_a_versions_pieces_pulled_in_parallel_load_and_hash_to_the_trainers_state() -> None:
     trainer, rollout = tiny_model(1), tiny_model(2)
     with WeightServer(piece_bytes=PIECE) as server:
-        manifest = server.publish(3, trainer.state_dict())
-        assert len(manifest.pieces) > 10 and manifest.checksum == state_dict_checksum(
+        published = server.publish(3, trainer.state_dict())
+        manifest = published.manifest()
+        assert len(manifest.pieces) > 10 and published.content_sha256() == state_dict_checksum(
             trainer.state_dict()
         )
         # Pieces 0 and 1 are each held until both are asked for: a client pulling one piece
@@ -141,7 +153,7 @@ def test_a_versions_pieces_pulled_in_parallel_load_and_hash_to_the_trainers_stat
             c = client(proxy.url)
             version, fetched = c.fetch()
             assert version == 3
-            assert state_dict_checksum(fetched) == manifest.checksum
+            assert state_dict_checksum(fetched) == published.content_sha256()
             assert c.load_into(rollout) == 3
         pulled = [p for p in proxy.seen if "/pieces/" in p]
         assert sorted(pulled) == sorted([piece_path(3, i) for i in range(len(manifest.pieces))] * 2)
@@ -207,11 +219,11 @@ def test_a_manifest_whose_pieces_leave_bytes_uncovered_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with WeightServer(piece_bytes=PIECE) as server:
-        manifest = server.publish(1, tiny_model(1).state_dict())
+        manifest = server.publish(1, tiny_model(1).state_dict()).manifest()
         entry = server.store.get(1)
         assert entry is not None
         short = dataclasses.replace(manifest, pieces=manifest.pieces[:-1])  # last piece unlisted
         bad = dataclasses.replace(entry, manifest=short)
-        monkeypatch.setattr(server.store, "get", lambda version: bad)
+        monkeypatch.setattr(server.store, "get", lambda version, wait_s=0.0: bad)
         with pytest.raises(WeightFetchError, match=r"pieces cover \d+ bytes, the version has"):
             client(server.url).fetch(1)

@@ -94,9 +94,9 @@ def test_at_world_1_the_stream_is_the_models_own_tensors() -> None:
     tensors = list(policy.gather_pass())
     assert [t.data_ptr() for t in tensors] == [own[m.name].data_ptr() for m in policy.layout]
     assert policy.wire_is_native
-    manifest = PolicyLeader(policy).publish(WeightStore(piece_bytes=4096), 1)
-    assert manifest.checksum == state_dict_checksum(own)
-    assert manifest.phases is not None and manifest.phases.pack_s > 0
+    published = PolicyLeader(policy).publish(WeightStore(piece_bytes=4096), 1)
+    assert published.content_sha256() == state_dict_checksum(own)
+    assert published.phases.pack_s > 0
 
 
 def test_a_bf16_engine_gets_bf16_bytes_cast_by_the_trainer() -> None:
@@ -105,10 +105,11 @@ def test_a_bf16_engine_gets_bf16_bytes_cast_by_the_trainer() -> None:
     policy = Policy(base.model, base.cfg, base.world, wire_dtype=torch.bfloat16)
     assert not policy.wire_is_native and {m.dtype for m in policy.layout} == {torch.bfloat16}
     with WeightServer(piece_bytes=4096) as server:
-        manifest = PolicyLeader(policy).publish(server, 1)
+        published = PolicyLeader(policy).publish(server, 1)
+        manifest = published.manifest()
         _, pulled = HttpWeightClient(server.url, timeout_s=30).fetch(1)
     cast = {k: v.to(torch.bfloat16) for k, v in policy.model.state_dict().items()}
-    assert manifest.checksum == state_dict_checksum(cast) == state_dict_checksum(pulled)
+    assert published.content_sha256() == state_dict_checksum(cast) == state_dict_checksum(pulled)
     assert set(manifest.dtypes.values()) == {"bfloat16"}
 
 
@@ -143,6 +144,6 @@ def test_a_stream_that_does_not_match_its_layout_is_refused_and_nothing_publishe
         with pytest.raises(ValueError, match=pattern):
             store.publish_stream(1, metas, lambda given=given: iter(given))  # type: ignore[misc]
     assert store.versions() == []
-    assert store.publish_stream(1, layout, lambda: iter(tensors)).checksum == (
+    assert store.publish_stream(1, layout, lambda: iter(tensors)).content_sha256() == (
         state_dict_checksum(state)
     )

@@ -58,7 +58,7 @@ from longtail_workers.trainer.rollout_batch import build_grpo_batch
 from longtail_workers.trainer.syncbook import SyncBook
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient
-from longtail_workers.weights.sync import SyncPhases, WeightPublisher
+from longtail_workers.weights.sync import Published, SyncPhases, WeightPublisher
 from longtail_workers.wire.rollout import Sample
 from longtail_workers.wire.samples import StepSamples
 
@@ -145,7 +145,7 @@ class StepDriver:
         self.train_cfg, self.optimizer = policy.policy.cfg, policy.policy.optimizer
         # The KL reference is the policy as loaded (before any checkpoint is applied on resume).
         self.reference = policy.policy.reference
-        self._published: tuple[int, str] | None = None  # (version, sha256) of the last publish
+        self._published: Published | None = None  # the last publish (its sha256 for checkpoints)
         self.last_sync: SyncPhases | None = None
         """The last publish's phases (gather, pack, wire; bytes): the manifest's."""
         self.syncs = SyncBook()
@@ -186,12 +186,13 @@ class StepDriver:
         t0 = time.monotonic()
         with self.lock:
             version = self.state.policy_version
-            manifest = self.policy.publish(self.publisher, version)
-            self.last_sync = manifest.phases
+            published = self.policy.publish(self.publisher, version)
+            self.last_sync = published.phases
             # The checkpoint's model_sha256 is the model state dict's checksum: the published
-            # version's only when it travels in the model's own dtypes (else None: computed).
+            # version's (hashed in the background meanwhile) only when it travels in the
+            # model's own dtypes (else None: the checkpoint computes it).
             native = self.policy.policy.wire_is_native
-            self._published = (version, manifest.checksum) if native else None
+            self._published = published if native else None
         return time.monotonic() - t0
 
     def run(self, start_step: int) -> str:
@@ -464,7 +465,11 @@ class StepDriver:
                 path = self.policy.save(
                     self.config.checkpoint_dir,
                     step=self.state.step,
-                    model_sha256=published[1] if published and published[0] == version else None,
+                    model_sha256=(
+                        published.content_sha256()
+                        if published and published.version == version
+                        else None
+                    ),
                     policy_version=version,
                     drafter_version=self.state.drafter_version,
                     keep_last=self.spec.checkpoint.keep_last,

@@ -25,7 +25,6 @@ A pass that failed because a rank stopped is not drained (the group is broken): 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -44,7 +43,7 @@ from longtail_workers.trainer.optim import StepStats
 from longtail_workers.trainer.policy import Policy
 from longtail_workers.trainer.sharding import StateDict
 from longtail_workers.trainer.world import TrainerRankError, TrainerWorld
-from longtail_workers.weights.sync import SyncPhases, WeightPublisher, WeightsManifest
+from longtail_workers.weights.sync import Published, WeightPublisher
 
 log = logging.getLogger(__name__)
 
@@ -107,23 +106,23 @@ class PolicyLeader:
                 share_batch(self.world, batch)
         return self.policy.train(batch, step)
 
-    def publish(self, publisher: WeightPublisher, version: int) -> WeightsManifest:
+    def publish(self, publisher: WeightPublisher, version: int) -> Published:
         """Publish the policy as ``version`` through ``publisher.publish_stream``, every rank
-        gathering (see the module text); ``manifest.phases.gather_s`` is the gathers' time."""
+        gathering (see the module text); ``phases.gather_s`` is the gathers' time."""
         stream = GatherStream(self)
         try:
-            manifest = publisher.publish_stream(version, self.policy.layout, stream)
+            published = publisher.publish_stream(version, self.policy.layout, stream)
         except BaseException as exc:
             stream.finish()  # the followers finish their pass; raises if a rank stopped
             if stream.failure is not None and stream.failure is not exc:
                 raise stream.failure from exc  # the publisher wrapped it: name the rank
             raise
         stream.finish()
-        phases = manifest.phases or SyncPhases(transport=type(publisher).__name__)
+        phases = published.phases
         if not phases.gather_s:  # the publisher did not time its wait for the stream
             phases.gather_s = stream.gather_s
-        phases.bytes = phases.bytes or manifest.size
-        return dataclasses.replace(manifest, phases=phases)
+        phases.bytes = phases.bytes or published.size
+        return published
 
     def full_state(self) -> StateDict:
         """The whole state dict (:meth:`Policy.full_state`; not for a weight sync)."""

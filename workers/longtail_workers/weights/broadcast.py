@@ -5,7 +5,8 @@
 ``publish``) once per version. Per version (the phases are ``docs/architecture.md``'s "Weight
 sync"): membership (the live members of the :class:`~longtail_workers.weights.membership.Roster`
 are announced an attempt; whoever does not acknowledge within the phase timeout, or stops
-beating, is named and dropped), a fresh gloo/NCCL group of the acknowledged members, then the
+beating, is named and dropped), a gloo/NCCL group of the acknowledged members (the last
+version's when they are the same members and it went well, else a fresh one), then the
 buckets: bucket ``k+1`` is cast and packed from the tensor stream while bucket ``k`` is on the
 wire, each followed by its digest (``buckets.py``), and finish (every member reports ``ok``, or
 why it refused, within the timeout). A member lost mid-broadcast fails the attempt within the
@@ -13,14 +14,15 @@ timeout; the version is sent again, from the trainer's host copy (no second gath
 members still beating, at most :attr:`BroadcastConfig.attempts` times; then the step goes on.
 
 The trainer's HTTP :class:`~longtail_workers.weights.http_sync.WeightServer` always runs too:
-the host copy of the buckets is its version (pieces = buckets, sha256s hashed on threads while
-the buckets are on the wire), so a dropped, new or restarted worker and the drafter workers
-catch up over HTTP (``broadcast_source.py``), then join the next broadcast.
+the host copy of the buckets is its version (pieces = buckets), reserved in its store before
+the first bucket and hashed in the background once the broadcast is over (nothing on the
+critical path waits for sha256s: the receivers check each bucket's digest), so a dropped, new
+or restarted worker and the drafter workers catch up over HTTP (``broadcast_source.py``), then
+join the next broadcast.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -30,12 +32,12 @@ import torch
 from torch._C._distributed_c10d import Backend, Work
 
 from longtail_workers.weights.buckets import (
-    PieceHasher,
     bucket_count,
     bucket_digest,
     bucket_span,
     fill_buckets,
 )
+from longtail_workers.weights.buffers import BufferPool
 from longtail_workers.weights.http_sync import WeightServer
 from longtail_workers.weights.membership import (
     ATTEMPTS,
@@ -43,20 +45,21 @@ from longtail_workers.weights.membership import (
     POLL_S,
     STALE_S,
     AttemptRecord,
+    Go,
+    KeptGroup,
     Roster,
     attempt_group,
     attempt_key,
     broadcast,
     error_line,
 )
-from longtail_workers.weights.pieces import canonical_layout, metas_of
+from longtail_workers.weights.pieces import LazySha256, canonical_layout, metas_of
 from longtail_workers.weights.sync import (
+    Published,
     SyncPhases,
     TensorMeta,
     TensorStream,
     WeightPublisher,
-    WeightsManifest,
-    pieces_checksum,
 )
 
 log = logging.getLogger(__name__)
@@ -98,8 +101,8 @@ class _Outcome:
 class _Attempt:
     """One announced attempt's group and its in-flight bucket (the sender's half)."""
 
-    def __init__(self, n: int, members: list[str], pg: Backend | None) -> None:
-        self.n, self.members, self.pg = n, members, pg
+    def __init__(self, n: int, members: list[str], pg: Backend | None, group: int) -> None:
+        self.n, self.members, self.pg, self.group = n, members, pg, group
         self.error: str | None = None if pg is not None else "the group was not formed"
         self._pending: tuple[Work, torch.Tensor] | None = None  # (bucket work, digest[2])
         self.wire_s = 0.0
@@ -127,12 +130,12 @@ class _Attempt:
         self.wire_s += time.perf_counter() - t0
 
     def finish(self) -> None:
+        """The last bucket and digest are out (or the attempt failed)."""
         if self.error is None:
             try:
                 self.drain()
             except RuntimeError as exc:
                 self.fail(exc)
-        self.close()
 
     def fail(self, exc: BaseException) -> None:
         self.error = error_line(exc)
@@ -143,9 +146,13 @@ class _Attempt:
         """Drop the group: the survivors' pending receives fail at once instead of waiting for
         the timeout (gloo closes the connections), and the next attempt builds a new one."""
         self._pending = None
-        if self.pg is not None and self.error is not None and hasattr(self.pg, "abort"):
-            self.pg.abort()  # NCCL: tear down the communicator of a broken attempt
+        _drop(self.pg, broken=self.error is not None)
         self.pg = None
+
+
+def _drop(pg: Backend | None, *, broken: bool) -> None:
+    if pg is not None and broken and hasattr(pg, "abort"):
+        pg.abort()  # NCCL: tear down the communicator of a broken attempt
 
 
 class BroadcastPublisher(WeightPublisher):
@@ -165,11 +172,15 @@ class BroadcastPublisher(WeightPublisher):
         self.port = self.roster.port
         """The rendezvous port actually bound (``port`` 0 picks a free one)."""
         self._buffers: list[torch.Tensor] = []  # the two device buckets (cuda only)
+        if self.config.device == "cuda":  # the host copy pinned: the bucket copies are async
+            server.store.buffers = BufferPool(server.store.keep_last + 1, pin=True)
+        self._kept: KeptGroup | None = None  # the last attempt's group, if it went well
 
     def close(self) -> None:
+        self._forget_group()
         self.roster.close()
 
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Published:
         metas = metas_of(state_dict)
         if self.wire_dtype is not None:
             metas = [
@@ -181,40 +192,49 @@ class BroadcastPublisher(WeightPublisher):
 
     def publish_stream(
         self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
-    ) -> WeightsManifest:
-        latest = self.server.store.latest()
-        if latest is not None and version <= latest.manifest.version:
-            raise ValueError(
-                f"version {version} is not newer than the last published version "
-                f"{latest.manifest.version}; versions must increase (use the RL step number)"
-            )
+    ) -> Published:
         ordered, header = canonical_layout(layout)
         if [m.name for m in ordered] != [m.name for m in layout]:
             raise ValueError(
                 "publish_stream: the layout is not in canonical order; build it with "
                 "pieces.canonical_layout(metas) and iterate the tensors in that order"
             )
-        size = len(header) + sum(m.nbytes for m in ordered)
-        phases = SyncPhases("broadcast", bytes=size, attempts=0)
-        host = torch.empty(size, dtype=torch.uint8)  # the HTTP copy: [size], not zeroed
-        view = host.numpy().data.cast("B")  # keeps host alive
+        store = self.server.store
+        store.reserve(version)  # HTTP readers of this version wait for its catch-up copy
+        try:
+            size = len(header) + sum(m.nbytes for m in ordered)
+            phases = SyncPhases("broadcast", bytes=size, attempts=0)
+            host = store.buffers.take(size)  # the HTTP copy: [size], not zeroed
+            view = host.numpy().data.cast("B")  # keeps host alive
+            self._broadcast(version, header, ordered, tensors, host, phases)
+        except BaseException:
+            store.cancel(version)
+            raise
+        dtypes = {m.name: str(m.dtype).removeprefix("torch.") for m in ordered}
+        ready = store.hash_later(version, view, dtypes, self.config.bucket_bytes)
+        return Published(version, size, phases, ready, LazySha256(view))
+
+    def _broadcast(
+        self,
+        version: int,
+        header: bytes,
+        ordered: list[TensorMeta],
+        tensors: TensorStream,
+        host: torch.Tensor,
+        phases: SyncPhases,
+    ) -> None:
+        """One pass over the stream into ``host`` and out in buckets, then retries of the
+        version (from ``host``) to the members that did not get it; fills ``phases``."""
+        size = host.numel()
         attempt = self._announce(version, size, self.roster.live(), phases)
         t0 = time.perf_counter()
         gather = _Timed(tensors())
         try:
-            hasher = self._pass(header, ordered, gather, host, view, attempt)
+            self._pass(header, ordered, gather, host, attempt)
         except BaseException as exc:  # a bad stream: the receivers must not wait for buckets
             if attempt is not None:
                 attempt.fail(exc)
             raise
-        checksum, pieces = hasher.finish()
-        manifest = WeightsManifest(
-            version=version, checksum=checksum, size=size,
-            dtypes={m.name: str(m.dtype).removeprefix("torch.") for m in ordered},
-            piece_bytes=self.config.bucket_bytes, pieces=pieces,
-            pieces_sha256=pieces_checksum(version, size, pieces), phases=phases,
-        )  # fmt: skip
-        self.server.store.put(manifest, view)  # catch-up over HTTP from here on
         wire_s = attempt.wire_s if attempt else 0.0
         phases.gather_s = gather.seconds
         phases.pack_s = time.perf_counter() - t0 - gather.seconds - wire_s
@@ -248,7 +268,6 @@ class BroadcastPublisher(WeightPublisher):
             phases.attempts, f", dropped {', '.join(phases.dropped)}" if phases.dropped else "",
             phases.gather_s, phases.pack_s, phases.wire_s,
         )  # fmt: skip
-        return manifest
 
     def _pass(
         self,
@@ -256,34 +275,26 @@ class BroadcastPublisher(WeightPublisher):
         layout: list[TensorMeta],
         tensors: Iterator[torch.Tensor],
         host: torch.Tensor,
-        view: memoryview,
         attempt: _Attempt | None,
-    ) -> PieceHasher:
+    ) -> None:
         """The one pass over the tensor stream: pack each bucket (into the host copy itself
-        on CPU, into one of two device buffers on GPU), send it, and hash its host copy."""
+        on CPU, into one of two device buffers on GPU, then copied to the host) and send it."""
         bucket, size = self.config.bucket_bytes, host.numel()
         cuda = self.config.device == "cuda"
-        hasher = PieceHasher()
 
         def target(k: int) -> torch.Tensor:
             a, b = bucket_span(k, size, bucket)
             return self._device_bucket(k, b - a, None) if cuda else host[a:b]
 
-        try:
-            for k in fill_buckets(header, layout, tensors, bucket, target):
-                a, b = bucket_span(k, size, bucket)
-                if cuda:
-                    filled = self._buffers[k % 2][: b - a]
-                    host[a:b].copy_(filled)
-                else:
-                    filled = host[a:b]
-                hasher.add(a, view[a:b])
-                if attempt is not None:
-                    attempt.send(filled)  # waits for bucket k-1: buffer (k+1) % 2 is free
-        except BaseException:
-            hasher.close()
-            raise
-        return hasher
+        for k in fill_buckets(header, layout, tensors, bucket, target):
+            a, b = bucket_span(k, size, bucket)
+            filled = self._buffers[k % 2][: b - a] if cuda else host[a:b]
+            if cuda:  # into pinned memory, in stream order before the buffer's next fill
+                host[a:b].copy_(filled, non_blocking=True)
+            if attempt is not None:
+                attempt.send(filled)  # waits for bucket k-1: buffer (k+1) % 2 is free
+        if cuda:
+            torch.cuda.current_stream().synchronize()  # the host copy is whole from here
 
     def _device_bucket(self, k: int, n: int, src: torch.Tensor | None) -> torch.Tensor:
         """Bucket ``k`` (``n`` bytes) to send: on CPU the host slice ``src`` itself; on GPU one
@@ -305,7 +316,8 @@ class BroadcastPublisher(WeightPublisher):
         self, version: int, size: int, members: list[str], phases: SyncPhases
     ) -> _Attempt | None:
         """Announce an attempt to ``members``; drop (naming them) those that do not
-        acknowledge within the phase timeout; build the group of the rest. None: nobody."""
+        acknowledge within the phase timeout; give the rest the kept group when it is exactly
+        theirs, else build a fresh one. None: nobody."""
         if not members:
             return None
         timeout = self.config.phase_timeout_s
@@ -313,11 +325,13 @@ class BroadcastPublisher(WeightPublisher):
         phases.attempts += 1
         record = AttemptRecord(version, size, self.config.bucket_bytes, members, self.config.device)
         self.store.set(attempt_key(n, "record"), record.dumps())
-        missing, deadline = set(members), time.monotonic() + timeout
+        missing, holds, deadline = set(members), {}, time.monotonic() + timeout
         while missing and time.monotonic() < deadline:
             for name in sorted(missing):
-                if self.store.check([attempt_key(n, f"ack/{name}")]):
+                key = attempt_key(n, f"ack/{name}")
+                if self.store.check([key]):
                     missing.discard(name)
+                    holds[name] = int(self.store.get(key))
                 elif self.roster.stale(name):
                     missing.discard(name)
                     phases.dropped.append(name)
@@ -325,7 +339,8 @@ class BroadcastPublisher(WeightPublisher):
                         "weight sync attempt %d (version %d): %s stopped beating before it "
                         "acknowledged; dropped, it catches up over HTTP", n, version, name,
                     )  # fmt: skip
-            time.sleep(POLL_S)
+            if missing:
+                time.sleep(POLL_S)
         for name in sorted(missing):
             phases.dropped.append(name)
             log.warning(
@@ -333,20 +348,32 @@ class BroadcastPublisher(WeightPublisher):
                 "phase timeout); dropped, it catches up over HTTP", n, version, name, timeout,
             )  # fmt: skip
         joined = [m for m in members if m not in phases.dropped]
-        self.store.set(attempt_key(n, "go"), json.dumps(joined))
+        kept, self._kept = self._kept, None  # the attempt owns it now; kept again if it goes well
+        if kept and kept.members == tuple(joined) and all(holds[m] == kept.group for m in joined):
+            self.store.set(attempt_key(n, "go"), Go(joined, kept.group).dumps())
+            return _Attempt(n, joined, kept.pg, kept.group)
+        if kept is not None:  # the members changed (or one lost it): a fresh group
+            _drop(kept.pg, broken=False)
+        self.store.set(attempt_key(n, "go"), Go(joined, n).dumps())
         if not joined:
             return None
         try:
             pg = attempt_group(self.store, n, 0, len(joined) + 1, self.config.device, timeout)
         except RuntimeError as exc:  # a member lost between its ack and the group (timeout)
-            attempt = _Attempt(n, joined, None)
+            attempt = _Attempt(n, joined, None, n)
             attempt.error = error_line(exc)
             log.warning("weight sync attempt %d: the group did not form: %s", n, attempt.error)
             return attempt
-        return _Attempt(n, joined, pg)
+        return _Attempt(n, joined, pg, n)
+
+    def _forget_group(self) -> None:
+        if self._kept is not None:
+            _drop(self._kept.pg, broken=False)
+            self._kept = None
 
     def _finish(self, attempt: _Attempt) -> _Outcome:
-        """Wait (<= the phase timeout) for each member's report of attempt ``attempt``."""
+        """Wait (<= the phase timeout) for each member's report of attempt ``attempt``; keep
+        its group for the next version if it went well for every member, else drop it."""
         attempt.finish()
         out, waiting = _Outcome(), set(attempt.members)
         deadline = time.monotonic() + self.config.phase_timeout_s
@@ -366,8 +393,14 @@ class BroadcastPublisher(WeightPublisher):
                 elif self.roster.stale(name) or time.monotonic() > deadline:
                     out.failed[name] = "stopped beating" if self.roster.stale(name) else "timeout"
                     waiting.discard(name)
-            time.sleep(POLL_S)
+            if waiting:
+                time.sleep(POLL_S)
         out.ended = time.monotonic()
+        if out.failed or attempt.error is not None or attempt.pg is None:
+            attempt.error = attempt.error or "a member failed"
+            attempt.close()  # a group that failed once is not used again
+        else:  # every member got it (a refused one kept the group too: it fetches over HTTP)
+            self._kept = KeptGroup(attempt.group, tuple(attempt.members), attempt.pg)
         if out.failed:
             log.warning(
                 "weight sync attempt %d failed for %s%s", attempt.n,

@@ -18,7 +18,6 @@ way, and its registration puts it in the next broadcast.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -32,17 +31,21 @@ from longtail_workers.weights.buckets import (
     bucket_digest,
     bucket_span,
 )
+from longtail_workers.weights.buffers import BufferPool
 from longtail_workers.weights.http_sync import HttpWeightClient
 from longtail_workers.weights.membership import (
     ATTEMPTS,
+    IDLE_POLL_S,
     POLL_S,
     AttemptRecord,
+    Go,
+    KeptGroup,
     Registration,
     attempt_group,
     attempt_key,
     broadcast,
-    connect,
     error_line,
+    keep_connected,
     parse_addr,
 )
 from longtail_workers.weights.pieces import tensors_from_buffer
@@ -71,6 +74,10 @@ class BroadcastSource(WeightSource):
         self._cond = threading.Condition()
         self._latest: tuple[int, StateDict] | None = None
         self._busy: int | None = None  # the version of the attempt this worker is in
+        self._kept: KeptGroup | None = None  # the last attempt's group, if it went well
+        # On CPU one landing buffer is kept for the next version (no page faults on the
+        # critical path); on a GPU it is freed at once: device memory is the KV cache's.
+        self._landing = BufferPool(1 if device == "cpu" else 0, device)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ws-receive", daemon=True)
         self._thread.start()
@@ -126,44 +133,36 @@ class BroadcastSource(WeightSource):
     # --- the receiving thread ------------------------------------------------------------
 
     def _run(self) -> None:
-        delay = 0.2
-        while not self._stop.is_set():
-            try:
-                store = connect(self.host, self.port, self.timeout_s)
-                seen = store.add(ATTEMPTS, 0)  # attempts before this registration are not ours
-                if self.registration is None:
-                    self.registration = Registration(
-                        self.host, self.port, self.name, self.timeout_s
-                    )
-                delay = 0.2
-                while not self._stop.wait(POLL_S * 2):
-                    for n in range(seen + 1, store.add(ATTEMPTS, 0) + 1):
-                        seen = n
-                        record = AttemptRecord.loads(store.get(attempt_key(n, "record")))
-                        if self.name in record.members:
-                            self._attempt(store, n, record)
-            except RuntimeError as exc:  # the trainer's store unreachable or gone
-                log.warning(
-                    "weight sync: store %s:%d: %s; retrying in %.1fs",
-                    self.host, self.port, str(exc).splitlines()[0][:200], delay,
-                )  # fmt: skip
-                self._stop.wait(delay)
-                delay = min(delay * 2, 10.0)
+        keep_connected(self.host, self.port, self.timeout_s, self._stop, self._follow)
+
+    def _follow(self, store: Store) -> None:
+        """Register (once), then take part in every attempt announced after connecting."""
+        seen = store.add(ATTEMPTS, 0)  # attempts before this connection are not ours
+        if self.registration is None:
+            self.registration = Registration(self.host, self.port, self.name, self.timeout_s)
+        while not self._stop.wait(IDLE_POLL_S):
+            for n in range(seen + 1, store.add(ATTEMPTS, 0) + 1):
+                seen = n
+                record = AttemptRecord.loads(store.get(attempt_key(n, "record")))
+                if self.name in record.members:
+                    self._attempt(store, n, record)
 
     def _attempt(self, store: Store, n: int, record: AttemptRecord) -> None:
-        """Take part in attempt ``n``: ack, wait for the members, receive, report."""
+        """Take part in attempt ``n``: ack (naming the group held), wait for the members,
+        receive, report."""
         with self._cond:
             self._busy = record.version
         try:
-            store.set(attempt_key(n, f"ack/{self.name}"), "1")
-            members = self._go(store, n)
-            if members is None:
+            held = self._kept.group if self._kept is not None else 0
+            store.set(attempt_key(n, f"ack/{self.name}"), str(held))
+            go = self._go(store, n)
+            if go is None:
                 result = f"failed: no go for attempt {n} within {self.timeout_s:g}s"
-            elif self.name not in members:
+            elif self.name not in go.members:
+                self._kept = None  # the members change: the next group is a fresh one
                 return  # dropped before the group formed: HTTP catch-up
             else:
-                rank = members.index(self.name) + 1
-                result = self._receive(store, n, record, rank, len(members) + 1)
+                result = self._receive(store, n, record, go)
             if result != "ok":
                 log.warning("weight sync attempt %d (version %d): %s", n, record.version, result)
             store.set(attempt_key(n, f"done/{self.name}"), result)
@@ -172,26 +171,37 @@ class BroadcastSource(WeightSource):
                 self._busy = None
                 self._cond.notify_all()
 
-    def _go(self, store: Store, n: int) -> list[str] | None:
+    def _go(self, store: Store, n: int) -> Go | None:
         deadline = time.monotonic() + self.timeout_s
         key = attempt_key(n, "go")
         while not store.check([key]):
             if time.monotonic() > deadline or self._stop.is_set():
                 return None
             time.sleep(POLL_S)
-        return [str(m) for m in json.loads(store.get(key))]
+        return Go.loads(store.get(key))
 
-    def _receive(self, store: Store, n: int, record: AttemptRecord, rank: int, size: int) -> str:
+    def _group(self, store: Store, n: int, record: AttemptRecord, go: Go) -> Backend:
+        """The attempt's group: the kept one when the trainer says so, else a fresh one."""
+        kept, self._kept = self._kept, None  # kept again only if this attempt goes well
+        if go.group != n:
+            if kept is None or kept.group != go.group or kept.members != tuple(go.members):
+                raise RuntimeError(
+                    f"the trainer reuses the group of attempt {go.group}, this worker holds "
+                    f"{kept.group if kept else 'none'}"
+                )
+            return kept.pg
+        rank, size = go.members.index(self.name) + 1, len(go.members) + 1
+        return attempt_group(store, n, rank, size, record.device, self.timeout_s)
+
+    def _receive(self, store: Store, n: int, record: AttemptRecord, go: Go) -> str:
         """Every bucket of attempt ``n`` into one buffer; ``ok`` once it is kept, else why not."""
         t0 = time.perf_counter()
-        pg: Backend | None = None
         try:
-            pg = attempt_group(store, n, rank, size, record.device, self.timeout_s)
+            pg = self._group(store, n, record, go)
             buf, bad = self._buckets(pg, record)
         except RuntimeError as exc:
-            return f"failed: {error_line(exc)}"
-        finally:
-            del pg  # drop the attempt's group now, not at the next one
+            return f"failed: {error_line(exc)}"  # the group is dropped: it broke
+        self._kept = KeptGroup(go.group, tuple(go.members), pg)
         if bad:
             return (
                 f"refused: version {record.version}: bucket(s) {bad[:10]} of "
@@ -213,7 +223,7 @@ class BroadcastSource(WeightSource):
     def _buckets(self, pg: Backend, record: AttemptRecord) -> tuple[torch.Tensor, list[int]]:
         """Every bucket into one buffer (``[size]`` uint8 on the device), and the buckets whose
         digest did not match the trainer's."""
-        buf = torch.empty(record.size, dtype=torch.uint8, device=record.device)  # [size]
+        buf = self._landing.take(record.size)  # [size] uint8 on the device
         theirs = torch.empty(2, dtype=torch.int64, device=record.device)  # [2] digest
         bad: list[int] = []
         for k in range(bucket_count(record.size, record.bucket_bytes)):

@@ -6,21 +6,19 @@ gives the tensors' order and the header); bucket ``k`` is the byte range ``[k*B,
 that stream, so a tensor larger than a bucket simply spans several. :func:`fill_buckets` casts
 and copies the tensors of a :data:`~longtail_workers.weights.sync.TensorStream` pass into bucket
 buffers one bucket at a time (the sender broadcasts bucket ``k`` while this fills ``k+1``);
-:func:`bucket_digest` is the small device-side check every bucket is followed by;
-:class:`PieceHasher` hashes the trainer's host copy (the HTTP catch-up store, pieces = buckets)
-on threads while the buckets are on the wire; :func:`pieces.tensors_from_buffer` reads the received
-bytes back as views on the receiver's device.
+:func:`bucket_digest` is the small device-side check every bucket is followed by (the
+trainer's host copy, the HTTP catch-up store with pieces = buckets, gets its sha256s later,
+``store.WeightStore.hash_later``); :func:`pieces.tensors_from_buffer` reads the received bytes
+back as views on the receiver's device.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from longtail_workers.weights.sync import Piece, TensorMeta
+from longtail_workers.weights.sync import TensorMeta
 
 DIGEST_ROW = 4096
 """int64 words per row of :func:`bucket_digest`'s position weighting (32 KiB)."""
@@ -95,39 +93,3 @@ def bucket_digest(buf: torch.Tensor) -> torch.Tensor:
         rest * torch.arange(1, rest.numel() + 1, dtype=torch.int64, device=buf.device)
     ).sum()
     return torch.stack([plain, spread])
-
-
-class PieceHasher:
-    """sha256 of each piece (one thread) and of the whole stream in order (another), fed as
-    the pieces of a host buffer fill; hashlib releases the GIL on large buffers, so hashing
-    overlaps the packing and the wire."""
-
-    def __init__(self) -> None:
-        self._pieces = ThreadPoolExecutor(1, thread_name_prefix="weights-hash")
-        self._whole_pool = ThreadPoolExecutor(1, thread_name_prefix="weights-hash-all")
-        self._whole = hashlib.sha256()
-        self._digests: list[tuple[int, int, Future[str]]] = []
-        self._updates: list[Future[None]] = []
-
-    def add(self, offset: int, data: memoryview) -> None:
-        """The next piece, ``data`` (at ``offset``), is final: hash it."""
-        self._digests.append((offset, len(data), self._pieces.submit(_sha256, data)))
-        self._updates.append(self._whole_pool.submit(self._whole.update, data))
-
-    def finish(self) -> tuple[str, tuple[Piece, ...]]:
-        """The whole stream's sha256 and the pieces with theirs (waits for the threads)."""
-        try:
-            for update in self._updates:
-                update.result()
-            pieces = tuple(Piece(o, n, d.result()) for o, n, d in self._digests)
-            return self._whole.hexdigest(), pieces
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        self._pieces.shutdown(wait=True)
-        self._whole_pool.shutdown(wait=True)
-
-
-def _sha256(data: memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()

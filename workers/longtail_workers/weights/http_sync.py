@@ -4,24 +4,26 @@ The trainer runs a :class:`WeightServer` (``httpserver.py``: uvicorn in a
 background thread) over a :class:`~longtail_workers.weights.store.WeightStore`; each rollout
 worker uses an :class:`HttpWeightClient` between rollouts::
 
-    GET /v1/weights/latest              -> 200 JSON manifest {"version", "checksum", "size",
-                                           "dtypes", "piece_bytes", "pieces": [[offset, size,
-                                           sha256], ...]}; 404 JSON {"error"} before the first
+    GET /v1/weights/latest              -> 200 JSON manifest {"version", "size", "dtypes",
+                                           "piece_bytes", "pieces": [[offset, size, sha256],
+                                           ...], "pieces_sha256"}; 404 JSON {"error"} before
+                                           the first
     GET /v1/weights/{version}/manifest  -> 200 that version's manifest; 404 when not kept
     GET /v1/weights/{version}/pieces/{i} -> 200 piece i's bytes, headers
                                            X-Longtail-Weights-Version, X-Longtail-Weights-Sha256
                                            (the piece's); 404 when not kept (any more)
-    GET /v1/weights/{version}           -> 200 the whole safetensors bytes (the protocol before
-                                           pieces; kept for older clients); same headers, the
-                                           whole version's sha256
+
+A version the trainer has announced but not finished hashing (a broadcast's catch-up copy,
+``store.WeightStore.reserve``) is waited for (at most ``PENDING_WAIT_S``), then answered 503
+with a ``Retry-After``: the client retries it as any 5xx.
 
 The client reads the manifest, checks that its pieces cover the version, pulls the pieces on
 ``parallel`` threads through ``httpclient.request`` (a per-request timeout, unreachable-server
 and 5xx failures retried with exponential backoff and jitter: many workers pull at once after
-each step), verifies each piece's sha256 as it arrives and the whole version's sha256 over the
-pieces in order, and only then builds the state dict (views of the pieces). Every phase has a
-timeout: each request ``timeout_s``, the whole version ``version_timeout_s``. Any failure raises
-before anything reaches the model, so the model keeps its previous version whole.
+each step), verifies each piece's sha256 as it arrives (the list of them, ``pieces_sha256``, is
+the version's checksum), and only then builds the state dict (views of the pieces). Every phase
+has a timeout: each request ``timeout_s``, the whole version ``version_timeout_s``. Any failure
+raises before anything reaches the model, so the model keeps its previous version whole.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ from longtail_workers import httpclient
 from longtail_workers.httprequest import JSONRequestHandler, error_text
 from longtail_workers.httpserver import BackgroundHTTPServer
 from longtail_workers.weights.pieces import DEFAULT_PIECE_BYTES, check_layout, tensors_from_bytes
-from longtail_workers.weights.store import WeightStore
+from longtail_workers.weights.store import VersionPending, WeightStore
 from longtail_workers.weights.sync import (
     Piece,
+    Published,
     StateDict,
     TensorMeta,
     TensorStream,
@@ -59,13 +62,14 @@ from longtail_workers.weights.sync import (
 log = logging.getLogger(__name__)
 
 LATEST_PATH = "/v1/weights/latest"
-VERSION_PATH = "/v1/weights/{version}"
 MANIFEST_PATH = "/v1/weights/{version}/manifest"
 PIECE_PATH = "/v1/weights/{version}/pieces/{index}"
 VERSION_HEADER = "X-Longtail-Weights-Version"
 CHECKSUM_HEADER = "X-Longtail-Weights-Sha256"
-_VERSION_RE = re.compile(r"^/v1/weights/(\d{1,18})(/manifest|/pieces/(\d{1,9}))?$")
+_VERSION_RE = re.compile(r"^/v1/weights/(\d{1,18})/(manifest|pieces/(\d{1,9}))$")
 NOTHING_PUBLISHED = "no policy weights published yet"
+PENDING_WAIT_S = 30.0
+"""Longest a request for a version still being hashed waits before its 503."""
 
 
 class _Handler(JSONRequestHandler):
@@ -74,10 +78,16 @@ class _Handler(JSONRequestHandler):
     json_separators = None  # json.dumps' default, with spaces
 
     def _dispatch(self, method: str) -> None:
-        store = self.app.store
-        path = self.path
+        try:
+            self._answer(self.app.store, self.path)
+        except VersionPending as exc:
+            self.send_json(
+                HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)}, headers={"Retry-After": "1"}
+            )
+
+    def _answer(self, store: WeightStore, path: str) -> None:
         if path == LATEST_PATH:
-            entry = store.latest()
+            entry = store.latest(wait_s=PENDING_WAIT_S)
             if entry is None:
                 self.send_json(HTTPStatus.NOT_FOUND, {"error": f"{NOTHING_PUBLISHED}; retry later"})
             else:
@@ -87,32 +97,29 @@ class _Handler(JSONRequestHandler):
         if match is None:
             self.send_json(
                 HTTPStatus.NOT_FOUND,
-                {"error": f"unknown path {path!r}; use {LATEST_PATH} or {PIECE_PATH}"},
-            )
+                {"error": f"unknown path {path!r}; use {LATEST_PATH}, {MANIFEST_PATH} or "
+                 f"{PIECE_PATH}"},
+            )  # fmt: skip
             return
         version = int(match.group(1))
-        entry = store.get(version)
+        entry = store.get(version, wait_s=PENDING_WAIT_S)
         if entry is None:
             kept = store.versions()
             message = f"version {version} is not kept; kept versions: {kept}"
             self.send_json(HTTPStatus.NOT_FOUND, {"error": message})
             return
-        if match.group(2) == "/manifest":
+        if match.group(2) == "manifest":
             self.send_json(HTTPStatus.OK, entry.manifest.to_dict())
             return
-        body: bytes | memoryview = entry.data
-        checksum = entry.manifest.checksum
-        if match.group(3) is not None:
-            index = int(match.group(3))
-            count = len(entry.manifest.pieces)
-            if index >= count:
-                message = f"version {version} has {count} pieces, no piece {index}"
-                self.send_json(HTTPStatus.NOT_FOUND, {"error": message})
-                return
-            piece = entry.manifest.pieces[index]
-            body = memoryview(entry.data)[piece.offset : piece.offset + piece.size]
-            checksum = piece.sha256
-        headers = {VERSION_HEADER: str(version), CHECKSUM_HEADER: checksum}
+        index = int(match.group(3))
+        count = len(entry.manifest.pieces)
+        if index >= count:
+            message = f"version {version} has {count} pieces, no piece {index}"
+            self.send_json(HTTPStatus.NOT_FOUND, {"error": message})
+            return
+        piece = entry.manifest.pieces[index]
+        body = memoryview(entry.data)[piece.offset : piece.offset + piece.size]
+        headers = {VERSION_HEADER: str(version), CHECKSUM_HEADER: piece.sha256}
         self.send_body(HTTPStatus.OK, body, "application/octet-stream", headers)
 
 
@@ -137,12 +144,12 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
         self.requested_port = port
         self.store = WeightStore(keep_last=keep_last, piece_bytes=piece_bytes)
 
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Published:
         return self.store.publish(version, state_dict)
 
     def publish_stream(
         self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
-    ) -> WeightsManifest:
+    ) -> Published:
         """Pieces packed and hashed as the stream (a sharded trainer's gather) produces them."""
         return self.store.publish_stream(version, layout, tensors)
 
@@ -344,7 +351,6 @@ class HttpWeightClient(WeightSource):
             obj = json.loads(answer.body)
             return WeightsManifest(
                 version=int(obj["version"]),
-                checksum=str(obj["checksum"]),
                 size=int(obj["size"]),
                 dtypes={str(k): str(v) for k, v in obj["dtypes"].items()},
                 piece_bytes=int(obj.get("piece_bytes", 0)),

@@ -5,15 +5,19 @@ The trainer's :class:`~longtail_workers.weights.broadcast.BroadcastPublisher` ho
 worker's :class:`~longtail_workers.weights.broadcast_source.BroadcastSource` connects to it
 (:class:`Registration`), registers under its worker name, beats every ~0.5 s and publishes the
 version it holds. Every broadcast attempt is announced as an :class:`AttemptRecord`; its members
-acknowledge, the trainer writes the final member list (``go``), and all of them build a FRESH
-process group for that attempt only (:func:`attempt_group`) from a ``PrefixStore`` of the same
-store: never the default process group (a sharded trainer's FSDP owns it), and a join, restart
-or loss of a worker simply changes the next attempt's members.
+acknowledge (saying which group they hold), the trainer writes the final member list and the
+group to use (:class:`Go`): the group of an earlier attempt when the members are exactly its
+members and every one of them still holds it, else a FRESH process group built for this attempt
+(:func:`attempt_group`) from a ``PrefixStore`` of the same store. Never the default process group
+(a sharded trainer's FSDP owns it); a join, restart or loss of a worker changes the members and
+so builds a new group, and a group that failed once is dropped on both sides.
+(:class:`KeptGroup`: building a group is a rendezvous of every member, and NCCL's costs seconds.)
 
 Store keys (all under ``ws/``): ``nreg`` counter and ``reg/<i>`` names; ``beat/<name>``
 counters; ``held/<name>`` versions; ``attempt`` counter; ``attempt/<n>/record``,
-``attempt/<n>/ack/<name>``, ``attempt/<n>/go``, ``attempt/<n>/done/<name>`` (``ok`` or the
-error) and ``attempt/<n>/pg/`` (the group's own rendezvous).
+``attempt/<n>/ack/<name>`` (the attempt whose group it holds, 0 for none), ``attempt/<n>/go``,
+``attempt/<n>/done/<name>`` (``ok`` or the error) and ``attempt/<n>/pg/`` (a fresh group's own
+rendezvous).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
@@ -50,8 +55,11 @@ BEAT_S = 0.5
 """A member's heartbeat period."""
 STALE_S = 3.0
 """A member whose beat has not moved for this long is gone."""
-POLL_S = 0.05
-"""Period of every store poll in the protocol (acks, go, done)."""
+POLL_S = 0.01
+"""Period of the trainer's store polls during a sync (acks, reports): one local round trip
+each, and they add straight to every version's sync time."""
+IDLE_POLL_S = 0.05
+"""Period of a receiver's poll for the next attempt (between syncs: kept cheap for the store)."""
 ATTEMPTS = "ws/attempt"
 
 
@@ -125,6 +133,37 @@ class AttemptRecord:
             members=[str(m) for m in obj["members"]],
             device=str(obj["device"]),
         )
+
+
+@dataclass(frozen=True)
+class Go:
+    """The trainer's word to start an attempt."""
+
+    members: list[str]
+    """The members that acknowledged, in rank order (rank 0 is the trainer)."""
+    group: int
+    """The attempt whose group they use: this attempt's own number for a fresh group, an
+    earlier one's when these are exactly its members and each acknowledged holding it."""
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, text: bytes | str) -> Go:
+        obj = json.loads(text)
+        return cls(members=[str(m) for m in obj["members"]], group=int(obj["group"]))
+
+
+@dataclass(frozen=True)
+class KeptGroup:
+    """A process group kept after an attempt that went well, for the next one with the same
+    members (either side keeps one; a failed attempt drops it)."""
+
+    group: int
+    """The attempt that built it."""
+    members: tuple[str, ...]
+    """Its members in rank order, the trainer (rank 0) not included."""
+    pg: Backend
 
 
 def connect(host: str, port: int, timeout_s: float, *, master: bool = False) -> TCPStore:
@@ -254,25 +293,44 @@ class Registration:
         self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
-        delay = 0.2
-        while not self._stop.is_set():
-            try:
-                store = connect(self.host, self.port, self.timeout_s)
-                store.set(f"ws/reg/{store.add('ws/nreg', 1)}", self.name)
-                self.registered.set()
-                log.info("weight sync: registered as %s at %s:%d", self.name, self.host, self.port)
-                delay = 0.2
-                sent: int | None = None
-                while not self._stop.wait(BEAT_S):
-                    store.add(beat_key(self.name), 1)
-                    if self._held is not None and self._held != sent:
-                        sent = self._held
-                        store.set(held_key(self.name), str(sent))
-            except RuntimeError as exc:  # connect timeout, or the trainer's store went away
-                self.registered.clear()
-                log.warning(
-                    "weight sync: store %s:%d unreachable (%s); retrying in %.1fs",
-                    self.host, self.port, str(exc).splitlines()[0][:200], delay,
-                )  # fmt: skip
-                self._stop.wait(delay)
-                delay = min(delay * 2, 10.0)
+        keep_connected(self.host, self.port, self.timeout_s, self._stop, self._session)
+
+    def _session(self, store: TCPStore) -> None:
+        """Register on a fresh connection, then beat until stopped (or the store goes away)."""
+        try:
+            store.set(f"ws/reg/{store.add('ws/nreg', 1)}", self.name)
+            self.registered.set()
+            log.info("weight sync: registered as %s at %s:%d", self.name, self.host, self.port)
+            sent: int | None = None
+            while not self._stop.wait(BEAT_S):
+                store.add(beat_key(self.name), 1)
+                if self._held is not None and self._held != sent:
+                    sent = self._held
+                    store.set(held_key(self.name), str(sent))
+        finally:
+            self.registered.clear()
+
+
+def keep_connected(
+    host: str,
+    port: int,
+    timeout_s: float,
+    stop: threading.Event,
+    session: Callable[[TCPStore], None],
+) -> None:
+    """Run ``session`` on a fresh connection to the trainer's store until ``stop`` is set; when
+    the store is unreachable or goes away (a trainer restart), connect again with backoff
+    (0.2 s doubling to 10 s). The one reconnect loop of a rollout worker's broadcast side."""
+    delay = 0.2
+    while not stop.is_set():
+        try:
+            store = connect(host, port, timeout_s)
+            delay = 0.2
+            session(store)
+        except RuntimeError as exc:  # connect timeout, or the trainer's store went away
+            log.warning(
+                "weight sync: store %s:%d unreachable (%s); retrying in %.1fs",
+                host, port, error_line(exc), delay,
+            )  # fmt: skip
+            stop.wait(delay)
+            delay = min(delay * 2, 10.0)

@@ -3,33 +3,38 @@
 The trainer's :class:`~longtail_workers.weights.store.WeightStore` packs a version's canonical
 safetensors bytes (``checksum.py``) itself (:func:`pack_stream`, as the sharded trainer gathers
 the tensors one by one in :func:`canonical_layout` order, casting each to the rollout engine's
-dtype; :func:`pack` for a whole state dict): one copy of each tensor into one buffer, and each
-``piece_bytes`` piece is hashed on a thread as soon as the copy has filled it, while another
-thread hashes the whole stream in order (safetensors' own ``save`` copies every tensor twice
-and leaves all hashing for afterwards). Rollout workers pull the pieces in parallel
-(``http_sync.HttpWeightClient``), check the manifest's layout (:func:`check_layout`), verify
-each piece as it lands in one buffer, and read the tensors straight out of it
+dtype): one copy of each tensor into one buffer, each ``piece_bytes`` piece hashed on a
+:class:`PieceHasher` thread as soon as the copy has filled it (safetensors' own ``save`` copies
+every tensor twice and leaves all hashing for afterwards). Rollout workers pull the pieces in
+parallel (``http_sync.HttpWeightClient``), check the manifest's layout (:func:`check_layout`),
+verify each piece as it lands in one buffer, and read the tensors straight out of it
 (:func:`tensors_from_bytes`: views, not a deserialised copy).
 
-Pieces are byte ranges of the one canonical stream, so the whole version still hashes to the
-manifest's ``checksum`` (the checkpoint's ``model_sha256``) and a tensor larger than a piece
-simply spans several pieces.
+Pieces are byte ranges of the one canonical stream, so a tensor larger than a piece simply
+spans several, and the whole version hashes to the checkpoint's ``model_sha256``. Neither that
+hash (:class:`LazySha256`, on demand) nor the broadcast's HTTP catch-up copy (:func:`hash_pieces`
+on a background thread, :func:`in_background`) is on the step's critical path.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 from safetensors.torch import save
 
 from longtail_workers.weights.sync import Piece, StateDict, TensorMeta, WeightsManifest
+
+T = TypeVar("T")
 
 DEFAULT_PIECE_BYTES = 64 << 20
 """64 MiB: a 0.5B bf16 policy (~1 GB) is 16 pieces, enough to keep 4 parallel pulls busy and
@@ -43,31 +48,23 @@ _DTYPES = {
 }  # fmt: skip
 
 
-def pack(
-    state_dict: Mapping[str, torch.Tensor], piece_bytes: int
-) -> tuple[memoryview, str, tuple[Piece, ...]]:
-    """The canonical bytes of ``state_dict`` (equal to ``serialize_state_dict``'s), their
-    sha256, and their pieces with each piece's sha256 (:func:`pack_stream` of its tensors)."""
-    layout, _ = canonical_layout(metas_of(state_dict))
-    data, checksum, pieces, _ = pack_stream(
-        layout, (state_dict[m.name] for m in layout), piece_bytes
-    )
-    return data, checksum, pieces
-
-
 def pack_stream(
-    layout: Sequence[TensorMeta], tensors: Iterable[torch.Tensor], piece_bytes: int
-) -> tuple[memoryview, str, tuple[Piece, ...], float]:
+    layout: Sequence[TensorMeta],
+    tensors: Iterable[torch.Tensor],
+    piece_bytes: int,
+    take: Callable[[int], torch.Tensor] | None = None,
+) -> tuple[memoryview, tuple[Piece, ...], float]:
     """The canonical bytes of a version whose whole tensors arrive one by one in ``layout``
     order (a :data:`~longtail_workers.weights.sync.TensorStream` pass; ``layout`` as
     :func:`canonical_layout` orders it), each cast to its :class:`TensorMeta`'s dtype; their
-    sha256; their pieces with each piece's sha256; and the seconds spent waiting for the
-    tensors (a sharded trainer's gather).
+    pieces with each piece's sha256; and the seconds spent waiting for the tensors (a sharded
+    trainer's gather). The whole version's sha256 is not here: :func:`content_sha256` hashes
+    it afterwards, off the critical path. ``take(n)`` gives the ``[n]`` uint8 host buffer to
+    pack into (a ``buffers.BufferPool``'s; default a new one).
 
     Each tensor is copied (and cast, and moved off its device) straight into its place in one
-    buffer, so nothing but that buffer and the tensor in hand is held. hashlib releases the GIL
-    on large buffers: each piece is hashed on one thread and fed to the whole-stream hash on
-    another as soon as the copy has filled it, while this thread takes the next tensors.
+    buffer, so nothing but that buffer and the tensor in hand is held; each piece is hashed on
+    a :class:`PieceHasher` thread as soon as the copy has filled it.
     """
     if piece_bytes < 1:
         raise ValueError(f"piece_bytes must be >= 1, got {piece_bytes}")
@@ -79,31 +76,14 @@ def pack_stream(
             "iterate in pieces.canonical_layout(metas)[0]'s order"
         )
     total = len(header) + sum(m.nbytes for m in layout)
-    buf = torch.empty(total, dtype=torch.uint8)  # not zeroed: every byte is written below
+    buf = take(total) if take else torch.empty(total, dtype=torch.uint8)  # not zeroed: all written
     view = buf.numpy().data.cast("B")  # keeps buf alive
     view[: len(header)] = header
-    whole = hashlib.sha256()
-    digests: list[Future[str]] = []
-    updates: list[Future[None]] = []
     waited = 0.0
-    with (
-        ThreadPoolExecutor(1, thread_name_prefix="weights-hash") as piece_pool,
-        ThreadPoolExecutor(1, thread_name_prefix="weights-hash-all") as whole_pool,
-    ):
-
-        def hand_over(end: int) -> None:
-            """Bytes before ``end`` are packed: hash every piece they complete."""
-            while len(digests) * piece_bytes < total:
-                start = len(digests) * piece_bytes
-                stop = min(start + piece_bytes, total)
-                if stop > end:
-                    return
-                chunk = view[start:stop]
-                digests.append(piece_pool.submit(_sha256, chunk))
-                updates.append(whole_pool.submit(whole.update, chunk))
-
+    hasher = PieceHasher(view, piece_bytes)
+    try:
         offset = len(header)
-        hand_over(offset)
+        hasher.filled(offset)
         stream = iter(tensors)
         for i, meta in enumerate(layout):
             t0 = time.monotonic()
@@ -113,16 +93,85 @@ def pack_stream(
                 raise ValueError(f"the tensor stream ended after {i} of {len(layout)} tensors")
             _place(buf, offset, meta, tensor)
             offset += meta.nbytes
-            hand_over(offset)
+            hasher.filled(offset)
         if next(stream, None) is not None:
             raise ValueError(f"the tensor stream has more than the layout's {len(layout)} tensors")
-        for update in updates:
-            update.result()
-        pieces = tuple(
-            Piece(i * piece_bytes, min(piece_bytes, total - i * piece_bytes), d.result())
-            for i, d in enumerate(digests)
+        return view, hasher.pieces(), waited
+    finally:
+        hasher.close()
+
+
+HASH_THREADS = max(1, min(4, os.cpu_count() or 1))
+"""Threads hashing pieces at once (hashlib releases the GIL on large buffers)."""
+_BACKGROUND = ThreadPoolExecutor(1, thread_name_prefix="weights-background")
+"""Hashing that nothing on the step's critical path waits for, one job at a time, in order."""
+
+
+class PieceHasher:
+    """sha256 of each ``piece_bytes`` piece of ``data``, a buffer filled from the front: a piece
+    is hashed on one of ``threads`` threads as soon as :meth:`filled` says it is final, so the
+    hashing overlaps the packing (or the wire)."""
+
+    def __init__(self, data: memoryview, piece_bytes: int, threads: int = HASH_THREADS) -> None:
+        if piece_bytes < 1:
+            raise ValueError(f"piece_bytes must be >= 1, got {piece_bytes}")
+        self.data, self.piece_bytes = data, piece_bytes
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="weights-hash")
+        self._digests: list[Future[str]] = []
+
+    def filled(self, end: int) -> None:
+        """Bytes before ``end`` are final: hash every piece they complete."""
+        total = len(self.data)
+        while len(self._digests) * self.piece_bytes < total:
+            start = len(self._digests) * self.piece_bytes
+            stop = min(start + self.piece_bytes, total)
+            if stop > end:
+                return
+            self._digests.append(self._pool.submit(_sha256, self.data[start:stop]))
+
+    def pieces(self) -> tuple[Piece, ...]:
+        """Every piece with its sha256 (the whole buffer is final by now; waits for the
+        threads)."""
+        self.filled(len(self.data))
+        size, step = len(self.data), self.piece_bytes
+        return tuple(
+            Piece(i * step, min(step, size - i * step), d.result())
+            for i, d in enumerate(self._digests)
         )
-    return view, whole.hexdigest(), pieces, waited
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def hash_pieces(data: memoryview, piece_bytes: int) -> tuple[Piece, ...]:
+    """``data``'s pieces with their sha256s, hashed on :data:`HASH_THREADS` threads."""
+    hasher = PieceHasher(data, piece_bytes)
+    try:
+        return hasher.pieces()
+    finally:
+        hasher.close()
+
+
+def in_background(fn: Callable[[], T]) -> Future[T]:
+    """Run ``fn`` on the weights' background thread (after the jobs queued before it)."""
+    return _BACKGROUND.submit(fn)
+
+
+class LazySha256:
+    """The sha256 of the whole of ``data``, hashed on the first call and remembered: the
+    checkpoint's ``model_sha256`` is its only reader, so the steps without one never pay for it
+    (on a 2-core machine a background pass slowed the rollout workers' pulls)."""
+
+    def __init__(self, data: memoryview) -> None:
+        self._data: memoryview | None = data
+        self._lock = threading.Lock()
+        self._hex = ""
+
+    def __call__(self) -> str:
+        with self._lock:
+            if self._data is not None:
+                self._hex, self._data = _sha256(self._data), None  # the bytes are free again
+            return self._hex
 
 
 def _place(buf: torch.Tensor, offset: int, meta: TensorMeta, tensor: torch.Tensor) -> None:
@@ -199,13 +248,6 @@ def metas_of(state_dict: Mapping[str, torch.Tensor]) -> list[TensorMeta]:
             )
         out.append(TensorMeta(key, tensor.dtype, tuple(tensor.shape)))
     return out
-
-
-def _layout(state_dict: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bytes]:
-    """The tensors (detached, contiguous, CPU) in :func:`canonical_layout` order, and the header."""
-    ordered, header = canonical_layout(metas_of(state_dict))
-    tensors = {m.name: state_dict[m.name].detach().to("cpu").contiguous() for m in ordered}
-    return tensors, header
 
 
 def check_layout(manifest: WeightsManifest, source: str) -> None:

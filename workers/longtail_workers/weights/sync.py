@@ -20,12 +20,16 @@ from __future__ import annotations
 import abc
 import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 StateDict = dict[str, torch.Tensor]
+T = TypeVar("T")
 
 
 class WeightSyncError(RuntimeError):
@@ -133,13 +137,11 @@ class SyncPhases:
 
 @dataclass(frozen=True)
 class WeightsManifest:
-    """What the trainer advertises about one published version."""
+    """What the trainer advertises about one published version (the HTTP catch-up copy)."""
 
     version: int
-    checksum: str
-    """sha256 (hex) of the canonical safetensors bytes (``weights.checksum``)."""
     size: int
-    """Length of those bytes."""
+    """Length of the canonical safetensors bytes (``weights.checksum``)."""
     dtypes: dict[str, str]
     """``{name: dtype}``, e.g. ``{"lm_head.weight": "bfloat16"}``."""
     piece_bytes: int = 0
@@ -149,21 +151,72 @@ class WeightsManifest:
     several), in order: they cover ``[0, size)`` exactly."""
     pieces_sha256: str = ""
     """:func:`pieces_checksum` of ``pieces``: the version's checksum a receiver verifies once
-    every piece has matched its own sha256 (it commits to every byte, like ``checksum``, without
-    hashing the whole version a second time)."""
-    phases: SyncPhases | None = field(default=None, compare=False)
-    """The trainer's timings of this publish (not sent to workers)."""
+    every piece has matched its own sha256 (it commits to every byte without hashing the whole
+    version a second time)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
             "version": self.version,
-            "checksum": self.checksum,
             "size": self.size,
             "dtypes": dict(self.dtypes),
             "piece_bytes": self.piece_bytes,
             "pieces": [[p.offset, p.size, p.sha256] for p in self.pieces],
             "pieces_sha256": self.pieces_sha256,
         }
+
+
+CONTENT_TIMEOUT_S = 600.0
+"""Longest :meth:`Published.manifest` waits for the hashing that runs after a publish returned
+(a 15 GB version's pieces hash in 2-9 s)."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a publish returns to the trainer: the version as it travelled, where the time went,
+    and the hashing still running for it after ``publish`` returned.
+
+    Nothing waits for that hashing on the step's critical path: the broadcast receivers verify
+    each bucket's digest, HTTP receivers each piece's sha256 (``manifest`` is done before an
+    HTTP publish returns). A broadcast version's HTTP catch-up copy is hashed in the background
+    after the broadcast (the weight server holds requests for it until then). The whole
+    version's sha256 is hashed only when asked for (:meth:`content_sha256`): a checkpoint is its
+    only reader, so the steps without one never pay for it.
+    """
+
+    version: int
+    size: int
+    """Bytes of the version as it travels."""
+    phases: SyncPhases
+    """The trainer's timings of this publish."""
+    ready: Future[WeightsManifest] = field(repr=False, compare=False)
+    """The version's HTTP manifest, once its pieces are hashed."""
+    content: Callable[[], str] = field(repr=False, compare=False)
+    """sha256 (hex) of the whole canonical bytes, hashed on the first call (``pieces.
+    LazySha256``): the checkpoint's ``model_sha256``."""
+
+    def manifest(self, timeout_s: float = CONTENT_TIMEOUT_S) -> WeightsManifest:
+        """The HTTP manifest (waits at most ``timeout_s`` for the pieces' hashing)."""
+        return _result(self.ready, timeout_s, f"version {self.version}'s pieces")
+
+    def content_sha256(self) -> str:
+        """The whole version's sha256 (hashed now if nobody asked before: seconds per 10 GB)."""
+        return self.content()
+
+
+def done(value: T) -> Future[T]:
+    """A future that already holds ``value`` (what a publisher has finished)."""
+    future: Future[T] = Future()
+    future.set_result(value)
+    return future
+
+
+def _result(future: Future[T], timeout_s: float, what: str) -> T:
+    try:
+        return future.result(timeout=timeout_s)
+    except FutureTimeout:
+        raise WeightSyncError(
+            f"{what}: still hashing after {timeout_s:g}s (the trainer's host is overloaded?)"
+        ) from None
 
 
 def pieces_checksum(version: int, size: int, pieces: tuple[Piece, ...]) -> str:
@@ -176,12 +229,12 @@ class WeightPublisher(abc.ABC):
     """Trainer side: make a new policy version available to rollout workers."""
 
     @abc.abstractmethod
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> WeightsManifest:
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Published:
         """Publish ``state_dict`` as ``version`` (strictly greater than the last one)."""
 
     def publish_stream(
         self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
-    ) -> WeightsManifest:
+    ) -> Published:
         """Publish ``version`` from a stream of whole tensors in ``layout`` order, without a
         whole state dict in memory (the sharded trainer's way). This fallback collects the
         stream; transports override it to pack as the tensors arrive."""

@@ -1,0 +1,131 @@
+"""The trainer's weight store off the critical path (#33): a version reserved before its pieces
+are hashed (the broadcast's HTTP catch-up copy) is served once they are, a request still waiting
+after ``PENDING_WAIT_S`` answers 503 and the client retries it, a cancelled version is not kept,
+versions still increase; host buffers are reused only once nothing views them (a piece being
+sent keeps its version's buffer); the whole version's sha256 is hashed only when asked for."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import torch
+from tiny_targets import tiny_qwen2
+
+from longtail_workers.weights import http_sync
+from longtail_workers.weights.buffers import BufferPool
+from longtail_workers.weights.checksum import serialize_state_dict, state_dict_checksum
+from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
+from longtail_workers.weights.store import VersionPending, WeightStore
+from longtail_workers.weights.sync import WeightVersionError
+
+SHAPE = {"vocab_size": 32, "hidden_size": 32, "intermediate_size": 64}
+
+
+def state(seed: int) -> dict[str, torch.Tensor]:
+    return tiny_qwen2(seed=seed, **SHAPE).state_dict()
+
+
+def canonical(seed: int) -> tuple[memoryview, dict[str, str]]:
+    """Version bytes as the broadcast publisher's host copy holds them, and their dtypes."""
+    sd = state(seed)
+    data = memoryview(bytearray(serialize_state_dict(sd)))
+    return data, {k: str(v.dtype).removeprefix("torch.") for k, v in sorted(sd.items())}
+
+
+def client(server: WeightServer) -> HttpWeightClient:
+    return HttpWeightClient(server.url, timeout_s=10, backoff_s=0.05, max_backoff_s=0.2)
+
+
+def test_a_reserved_version_is_served_once_its_pieces_are_hashed() -> None:
+    data, dtypes = canonical(1)
+    with WeightServer(piece_bytes=4096) as server:
+        server.store.reserve(1)
+        later = threading.Timer(0.5, server.store.hash_later, (1, data, dtypes, 4096))
+        later.start()
+        t0 = time.monotonic()
+        version, fetched = client(server).fetch()  # latest: waits for the reserved version
+        assert version == 1 and time.monotonic() - t0 >= 0.4
+        assert state_dict_checksum(fetched) == state_dict_checksum(state(1))
+        later.join()
+
+
+def test_a_version_pending_past_the_wait_answers_503_and_the_client_retries(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(http_sync, "PENDING_WAIT_S", 0.1)
+    data, dtypes = canonical(2)
+    caplog.set_level(logging.WARNING, logger="longtail_workers.httpclient")
+    with WeightServer(piece_bytes=4096) as server:
+        server.store.reserve(2)
+        later = threading.Timer(0.6, server.store.hash_later, (2, data, dtypes, 4096))
+        later.start()
+        version, fetched = client(server).fetch(2)
+        assert version == 2 and state_dict_checksum(fetched) == state_dict_checksum(state(2))
+        later.join()
+    assert any(
+        "503" in r.getMessage() and "being prepared" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_a_cancelled_version_is_not_kept_and_versions_still_increase() -> None:
+    store = WeightStore(piece_bytes=4096)
+    store.reserve(3)
+    with pytest.raises(VersionPending, match="version 3 is still being prepared"):
+        store.get(3, wait_s=0.05)
+    with pytest.raises(ValueError, match="not newer than the last published version 3"):
+        store.publish(3, state(3))
+    store.cancel(3)
+    assert store.get(3, wait_s=1.0) is None and store.latest(wait_s=1.0) is None
+    store.publish(4, state(4))
+    with WeightServer() as server:
+        server.store.publish(5, state(5))
+        with pytest.raises(WeightVersionError, match="version 4 is not kept"):
+            client(server).fetch(4)
+
+
+def test_a_host_buffer_is_reused_only_once_nothing_views_it() -> None:
+    pool = BufferPool(keep=2)
+    first = pool.take(64)
+    first_ptr = first.data_ptr()
+    piece = memoryview(first.numpy())[8:16]  # as an HTTP piece being sent holds it
+    del first
+    assert pool.take(64).data_ptr() != first_ptr  # still viewed: a new buffer
+    del piece
+    assert pool.take(64).data_ptr() == first_ptr  # nothing views it now
+    assert pool.take(32).numel() == 32  # another size: a new one
+
+
+def test_the_store_reuses_an_evicted_versions_buffer_after_its_last_reader() -> None:
+    store = WeightStore(keep_last=1, piece_bytes=4096)
+
+    def address(version: int) -> int:
+        entry = store.get(version)
+        assert entry is not None
+        return int(torch.frombuffer(entry.data, dtype=torch.uint8).data_ptr())
+
+    store.publish(1, state(1))
+    first = address(1)
+    entry = store.get(1)
+    assert entry is not None
+    reader = memoryview(entry.data)[:4096]  # a pull of version 1 still in flight
+    del entry
+    store.publish(2, state(2))  # evicts version 1; its reader keeps the buffer out of reuse
+    store.publish(3, state(3))  # evicts version 2
+    assert address(3) != first
+    del reader
+    store.publish(4, state(4))  # version 1's buffer is free: reused
+    assert address(4) == first
+    store.publish(5, state(5))  # into a reused buffer too: every byte is the new version's
+    entry = store.get(5)
+    assert entry is not None and bytes(entry.data) == serialize_state_dict(state(5))
+
+
+def test_the_whole_versions_sha256_is_hashed_only_when_asked() -> None:
+    store = WeightStore(piece_bytes=4096)
+    published = store.publish(1, state(1))
+    assert published.content._hex == ""  # type: ignore[attr-defined]  # not hashed yet
+    assert published.content_sha256() == state_dict_checksum(state(1))
+    assert published.manifest().pieces_sha256  # the HTTP manifest was complete on return
