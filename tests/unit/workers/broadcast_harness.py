@@ -5,6 +5,7 @@ finalizer. Imported by name (``conftest.py`` puts this directory on sys.path).""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -99,6 +100,17 @@ class Cluster:
         return "\n".join(
             f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.tmp.glob("*.log"))
         )
+
+    def restart_trainer(self) -> None:
+        """Stop the trainer's publisher and weight server, then start new ones on the same
+        ports, as a restarted trainer pod would (its store and kept group are gone)."""
+        port, http_port, config = self.publisher.port, self.server.port, self.publisher.config
+        self.publisher.close()
+        self.server.stop()
+        del self.publisher  # the last reference to the rendezvous store: its port is free
+        gc.collect()
+        self.server = WeightServer(port=http_port).start()
+        self.publisher = BroadcastPublisher(self.server, port, config)
 
     def close(self) -> None:
         for proc in self.procs.values():

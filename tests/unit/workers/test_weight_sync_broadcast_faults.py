@@ -1,10 +1,12 @@
 """Broadcast weight sync under faults (#33), real processes and gloo groups on loopback: a
 receiver SIGKILLed mid-broadcast (the version reaches the other within the phase timeout; the
 restarted worker catches up over HTTP and is in the next broadcast), a receiver restarted
-between two versions (the kept group is not used: a fresh one, no wait), a receiver that registered
-and then stops (SIGSTOP: named and dropped within the timeout, the others get the version), and
-a bucket corrupted in flight (refused, the previous version kept, the version then fetched over
-HTTP). Faults are injected by the test receiver (``ws_receiver.py``), not by product flags."""
+between two versions (the kept group is not used: a fresh one, no wait), the trainer restarted
+between two versions (every receiver reconnects and receives the next one), a receiver that
+registered and then stops (SIGSTOP: named and dropped within the timeout, the others get the
+version), and a bucket corrupted in flight (refused, the previous version kept, the version then
+fetched over HTTP). Faults are injected by the test receiver (``ws_receiver.py``), not by
+product flags."""
 
 from __future__ import annotations
 
@@ -70,6 +72,25 @@ def test_a_receiver_restarted_between_versions_gets_a_fresh_group_not_the_kept_o
     assert (phases.receivers, phases.dropped, phases.attempts) == ([A, B], [], 1)
     assert time.monotonic() - t0 < PHASE_TIMEOUT_S  # no wait on the dead process's group
     assert go(cluster, 2).group == 2  # A acknowledged holding no group: a fresh one
+    for name in (A, B):
+        event = cluster.wait_version(name, 2)
+        assert event["via"] == "broadcast" and event["sha"] == expected_sha(2)
+
+
+def test_a_restarted_trainer_is_rejoined_by_every_receiver_and_broadcasts_again(
+    cluster: Cluster,
+) -> None:
+    cluster.spawn(A)
+    cluster.spawn(B)
+    cluster.wait_live([A, B])
+    assert cluster.publisher.publish(1, policy(1)).phases.receivers == [A, B]
+    for name in (A, B):
+        assert cluster.wait_version(name, 1)["via"] == "broadcast"
+    cluster.restart_trainer()  # a new store: the receivers reconnect (backoff) and register
+    cluster.wait_live([A, B])
+    phases = cluster.publisher.publish(2, policy(2)).phases
+    assert (phases.receivers, phases.dropped, phases.attempts) == ([A, B], [], 1)
+    assert go(cluster, 1).group == 1  # the new store counts attempts from 1: a fresh group
     for name in (A, B):
         event = cluster.wait_version(name, 2)
         assert event["via"] == "broadcast" and event["sha"] == expected_sha(2)
