@@ -61,8 +61,10 @@ def test_a_receiver_restarted_between_versions_gets_a_fresh_group_not_the_kept_o
     cluster.spawn(B)
     cluster.wait_live([A, B])
     assert cluster.publisher.publish(1, policy(1)).phases.receivers == [A, B]
+    assert cluster.wait_version(A, 1)["via"] == "broadcast"
     first.kill()  # between versions: the trainer keeps attempt 1's group for [A, B]
     first.wait(timeout=10)
+    (cluster.tmp / f"{A}.jsonl").unlink()  # the events of the new process only
     cluster.spawn(A)  # the same name, a new process that holds no group
     cluster.want(A, 1)
     assert cluster.wait_version(A, 1)["via"] == "http"

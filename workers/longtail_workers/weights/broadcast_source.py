@@ -53,6 +53,9 @@ from longtail_workers.weights.sync import StateDict, WeightSource, WeightVersion
 
 log = logging.getLogger(__name__)
 
+RECENT_ATTEMPTS = 3
+"""Attempts announced before a (re)connection that a receiver still considers joining."""
+
 
 class BroadcastSource(WeightSource):
     """A rollout worker's weights: broadcast when it is in the attempt, HTTP otherwise."""
@@ -136,16 +139,21 @@ class BroadcastSource(WeightSource):
         keep_connected(self.host, self.port, self.timeout_s, self._stop, self._follow)
 
     def _follow(self, store: Store) -> None:
-        """Register (once), then take part in every attempt announced after connecting."""
-        seen = store.add(ATTEMPTS, 0)  # attempts before this connection are not ours
+        """Register (once), then take part in every attempt that names this worker and is
+        still waiting for acknowledgements (no ``go`` yet: one with a ``go`` went on without
+        it). The last few attempts before connecting are looked at too: the registration's own
+        connection may have put this worker in an attempt before this one (re)connected."""
+        seen = max(0, store.add(ATTEMPTS, 0) - RECENT_ATTEMPTS)
         if self.registration is None:
             self.registration = Registration(self.host, self.port, self.name, self.timeout_s)
-        while not self._stop.wait(IDLE_POLL_S):
+        while True:
             for n in range(seen + 1, store.add(ATTEMPTS, 0) + 1):
                 seen = n
                 record = AttemptRecord.loads(store.get(attempt_key(n, "record")))
-                if self.name in record.members:
+                if self.name in record.members and not store.check([attempt_key(n, "go")]):
                     self._attempt(store, n, record)
+            if self._stop.wait(IDLE_POLL_S):
+                return
 
     def _attempt(self, store: Store, n: int, record: AttemptRecord) -> None:
         """Take part in attempt ``n``: ack (naming the group held), wait for the members,
