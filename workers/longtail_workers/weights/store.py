@@ -27,6 +27,7 @@ downloading); more lets lagging workers catch up to an older version.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -58,6 +59,8 @@ from longtail_workers.weights.sync import (
     done,
     pieces_checksum,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ class WeightStore(WeightPublisher):
                 self.put(manifest, data)
                 return manifest
             except BaseException:
+                # Nobody may ever read this future: say it here, or the version just vanishes
+                log.exception("weight store: preparing version %d's catch-up copy failed", version)
                 self.cancel(version)
                 raise
 
