@@ -20,12 +20,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from weight_sync import qwen2_shapes, timed
 
+from longtail_workers.trainer.row_gather import RowGather, RowGatherer, one_ahead, row_split
 from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
 from longtail_workers.weights.broadcast_source import BroadcastSource
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
@@ -58,15 +60,22 @@ def whole(ordered: list[TensorMeta], scratch: torch.Tensor) -> Callable[[], Iter
     return views
 
 
-def gathered(ordered: list[TensorMeta], scratch: torch.Tensor) -> Iterator[torch.Tensor]:
-    """One pass of a world-2 trainer: each tensor all-gathered from its two row shards (rank 0
-    yields the whole tensor, rank 1 discards it), as FSDP2's ``full_tensor()`` does."""
-    for m in ordered:
-        n = m.nbytes // 2
-        shard = scratch[: n // 2].view(m.shape[0] // 2, *m.shape[1:])
-        out = torch.empty(m.shape, dtype=torch.bfloat16)
-        dist.all_gather_into_tensor(out, shard)
-        yield out
+def gathered(
+    ordered: list[TensorMeta], scratch: torch.Tensor, gatherer: RowGatherer
+) -> Iterator[torch.Tensor]:
+    """One pass of a world-2 trainer, as ``trainer/sharding.py``'s ``gather_tensors`` runs it:
+    each tensor's rows split over the two ranks as FSDP2's ``Shard(0)`` splits them, gathered
+    on rank 0 only (rank 1 sends its rows), the next tensor's gather posted before this one is
+    given out (the trainer's own :mod:`~longtail_workers.trainer.row_gather`)."""
+    rank = dist.get_rank()
+
+    def posted() -> Iterator[RowGather]:
+        for m in ordered:
+            rows = row_split(m.shape[0], 2)[rank]
+            per_row = m.nbytes // 2 // max(m.shape[0], 1)
+            yield gatherer.start(scratch[: rows * per_row].view(rows, *m.shape[1:]), m.shape)
+
+    return one_ahead(posted())
 
 
 def rank1(port: int, shape: str) -> None:
@@ -77,12 +86,13 @@ def rank1(port: int, shape: str) -> None:
         timeout=datetime.timedelta(seconds=600),
     )  # fmt: skip
     ordered, scratch = layout(shape)
+    gatherer = RowGatherer(max(m.nbytes for m in ordered))  # unused on rank 1: nothing lands
     flag = torch.zeros(1, dtype=torch.int64)
     while True:
         dist.broadcast(flag, src=0)
         if int(flag) == 0:
             break
-        for _ in gathered(ordered, scratch):
+        for _ in gathered(ordered, scratch, gatherer):
             pass
     dist.destroy_process_group()
 
@@ -114,13 +124,14 @@ def _load(source: BroadcastSource, version: int, scratch: torch.Tensor) -> int:
 
 
 def one_broadcast(
-    shape: str, protocol: str, repeat: int, bucket_bytes: int, script: str
+    shape: str, protocol: str, repeat: int, bucket_bytes: int, script: str, spool: bool
 ) -> dict[str, Any]:
     """One broadcast row (world 1, or world 2 for ``broadcast-w2``)."""
     torch.set_num_threads(2)
     ordered, scratch = layout(shape)
     procs: list[subprocess.Popen[str]] = []
-    server = WeightServer(keep_last=1).start()
+    spooled = tempfile.TemporaryDirectory()  # the trainer's --weight-spool-dir
+    server = WeightServer(keep_last=1, spool_dir=Path(spooled.name) if spool else None).start()
     publisher = BroadcastPublisher(server, 0, BroadcastConfig(bucket_bytes, phase_timeout_s=300))
     reports: queue.Queue[dict[str, Any]] = queue.Queue()
     try:
@@ -141,7 +152,10 @@ def one_broadcast(
             if time.monotonic() > deadline:
                 raise RuntimeError("the receivers did not register within 120 s")
             time.sleep(0.1)
-        stream = (lambda: gathered(ordered, scratch)) if world2 else whole(ordered, scratch)
+        gatherer = RowGatherer(max(m.nbytes for m in ordered))
+        stream = whole(ordered, scratch)
+        if world2:
+            stream = lambda: gathered(ordered, scratch, gatherer)  # noqa: E731
         rows = []
         for version in range(1, repeat + 2):  # the first round warms up
             if world2:
@@ -173,6 +187,7 @@ def one_broadcast(
             proc.wait(timeout=30)
         publisher.close()
         server.stop()
+        spooled.cleanup()
     return _row(shape, protocol, rows, overhead_s, len(sample) / hash_s)
 
 
@@ -189,7 +204,8 @@ def _row(
         "gb_s": size / 1e9 / total, "publish_s": med([r[0] for r in rows]),
         "gather_s": med([r[3].gather_s for r in rows]), "pack_s": med([r[3].pack_s for r in rows]),
         "wire_s": med([r[3].wire_s for r in rows]), "pause_s": med([r[2] for r in rows]),
-        "extra_gb": max(r[1] for r in rows) / 1e9, "overhead_s": overhead_s,
+        "extra_gb": max(r[1][0] for r in rows) / 1e9, "overhead_s": overhead_s,
+        "spool_gb": max(r[1][1] for r in rows) / 1e9,
         "hash_gb_s": hash_rate / 1e9, "ready_s": med([r[5] for r in rows]),
     }  # fmt: skip
 

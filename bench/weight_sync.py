@@ -9,8 +9,13 @@ version end to end (publish on the trainer + pull, verify, deserialise and copy 
 into place; the copy goes into the trainer's own tensors, standing in for the rollout model's:
 same bytes and cost, one fewer 3 GB buffer, which the old protocol's 1.5B row needs to fit in
 this 23 GB machine), GB/s (canonical bytes per version / those seconds), the publish seconds,
-the rollout pause (pull + load: the rollout worker cannot generate meanwhile) and the peak
-extra trainer memory (the process's RSS growth while ``publish`` runs, sampled every 5 ms).
+the rollout pause (pull + load: the rollout worker cannot generate meanwhile), the peak extra
+trainer memory (``trainer +GB``: the growth of the process's anonymous resident memory while
+``publish`` runs, sampled every 5 ms) and ``spool GB``, the growth of its file-backed resident
+memory meanwhile: the version copies of ``--host-copy spool`` (``spec.weightSync.hostCopy:
+spool``), mapped from files in a spool directory, page cache the kernel writes back and may
+reclaim; the default, ``--host-copy memory`` (the trainer's default too), keeps them in
+anonymous memory.
 
 ``old`` is today's protocol, not a re-implementation: the bench extracts
 ``workers/longtail_workers/weights/{sync,store,checksum,http_sync}.py`` as of ``--old-rev``
@@ -23,24 +28,24 @@ protocol) runs in a fresh Python process so memory figures do not mix.
 receivers (:class:`BroadcastSource`, each its own process, started with ``--receiver``) on real
 gloo groups over loopback. The trainer's tensor stream yields views of one scratch tensor as
 large as the largest tensor, in canonical order (the bytes differ from the 'old'/'new' rows'
-random state, the cost per byte does not; a world-1 trainer's tensors are already whole, so
-the gather is ~0), which keeps the 1.5B row within this machine's memory; likewise each
-receiver's load copies every received tensor into one scratch tensor of the largest tensor's
-size (the same bytes copied as into a model). ``broadcast-w2`` adds a real second trainer rank:
-each tensor is sharded by rows over two processes and all-gathered over their own gloo group
-as it is streamed (what FSDP2's ``full_tensor()`` does per tensor), so its gather column is a
-real world-2 gather. Row columns as above; for broadcast the publish returns once both
-receivers verified the version (its phases: pack = cast + copy into buckets and their digests,
-wire = waiting for the buckets and the receivers' reports), and the pause is the worker's
-``fetch`` + load when asked for the version (the broadcast is already in). ``hashed s``: how
-long after the broadcast publish returned its HTTP catch-up copy was hashed and served (in the
-background, off the critical path; the bench waits for it, untimed, before the next version).
-No row hashes the whole version: the checkpoint's sha256 is computed only when a checkpoint
-asks for it. ``trainer +GB`` includes the HTTP catch-up copy (one version, as for 'new'); on
-CPU the buckets are slices of it (0 buckets beyond it), on a GPU two device buckets come on
-top. Last, a projection for a 7B policy (15.2 GB) over 25 GbE and 400 Gb/s InfiniBand from the
-measured phase rates, with its assumptions printed.
-"""
+random state, the cost per byte does not; a world-1 trainer's tensors are already whole, so the
+gather is ~0), which keeps the 1.5B row within this machine's memory; likewise each receiver's
+load copies every received tensor into one scratch tensor of the largest tensor's size (the
+same bytes copied as into a model). ``broadcast-w2`` adds a real second trainer rank: each
+tensor is split by rows over two processes (as FSDP2 shards it) and gathered on rank 0 over
+their own gloo group as it is streamed, by the sharded trainer's own code
+(``trainer/row_gather.py``), so its gather column is a real world-2 gather. Row columns as
+above; for broadcast the publish returns once both receivers verified the version (its phases:
+pack = cast + copy into buckets and their digests, wire = waiting for the buckets and the
+receivers' reports), and the pause is the worker's ``fetch`` + load when asked for the version
+(the broadcast is already in). ``hashed s``: how long after the broadcast publish returned its
+HTTP catch-up copy was hashed and served (in the background, off the critical path; the bench
+waits for it, untimed, before the next version). No row hashes the whole version: the
+checkpoint's sha256 is computed only when a checkpoint asks for it. The HTTP catch-up copy (one
+version, as for 'new') is in ``spool GB`` (or, with ``--host-copy memory``, in ``trainer
++GB``); on CPU the buckets are slices of it (0 buckets beyond it), on a GPU two device and two
+pinned staging buckets come on top. Last, a projection for a 7B policy (15.2 GB) over 25 GbE
+and 400 Gb/s InfiniBand from the measured phase rates, with its assumptions printed."""
 
 from __future__ import annotations
 
@@ -118,18 +123,22 @@ def old_http_sync(rev: str, into: Path) -> ModuleType:
     return importlib.import_module("oldweights.http_sync")
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+def _rss() -> tuple[int, int]:
+    """This process's resident ``(anonymous, file-backed)`` bytes (``/proc/self/status``)."""
+    with open("/proc/self/status") as f:
+        rows = dict(line.split(":", 1) for line in f)
+    return int(rows["RssAnon"].split()[0]) * 1024, int(rows["RssFile"].split()[0]) * 1024
 
 
-def timed(fn: Any) -> tuple[float, int, Any]:
-    """Seconds of ``fn()``, the process's peak RSS growth meanwhile, and its result."""
-    before, peak, done = _rss(), [0], threading.Event()
+def timed(fn: Any) -> tuple[float, tuple[int, int], Any]:
+    """Seconds of ``fn()``, the process's peak growth of anonymous and of file-backed resident
+    memory meanwhile, and its result."""
+    before, peak, done = _rss(), list(_rss()), threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _rss())
+            now = _rss()
+            peak[0], peak[1] = max(peak[0], now[0]), max(peak[1], now[1])
             time.sleep(0.005)
 
     sampler = threading.Thread(target=sample)
@@ -139,10 +148,12 @@ def timed(fn: Any) -> tuple[float, int, Any]:
     seconds = time.perf_counter() - t0
     done.set()
     sampler.join()
-    return seconds, max(peak[0], _rss()) - before, result
+    now = _rss()
+    growth = max(peak[0], now[0]) - before[0], max(peak[1], now[1]) - before[1]
+    return seconds, growth, result
 
 
-def one(shape: str, protocol: str, repeat: int, old_rev: str) -> dict[str, Any]:
+def one(shape: str, protocol: str, repeat: int, old_rev: str, spool: bool) -> dict[str, Any]:
     """Measure one (shape, protocol) pair in this process; returns its row."""
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -152,7 +163,8 @@ def one(shape: str, protocol: str, repeat: int, old_rev: str) -> dict[str, Any]:
             mod = importlib.import_module("longtail_workers.weights.http_sync")
         state = qwen2_state(shape)
         totals, pauses, publishes, extras, nbytes = [], [], [], [], 0
-        with mod.WeightServer(keep_last=1) as server:
+        where = {"spool_dir": Path(tmp)} if spool and protocol != "old" else {}
+        with mod.WeightServer(keep_last=1, **where) as server:
             client = mod.HttpWeightClient(server.url, timeout_s=600.0)
             for version in range(1, repeat + 2):  # the first round warms up
                 pub_s, extra, _ = timed(lambda v=version: server.publish(v, state))
@@ -173,7 +185,8 @@ def one(shape: str, protocol: str, repeat: int, old_rev: str) -> dict[str, Any]:
     return {
         "shape": shape, "protocol": protocol, "gb": nbytes / 1e9, "s_per_version": med,
         "gb_s": nbytes / 1e9 / med, "publish_s": sorted(publishes)[len(publishes) // 2],
-        "pause_s": sorted(pauses)[len(pauses) // 2], "extra_gb": max(extras) / 1e9,
+        "pause_s": sorted(pauses)[len(pauses) // 2], "extra_gb": max(e[0] for e in extras) / 1e9,
+        "spool_gb": max(e[1] for e in extras) / 1e9,
     }  # fmt: skip
 
 
@@ -187,7 +200,8 @@ def _line(r: dict[str, Any]) -> str:
     return (
         f"{r['shape']:>6} {r['protocol']:>12} {r['gb']:5.2f} {r['s_per_version']:9.2f} "
         f"{r['gb_s']:6.2f} {r['publish_s']:9.2f} {col('gather_s', 8)} {col('pack_s', 6)} "
-        f"{col('wire_s', 6)} {r['pause_s']:8.2f} {r['extra_gb']:11.2f} {col('ready_s', 8)}"
+        f"{col('wire_s', 6)} {r['pause_s']:8.2f} {r['extra_gb']:11.2f} {r['spool_gb']:8.2f} "
+        f"{col('ready_s', 8)}"
     )
 
 
@@ -218,6 +232,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="timed versions per row (median)")
     ap.add_argument("--bucket-mb", type=int, default=256, help="broadcast bucket size (MiB)")
     ap.add_argument("--old-rev", default=OLD_REV, help="commit holding today's protocol")
+    ap.add_argument(
+        "--host-copy",
+        default="memory",
+        choices=["spool", "memory"],
+        help="where the new rows' trainer keeps its version copies (spec.weightSync.hostCopy)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # "SHAPE:PROTOCOL", run in a child
     ap.add_argument("--receiver", nargs=4, help=argparse.SUPPRESS)  # ADDR NAME URL SHAPE
     ap.add_argument("--rank1", nargs=3, help=argparse.SUPPRESS)  # PORT SHAPE SEED
@@ -237,18 +257,20 @@ def main() -> None:
         if protocol.startswith("broadcast"):
             from bench_broadcast import one_broadcast  # type: ignore[import-not-found]
 
-            row = one_broadcast(shape, protocol, args.repeat, args.bucket_mb << 20, __file__)
+            spool = args.host_copy == "spool"
+            row = one_broadcast(shape, protocol, args.repeat, args.bucket_mb << 20, __file__, spool)
         else:
-            row = one(shape, protocol, args.repeat, args.old_rev)
+            row = one(shape, protocol, args.repeat, args.old_rev, args.host_copy == "spool")
         print(json.dumps(row), flush=True)
         return
     load = Path("/proc/loadavg").read_text().split()[0]
     print(f"load average {load} on {len(os.sched_getaffinity(0))} CPUs; "
-          f"{_available_gb():.0f} GB available; buckets {args.bucket_mb} MiB")  # fmt: skip
+          f"{_available_gb():.0f} GB available; buckets {args.bucket_mb} MiB; "
+          f"host copy: {args.host_copy}")  # fmt: skip
     print(
         f"{'policy':>6} {'protocol':>12} {'GB':>5} {'s/version':>9} {'GB/s':>6} "
         f"{'publish s':>9} {'gather s':>8} {'pack s':>6} {'wire s':>6} {'pause s':>8} "
-        f"{'trainer +GB':>11} {'hashed s':>8}"
+        f"{'trainer +GB':>11} {'spool GB':>8} {'hashed s':>8}"
     )
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for shape in args.shapes:
@@ -260,7 +282,7 @@ def main() -> None:
                 continue
             cmd = [sys.executable, __file__, "--one", f"{shape}:{protocol}"]
             cmd += ["--repeat", str(args.repeat), "--old-rev", args.old_rev]
-            cmd += ["--bucket-mb", str(args.bucket_mb)]
+            cmd += ["--bucket-mb", str(args.bucket_mb), "--host-copy", args.host_copy]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rows[shape, protocol] = json.loads(out.strip().splitlines()[-1])
             print(_line(rows[shape, protocol]), flush=True)

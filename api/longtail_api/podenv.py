@@ -37,6 +37,10 @@ POD_NAME = "LONGTAIL_POD_NAME"
 POD_IP = "LONGTAIL_POD_IP"
 RUN_DIR = "LONGTAIL_RUN_DIR"
 """Optional, never written by the operator: ``--run-dir`` of a trainer pod (default ``.``)."""
+WEIGHT_SPOOL_DIR = "weight-spool"
+"""Not a variable: the trainer's weight spool directory, relative to its run directory (the
+default of ``--weight-spool-dir``); the operator mounts an emptyDir there, so the spooled
+policy versions sit on the node's local disk, not in the container's writable layer."""
 
 AUTH_TOKEN = "LONGTAIL_AUTH_TOKEN"
 """The job's token (``longtail_api.auth``): from the job's Secret in a pod, set by

@@ -182,6 +182,7 @@ class CheckpointSpec:
 
 
 WeightSyncTransport = Literal["auto", "http", "broadcast"]
+WeightHostCopy = Literal["spool", "memory"]
 
 
 @dataclass
@@ -213,6 +214,19 @@ class WeightSyncSpec:
     """Longest any phase of a sync may take (membership, group set-up, one bucket, the
     finish): a worker that does not keep up is dropped from that attempt and the version goes
     on to the others within this time."""
+    host_copy: WeightHostCopy = spec_field(
+        "memory",
+        fix="memory (the trainer's own memory) or spool (files on the trainer's local disk)",
+    )
+    """Where the trainer keeps the copies of the versions it serves over HTTP (the ``http``
+    transport's pieces; the ``broadcast`` transport's catch-up copy for new, restarted and
+    dropped workers and for drafters; up to 4 versions). ``memory``: in the trainer's own
+    memory, one version more than the policy at each sync, no disk writes (the fastest).
+    ``spool``: mapped from files on the trainer's local disk (the pod's ``weight-spool``
+    emptyDir), page cache the kernel writes back and can reclaim, so a sync adds at most two
+    buckets to the trainer's own memory; each version is written to that disk, and a sync
+    waits for it once the node's dirty-page limits are reached (for policies whose copies do
+    not fit the trainer's memory)."""
 
 
 def resolved_transport(weight_sync: WeightSyncSpec, trainer_gpus: int, rollout_gpus: int) -> str:

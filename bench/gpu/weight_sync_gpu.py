@@ -8,10 +8,14 @@ For a Qwen2-1.5B-shaped policy (random weights, fp32 on the device as a trainer 
 nothing downloaded) it times, with the tree's own code (``weights/buckets.py``, ``pieces.py``,
 ``buffers.py``), medians of ``--repeat`` runs after a warm-up:
 
-- **pack**: one pass of the trainer's tensor stream through ``fill_buckets`` into two
-  alternating device buckets of ``--bucket-mb`` (cast fp32 -> bf16 on the device), each bucket's
-  ``bucket_digest``, and its copy into the pinned host catch-up buffer (async, as
-  ``BroadcastPublisher`` does), synchronised at the end: what the sender does besides the wire.
+- **pack**: the trainer's ``BroadcastPublisher.publish_stream`` with no receiver registered
+  (so no wire): one pass of the tensor stream through two alternating device buckets of
+  ``--bucket-mb`` (cast fp32 -> bf16 on the device), each bucket's digest, its async copy into a
+  pinned staging bucket and from there into the host catch-up copy, mapped from a spool
+  directory as the trainer's is (``--weight-spool-dir``): what the sender does besides the wire.
+  The host copy's sha256 must equal that of the same tensors cast and serialised on the CPU
+  (``ok``), and the run reports the growth of the process's anonymous memory, of its device
+  memory and the number of pinned staging buckets (the "<= 2 buckets" target).
 - **load**: a receiver's side: the received bytes as a device buffer, ``tensors_from_buffer``
   views of it, each bucket's digest, and the copy of every tensor into a bf16 model's parameters
   (``load_state_dict``), synchronised.
@@ -27,6 +31,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,8 +44,11 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "workers"), str(ROOT / "api")]
 
 from weight_sync import qwen2_shapes  # noqa: E402
 
-from longtail_workers.weights.buckets import bucket_digest, bucket_span, fill_buckets  # noqa: E402
+from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher  # noqa: E402
+from longtail_workers.weights.buckets import bucket_digest, bucket_span  # noqa: E402
 from longtail_workers.weights.buffers import BufferPool  # noqa: E402
+from longtail_workers.weights.checksum import state_dict_checksum  # noqa: E402
+from longtail_workers.weights.http_sync import WeightServer  # noqa: E402
 from longtail_workers.weights.pieces import canonical_layout, tensors_from_buffer  # noqa: E402
 from longtail_workers.weights.sync import TensorMeta  # noqa: E402
 
@@ -63,6 +71,24 @@ def timed(fn: Callable[[], object], device: str, repeat: int) -> float:
     return statistics.median(times)
 
 
+def _anon() -> int:
+    """Resident anonymous + shared memory of this process (pinned buffers included), bytes."""
+    with open("/proc/self/status") as f:
+        rows = dict(line.split(":", 1) for line in f)
+    return sum(int(rows[k].split()[0]) * 1024 for k in ("RssAnon", "RssShmem"))
+
+
+def _device_peak_reset(device: str) -> int:
+    if device != "cuda":
+        return 0
+    torch.cuda.reset_peak_memory_stats()
+    return int(torch.cuda.memory_allocated())
+
+
+def _device_peak(device: str) -> int:
+    return int(torch.cuda.max_memory_allocated()) if device == "cuda" else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -78,24 +104,37 @@ def main() -> None:
     ordered, header = canonical_layout(metas)
     size = len(header) + sum(m.nbytes for m in ordered)
     pin = dev == "cuda"
-    host = BufferPool(1, pin=pin).take(size)
-    buckets = [torch.empty(bucket, dtype=torch.uint8, device=dev) for _ in range(2)]
+    spool = tempfile.TemporaryDirectory()
+    server = WeightServer(keep_last=1, spool_dir=Path(spool.name))
+    config = BroadcastConfig(bucket, phase_timeout_s=60.0, device=dev)
+    publisher = BroadcastPublisher(server, 0, config)  # nobody registers: no wire
 
     def stream() -> Iterator[torch.Tensor]:
         return (trainer[m.name] for m in ordered)
 
-    def pack() -> None:
-        def target(k: int) -> torch.Tensor:
-            a, b = bucket_span(k, size, bucket)
-            return buckets[k % 2][: b - a]
-
-        for k in fill_buckets(header, ordered, stream(), bucket, target):
-            a, b = bucket_span(k, size, bucket)
-            filled = buckets[k % 2][: b - a]
-            bucket_digest(filled)
-            host[a:b].copy_(filled, non_blocking=pin)
-
-    pack_s = timed(pack, dev, args.repeat)
+    packs, anon, device_extra = [], [], []
+    for i in range(args.repeat + 1):
+        version = i + 1
+        anon0, dev0 = _anon(), _device_peak_reset(dev)
+        sync(dev)
+        t0 = time.perf_counter()
+        published = publisher.publish_stream(version, ordered, stream)
+        sync(dev)
+        if i:
+            packs.append(time.perf_counter() - t0)
+            anon.append(_anon() - anon0)
+            device_extra.append(_device_peak(dev) - dev0)
+        published.manifest()  # the catch-up copy's sha256s, hashed in the background: untimed
+    pack_s = statistics.median(packs)
+    expected = state_dict_checksum({m.name: trainer[m.name].cpu().to(m.dtype) for m in ordered})
+    ok = published.content_sha256() == expected
+    staging = len(publisher._staging) if publisher._staging is not None else 0
+    publisher.close()
+    latest = server.store.latest()
+    assert latest is not None
+    host = BufferPool(1, pin=pin).take(size)  # the version's bytes in pinned memory
+    host.copy_(torch.frombuffer(latest.data, dtype=torch.uint8))
+    del latest
     received = host.to(dev)  # the bytes as a receiver's device buffer holds them
     model = {n: torch.empty(s, dtype=torch.bfloat16, device=dev) for n, s in shapes.items()}
 
@@ -114,7 +153,9 @@ def main() -> None:
     out: dict[str, Any] = {
         "card": card, "torch": torch.__version__, "shape": args.shape, "bytes": size,
         "bucket_mb": args.bucket_mb,
-        "pack_s": pack_s, "pack_gb_s": size / pack_s / 1e9,
+        "pack_s": pack_s, "pack_gb_s": size / pack_s / 1e9, "pack_bytes_ok": ok,
+        "pack_host_anon_extra_gb": max(anon) / 1e9,
+        "pack_device_extra_gb": max(device_extra) / 1e9, "pinned_staging_buckets": staging,
         "load_s": load_s, "load_gb_s": size / load_s / 1e9,
         "d2h_gb_s": size / d2h_s / 1e9, "h2d_gb_s": size / h2d_s / 1e9,
     }  # fmt: skip

@@ -26,7 +26,7 @@ import yaml
 
 from longtail_api import API_VERSION, KIND
 from longtail_api.auth import TOKEN_ENV, TOKEN_KEY
-from longtail_api.podenv import FIELD_REFS, Peer, PodEnv
+from longtail_api.podenv import FIELD_REFS, WEIGHT_SPOOL_DIR, Peer, PodEnv
 from longtail_api.rendezvous import DEFAULT_PORT, TrainerRendezvous
 from longtail_api.spec import RLJobSpec, RoleSpec
 from longtail_operator.merge import deep_merge
@@ -315,6 +315,12 @@ def worker_pod(
         source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
         volumes.append({"name": "checkpoints", **source})
         mounts.append({"name": "checkpoints", "mountPath": checkpoint_path(spec)})
+        # The copies of the policy versions the trainer serves, mapped from files (page
+        # cache, reclaimable) on the node's disk: --weight-spool-dir's default, RUN_DIR=".".
+        volumes.append({"name": "weight-spool", "emptyDir": {}})
+        mounts.append(
+            {"name": "weight-spool", "mountPath": posixpath.join(WORK_DIR, WEIGHT_SPOOL_DIR)}
+        )
     if role == "rollout" and spec.rollout.engine == "vllm":
         # vLLM's engine processes talk through shared memory; a pod's /dev/shm is 64 MiB.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})

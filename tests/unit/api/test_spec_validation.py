@@ -279,6 +279,11 @@ def test_multi_document_file_and_empty_file(tmp_path: Path) -> None:
             {"phaseTimeoutSeconds": 1},
             "spec.weightSync.phaseTimeoutSeconds: must be >= 5, got 1 (seconds, e.g. 120",
         ),
+        (
+            {"hostCopy": "disk"},
+            "spec.weightSync.hostCopy: must be one of 'spool', 'memory', got 'disk' (memory "
+            "(the trainer's own memory) or spool (files on the trainer's local disk))",
+        ),
     ],
 )
 def test_weight_sync_errors_name_the_field_the_value_and_the_fix(

@@ -76,9 +76,14 @@ def test_cpu_only_pod_has_no_gpu_and_trainer_gets_checkpoints() -> None:
     trainer = builders.worker_pod(JOB, spec, SETTINGS, "trainer", 0)
     mounts = {m["name"]: m["mountPath"] for m in trainer["spec"]["containers"][0]["volumeMounts"]}
     # The example's relative location resolves under the container's working directory.
-    assert mounts == {"config": "/etc/longtail", "checkpoints": "/var/lib/longtail/checkpoints"}
+    assert mounts == {
+        "config": "/etc/longtail",
+        "checkpoints": "/var/lib/longtail/checkpoints",
+        "weight-spool": "/var/lib/longtail/weight-spool",  # --weight-spool-dir's default
+    }
     volumes = {v["name"]: v for v in trainer["spec"]["volumes"]}
     assert volumes["checkpoints"]["emptyDir"] == {}
+    assert volumes["weight-spool"]["emptyDir"] == {}  # the node's disk, not the writable layer
     spec = spec_of(example(checkpoint={"location": "/ckpt", "persistentVolumeClaim": "data"}))
     trainer = builders.worker_pod(JOB, spec, SETTINGS, "trainer", 0)
     volumes = {v["name"]: v for v in trainer["spec"]["volumes"]}

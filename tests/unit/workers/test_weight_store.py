@@ -2,13 +2,18 @@
 are hashed (the broadcast's HTTP catch-up copy) is served once they are, a request still waiting
 after ``PENDING_WAIT_S`` answers 503 and the client retries it, a cancelled version is not kept,
 versions still increase; host buffers are reused only once nothing views them (a piece being
-sent keeps its version's buffer); the whole version's sha256 is hashed only when asked for."""
+sent keeps its version's buffer); the whole version's sha256 is hashed only when asked for; a
+spooled store's versions are file pages, not the trainer's memory, and a full spool disk fails
+the publish with the directory named and the last version kept."""
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,3 +134,72 @@ def test_the_whole_versions_sha256_is_hashed_only_when_asked() -> None:
     assert published.content._hex == ""  # type: ignore[attr-defined]  # not hashed yet
     assert published.content_sha256() == state_dict_checksum(state(1))
     assert published.manifest().pieces_sha256  # the HTTP manifest was complete on return
+
+
+def _rss_kb() -> dict[str, int]:
+    with open("/proc/self/status") as f:
+        rows = dict(line.split(":", 1) for line in f)
+    return {k: int(rows[k].split()[0]) for k in ("RssAnon", "RssFile")}
+
+
+def test_a_spooled_store_maps_its_versions_from_files_not_the_trainers_memory(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    big = {"w": torch.randn((96 << 20) // 4), "b": torch.randn((32 << 20) // 4)}  # 128 MiB
+    with WeightServer(piece_bytes=16 << 20, spool_dir=tmp_path) as server:
+        before = _rss_kb()
+        server.publish(1, big).manifest()
+        after = _rss_kb()
+        assert after["RssFile"] - before["RssFile"] > 120_000  # the version: page cache
+        assert after["RssAnon"] - before["RssAnon"] < 40_000, (before, after)  # not ours
+        assert list(tmp_path.iterdir()) == []  # unlinked at once: a killed trainer leaves none
+        version, pulled = client(server).fetch(1)
+    assert version == 1 and all(torch.equal(pulled[k], big[k]) for k in big)
+
+
+def test_a_spool_without_room_fails_the_publish_naming_it_and_keeps_the_last_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = WeightStore(piece_bytes=4096, spool_dir=tmp_path)
+    store.publish(1, state(1))
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError) as raised:
+        store.publish(2, state(2))
+    assert raised.value.errno == errno.ENOSPC
+    assert f"weight spool {tmp_path}" in str(raised.value) and "--weight-spool-dir" in str(
+        raised.value
+    )
+    latest = store.latest()
+    assert latest is not None and latest.manifest.version == 1
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="is not a directory"):
+        WeightStore(spool_dir=tmp_path / "missing")
+
+
+def test_the_trainers_spool_follows_the_flag_then_the_spec(tmp_path: Path) -> None:
+    from longtail_workers.jobspec import load_job_spec
+    from longtail_workers.trainer.service import build_parser
+    from longtail_workers.trainer.setup import weight_spool
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "01-tiny-arith.yaml"
+    spec = load_job_spec(example)
+    base = ["--job", str(example), "--rollout", "r=http://x:1", "--verifier-url", "http://v:2"]
+    args = build_parser().parse_args([*base, "--run-dir", str(tmp_path)])
+    assert spec.weight_sync.host_copy == "memory"  # the default
+    assert weight_spool(args, spec) is None
+    spec.weight_sync.host_copy = "spool"
+    assert weight_spool(args, spec) == tmp_path / "weight-spool"
+    assert (tmp_path / "weight-spool").is_dir()
+    args = build_parser().parse_args(
+        [*base, "--run-dir", str(tmp_path), "--weight-spool-dir", str(tmp_path / "s")]
+    )
+    spec.weight_sync.host_copy = "memory"
+    assert weight_spool(args, spec) == tmp_path / "s"  # the flag wins
+    args.weight_spool_dir = "memory"
+    spec.weight_sync.host_copy = "spool"
+    assert weight_spool(args, spec) is None

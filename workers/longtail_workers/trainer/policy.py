@@ -33,6 +33,7 @@ from longtail_workers.trainer.optim import (
     micro_batch_budget,
     train_step,
 )
+from longtail_workers.trainer.row_gather import RowGatherer
 from longtail_workers.trainer.sharding import (
     StateDict,
     full_state_dict,
@@ -66,6 +67,8 @@ class Policy:
         self.layout: list[TensorMeta] = wire_layout(model, wire_dtype)
         """Each published version's tensors as they travel (the rollout engine's dtype), in the
         order every rank gathers them (:meth:`gather_pass`)."""
+        self.gatherer = RowGatherer(max((m.nbytes for m in self.layout), default=0))
+        """Where rank 0 lands the whole tensors of every :meth:`gather_pass` (reused)."""
         own = {k: v.dtype for k, v in model.state_dict().items()}
         self.wire_is_native = all(own[m.name] == m.dtype for m in self.layout)
         """True when a version travels in the model's own dtypes: its sha256 is then the
@@ -88,7 +91,7 @@ class Policy:
         more than one whole tensor at a time.
         """
         with self.world.collective("gathering the policy weights for a weight sync"):
-            yield from gather_tensors(self.model, self.layout)
+            yield from gather_tensors(self.model, self.layout, self.gatherer)
 
     def full_state(self) -> StateDict | None:
         """The whole state dict on rank 0 (None on the others), in the model's dtypes: a whole

@@ -288,6 +288,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=8300)
     ap.add_argument("--weights-port", type=int, default=8301)
     ap.add_argument(
+        "--weight-spool-dir",
+        default=None,
+        help="local directory the trainer's copies of the served policy versions are mapped "
+        "from (page cache, not the trainer's own memory; room for 4 versions); 'memory' keeps "
+        "them in the trainer's memory (default: spec.weightSync.hostCopy, memory or "
+        "RUN_DIR/weight-spool)",
+    )
+    ap.add_argument(
         "--drafters",
         default=None,
         help="drafter registry directory: merged here, served to rollout workers on --port",

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from longtail_api.context import context_error
+from longtail_api.podenv import WEIGHT_SPOOL_DIR
 from longtail_api.spec import RLJobSpec
 from longtail_workers.data import Example, format_example, resolve_dataset
 from longtail_workers.data.loader import DEFAULT_BUILTIN_TRAIN_SIZE
@@ -69,6 +70,19 @@ def parse_rollouts(items: list[str]) -> dict[str, str]:
     return out
 
 
+def weight_spool(args: argparse.Namespace, spec: RLJobSpec) -> Path | None:
+    """Where the served versions are mapped from (created): ``--weight-spool-dir``, else
+    ``RUN_DIR/weight-spool`` when ``spec.weightSync.hostCopy`` is ``spool``; None (anonymous
+    memory) for ``--weight-spool-dir memory`` or ``hostCopy: memory`` (the default)."""
+    if args.weight_spool_dir == "memory":
+        return None
+    if args.weight_spool_dir is None and spec.weight_sync.host_copy == "memory":
+        return None
+    spool = Path(args.weight_spool_dir or Path(args.run_dir) / WEIGHT_SPOOL_DIR)
+    spool.mkdir(parents=True, exist_ok=True)
+    return spool
+
+
 def make_publisher(
     args: argparse.Namespace, spec: RLJobSpec, keep_last: int, world: TrainerWorld | None = None
 ) -> tuple[WeightPublisher, Callable[[], None]]:
@@ -79,7 +93,9 @@ def make_publisher(
     tensor stream is a gather every rank joins (``world`` needs nothing else here)."""
     from longtail_workers.weights.http_sync import WeightServer
 
-    server = WeightServer(args.host, args.weights_port, keep_last=keep_last).start()
+    spool = weight_spool(args, spec)
+    server = WeightServer(args.host, args.weights_port, keep_last=keep_last, spool_dir=spool)
+    server.start()
     transport = args.weight_sync or spec.weight_sync_transport()
     if transport == "http":
         return server, server.stop

@@ -33,8 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
+from longtail_workers.trainer.row_gather import RowGather, RowGatherer, one_ahead
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.weights.pieces import canonical_layout
 from longtail_workers.weights.sync import TensorMeta
@@ -116,31 +117,57 @@ def wire_layout(model: nn.Module, wire_dtype: torch.dtype | None) -> list[Tensor
     return canonical_layout(metas)[0]
 
 
-def gather_tensors(model: nn.Module, layout: Sequence[TensorMeta]) -> Iterator[torch.Tensor]:
-    """Each whole tensor of ``layout`` in its order, one at a time: a DTensor's shard is cast to
-    the wire dtype (half the gather's bytes for an fp32 trainer and a bf16 engine) and gathered
-    with ``full_tensor()``, a collective every rank must run in the same order; an unsharded
-    tensor is the model's own (no copy). Each tensor may be dropped once the next is asked for.
+def gather_tensors(
+    model: nn.Module, layout: Sequence[TensorMeta], gatherer: RowGatherer | None = None
+) -> Iterator[torch.Tensor]:
+    """Each tensor of ``layout`` in its order, one at a time: whole on rank 0, this rank's own
+    rows on the others (they only take part). A DTensor's shard is cast to the wire dtype (half
+    the gather's bytes for an fp32 trainer and a bf16 engine) and sent to rank 0
+    (:mod:`~longtail_workers.trainer.row_gather`: rank 0 alone receives), a collective every
+    rank must run in the same order; an unsharded tensor is the model's own (no copy). The next
+    tensor's gather is posted before this one is given out, so rank 0 holds at most two whole
+    tensors, in ``gatherer``'s reused buffers (keep one gatherer for every pass: default a new
+    one); each may be dropped once the next is asked for.
 
     A tied weight (one parameter under two names, e.g. a small Qwen2's embedding and LM head:
     adjacent in the layout) is gathered once and given for both names; every rank decides that
     from the module structure, so they all skip the same gather.
     """
+    gatherer = gatherer or RowGatherer(max((m.nbytes for m in layout), default=0))
+    return one_ahead(_gathers(model, layout, gatherer))
+
+
+def _gathers(
+    model: nn.Module, layout: Sequence[TensorMeta], gatherer: RowGatherer
+) -> Iterator[RowGather]:
+    """One posted gather per tensor of ``layout`` (a tied weight's second name: the first's)."""
     state = model.state_dict()  # views of the parameters (shards when sharded): no copy
     tied = _tied_parameters(model)
-    last: tuple[int, torch.Tensor] | None = None  # (tied parameter, its gathered tensor)
+    last: tuple[int, RowGather] | None = None  # (tied parameter, its gather)
     for meta in layout:
         tensor = state[meta.name]
-        if isinstance(tensor, DTensor):
-            key = tied.get(meta.name)
-            if key is not None and last is not None and last[0] == key:  # same wire dtype too
-                yield last[1]
-                continue
-            if tensor.is_floating_point() and tensor.dtype != meta.dtype:
-                tensor = tensor.to(meta.dtype)
-            tensor = tensor.full_tensor()
-            last = None if key is None else (key, tensor)
-        yield tensor
+        key = tied.get(meta.name)
+        if not isinstance(tensor, DTensor):
+            current = RowGather(tensor, tensor, [])
+        elif key is not None and last is not None and last[0] == key:  # same wire dtype too
+            current = last[1]
+        else:
+            current = _start_gather(gatherer, tensor, meta)
+        last = None if key is None else (key, current)
+        yield current
+
+
+def _start_gather(gatherer: RowGatherer, tensor: DTensor, meta: TensorMeta) -> RowGather:
+    """Post ``tensor``'s gather to the mesh's first rank, cast to ``meta.dtype``."""
+    if tensor.device_mesh.ndim != 1 or tuple(tensor.placements) != (Shard(0),):
+        raise RuntimeError(
+            f"{meta.name} is sharded as {tensor.placements} on a {tensor.device_mesh.ndim}-D "
+            "mesh; a weight sync gathers FSDP2's Shard(0) on a 1-D mesh (shard_policy's) only"
+        )
+    local = tensor.to_local()
+    if local.is_floating_point() and local.dtype != meta.dtype:
+        local = local.to(meta.dtype)
+    return gatherer.start(local, meta.shape, tensor.device_mesh.get_group())
 
 
 def _tied_parameters(model: nn.Module) -> dict[str, int]:

@@ -172,8 +172,9 @@ class BroadcastPublisher(WeightPublisher):
         self.port = self.roster.port
         """The rendezvous port actually bound (``port`` 0 picks a free one)."""
         self._buffers: list[torch.Tensor] = []  # the two device buckets (cuda only)
-        if self.config.device == "cuda":  # the host copy pinned: the bucket copies are async
-            server.store.buffers = BufferPool(server.store.keep_last + 1, pin=True)
+        self._staging = BufferPool(2, pin=True) if self.config.device == "cuda" else None
+        """Two pinned host buckets (cuda only): each device bucket's async copy lands there,
+        then in the host copy (pageable: anonymous or spooled, see ``store.WeightStore``)."""
         self._kept: KeptGroup | None = None  # the last attempt's group, if it went well
 
     def close(self) -> None:
@@ -286,15 +287,21 @@ class BroadcastPublisher(WeightPublisher):
             a, b = bucket_span(k, size, bucket)
             return self._device_bucket(k, b - a, None) if cuda else host[a:b]
 
+        landing: _Landing | None = None  # cuda: the previous bucket, on its way to the host
         for k in fill_buckets(header, layout, tensors, bucket, target):
             a, b = bucket_span(k, size, bucket)
             filled = self._buffers[k % 2][: b - a] if cuda else host[a:b]
-            if cuda:  # into pinned memory, in stream order before the buffer's next fill
-                host[a:b].copy_(filled, non_blocking=True)
+            staged = None
+            if cuda:  # async into pinned memory, in stream order before the buffer's next fill
+                assert self._staging is not None
+                staged = _Landing(host[a:b], self._staging.take(bucket)[: b - a], filled)
             if attempt is not None:
                 attempt.send(filled)  # waits for bucket k-1: buffer (k+1) % 2 is free
-        if cuda:
-            torch.cuda.current_stream().synchronize()  # the host copy is whole from here
+            if landing is not None:
+                landing.land()  # bucket k-1 into the host copy while bucket k is on the wire
+            landing = staged
+        if landing is not None:
+            landing.land()  # the host copy is whole from here
 
     def _device_bucket(self, k: int, n: int, src: torch.Tensor | None) -> torch.Tensor:
         """Bucket ``k`` (``n`` bytes) to send: on CPU the host slice ``src`` itself; on GPU one
@@ -424,6 +431,23 @@ class BroadcastPublisher(WeightPublisher):
                 phases.dropped.append(name)
                 log.warning("weight sync: %s was lost mid-broadcast; dropped", name)
         return alive
+
+
+class _Landing:
+    """One device bucket's way into the trainer's host copy (cuda): an async copy into a pinned
+    staging bucket now, then (:meth:`land`, once the next bucket is on the wire) a host copy
+    from there into the pageable host copy, so neither copy holds up the GPU's pack and send."""
+
+    def __init__(self, host: torch.Tensor, staging: torch.Tensor, device: torch.Tensor) -> None:
+        self.host, self.staging = host, staging
+        staging.copy_(device, non_blocking=True)
+        self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self.event.record()
+
+    def land(self) -> None:
+        self.event.synchronize()
+        self.host.copy_(self.staging)
+        self.staging = self.host  # drop the staging view: its buffer is free for reuse
 
 
 class _Timed(Iterator[torch.Tensor]):

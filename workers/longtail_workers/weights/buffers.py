@@ -10,11 +10,21 @@ handed out again once nothing views it any more.
 "Nothing views it" is read from the buffer's storage use count, which every tensor view, numpy
 array and memoryview of it raises (the view :meth:`BufferPool.take` returns, the tensors read out
 of it, the store's memoryview, an HTTP piece being sent, a hashing thread's slice).
+
+A pool with a ``spool`` directory (the trainer's store: ``--weight-spool-dir``) maps its buffers
+from files there instead of anonymous memory: the bytes are the kernel's page cache, written
+back to disk in the background and reclaimable under memory pressure, so the trainer's own
+(anonymous) memory does not grow by a version copy per sync. Each file is reserved whole
+(``posix_fallocate``: a full disk is an error now, not a SIGBUS at the first write into a
+mapped hole) and unlinked at once, so a killed trainer leaves no file behind.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
+from pathlib import Path
 
 import torch
 
@@ -23,13 +33,38 @@ def _use_count(buf: torch.Tensor) -> int:
     return int(torch._C._storage_Use_Count(buf.untyped_storage()._cdata))
 
 
-class BufferPool:
-    """At most ``keep`` uint8 buffers on ``device``, reused by size once unused."""
+def spooled(spool: Path, size: int) -> torch.Tensor:
+    """A ``[size]`` uint8 CPU tensor mapped (shared) from a new, already unlinked file in
+    ``spool``, all of its blocks reserved (contents undefined)."""
+    fd, path = tempfile.mkstemp(prefix="policy-version-", suffix=".bin", dir=spool)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, max(size, 1))
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"weight spool {spool}: cannot reserve {size / 1e9:.2f} GB for a copy of a policy "
+                f"version ({exc.strerror}); free disk space there or point --weight-spool-dir "
+                "(the trainer pod's weight-spool volume) at a larger local disk",
+            ) from exc
+        return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
-    def __init__(self, keep: int, device: str = "cpu", pin: bool = False) -> None:
+
+class BufferPool:
+    """At most ``keep`` uint8 buffers on ``device``, reused by size once unused; pinned when
+    ``pin``, file-backed in ``spool`` when given (CPU only)."""
+
+    def __init__(
+        self, keep: int, device: str = "cpu", pin: bool = False, spool: Path | None = None
+    ) -> None:
         if keep < 0:
             raise ValueError(f"keep must be >= 0 (buffers kept for reuse), got {keep}")
-        self.keep, self.device, self.pin = keep, device, pin
+        if spool is not None and (pin or device != "cpu"):
+            raise ValueError("a spooled buffer pool is in CPU pageable memory (no pin, no GPU)")
+        self.keep, self.device, self.pin, self.spool = keep, device, pin, spool
         self._lock = threading.Lock()
         self._bufs: list[tuple[torch.Tensor, int]] = []  # (buffer, its use count when unused)
 
@@ -42,7 +77,10 @@ class BufferPool:
                 if buf.numel() == size and _use_count(buf) <= idle:
                     self._bufs.append(self._bufs.pop(i))  # most recently used last
                     return buf[:]
-            buf = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pin)
+            if self.spool is not None:
+                buf = spooled(self.spool, size)
+            else:
+                buf = torch.empty(size, dtype=torch.uint8, device=self.device, pin_memory=self.pin)
             idle, view = _use_count(buf), buf[:]
             if self.keep:
                 self._bufs.append((buf, idle))

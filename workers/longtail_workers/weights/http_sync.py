@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from http import HTTPStatus
+from pathlib import Path
 
 import torch
 
@@ -138,11 +139,12 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
         keep_last: int = 2,
         piece_bytes: int = DEFAULT_PIECE_BYTES,
         request_timeout_s: float = 300.0,
+        spool_dir: Path | None = None,
     ) -> None:
         super().__init__(host, port, request_timeout_s=request_timeout_s)
         self.host = host
         self.requested_port = port
-        self.store = WeightStore(keep_last=keep_last, piece_bytes=piece_bytes)
+        self.store = WeightStore(keep_last=keep_last, piece_bytes=piece_bytes, spool_dir=spool_dir)
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Published:
         return self.store.publish(version, state_dict)

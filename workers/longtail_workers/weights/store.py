@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -85,7 +86,12 @@ class VersionPending(WeightSyncError):
 class WeightStore(WeightPublisher):
     """Thread-safe store of the last ``keep_last`` published versions."""
 
-    def __init__(self, keep_last: int = 2, piece_bytes: int = DEFAULT_PIECE_BYTES) -> None:
+    def __init__(
+        self,
+        keep_last: int = 2,
+        piece_bytes: int = DEFAULT_PIECE_BYTES,
+        spool_dir: Path | None = None,
+    ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 (versions kept for readers), got {keep_last}")
         if piece_bytes < 1:
@@ -96,8 +102,15 @@ class WeightStore(WeightPublisher):
         self._versions: OrderedDict[int, PublishedWeights] = OrderedDict()
         self._latest: PublishedWeights | None = None
         self._reserved: set[int] = set()  # versions announced, their bytes not visible yet
-        self.buffers = BufferPool(keep_last + 1)
-        """Host buffers of the versions (reused once evicted and no reader holds one)."""
+        if spool_dir is not None and not spool_dir.is_dir():
+            raise ValueError(
+                f"weight spool {spool_dir} is not a directory; create it (a local disk with room "
+                f"for {keep_last + 1} policy versions) or leave --weight-spool-dir unset"
+            )
+        self.buffers = BufferPool(keep_last + 1, spool=spool_dir)
+        """Host buffers of the versions (reused once evicted and no reader holds one); mapped
+        from files in ``spool_dir`` when given (``buffers.spooled``: page cache, not the
+        process's own memory), else anonymous memory."""
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Published:
         """Serialise ``state_dict``, hash its pieces, then make it visible as ``version``."""
