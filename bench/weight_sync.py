@@ -299,6 +299,12 @@ def main() -> None:
         from bench_broadcast import projection  # type: ignore[import-not-found]
 
         print(projection(max(broadcast, key=lambda r: r["gb"]), args.bucket_mb << 20))
+    if args.host_copy == "memory" and any(p != "old" for _, p in rows):
+        print(
+            "trainer +GB of the new rows is the served copy of the version in the trainer's "
+            "memory (spec.weightSync.hostCopy: memory); --host-copy spool maps it from files "
+            "instead (page cache), leaving the buckets as the only trainer memory a sync adds"
+        )
 
 
 if __name__ == "__main__":

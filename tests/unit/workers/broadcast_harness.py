@@ -44,33 +44,25 @@ def go(cluster: Cluster, n: int) -> Go:
     return Go.loads(cluster.publisher.store.get(attempt_key(n, "go")))
 
 
-class Cluster:
-    """The trainer's publisher plus the receiver processes started so far."""
+class Processes:
+    """Test processes (``ws_receiver.py`` receivers, ``ws_trainer.py`` trainers) writing their
+    logs and events into ``tmp``."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.server = WeightServer(port=0).start()
-        config = BroadcastConfig(bucket_bytes=BUCKET_BYTES, phase_timeout_s=PHASE_TIMEOUT_S)
-        self.publisher = BroadcastPublisher(self.server, 0, config)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, script: str, *args: str) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"{name}.log").open("ab")
-        cmd = [sys.executable, str(HERE / "ws_receiver.py"), "--name", name,
-               "--addr", f"127.0.0.1:{self.publisher.port}", "--weights-url", self.server.url,
-               "--out", str(self.tmp), *extra]  # fmt: skip
+        cmd = [sys.executable, str(HERE / script), *args]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = proc
         return proc
 
-    def wait_live(self, names: list[str], timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not set(names) <= set(self.publisher.roster.live()):
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"receivers {names} not all registered after {timeout_s}s:\n{self.logs()}"
-                )
-            time.sleep(0.1)
+    def receiver(self, name: str, addr: str, url: str, *extra: str) -> subprocess.Popen[bytes]:
+        """Start receiver ``name`` on the rendezvous ``addr`` with HTTP catch-up from ``url``."""
+        args = ["--name", name, "--addr", addr, "--weights-url", url, "--out", str(self.tmp)]
+        return self.start(name, "ws_receiver.py", *args, *extra)
 
     def events(self, name: str) -> list[dict[str, Any]]:
         path = self.tmp / f"{name}.jsonl"
@@ -101,6 +93,35 @@ class Cluster:
             f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.tmp.glob("*.log"))
         )
 
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+
+
+class Cluster(Processes):
+    """The trainer's publisher (in this process) plus the receiver processes started so far."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.server = WeightServer(port=0).start()
+        config = BroadcastConfig(bucket_bytes=BUCKET_BYTES, phase_timeout_s=PHASE_TIMEOUT_S)
+        self.publisher = BroadcastPublisher(self.server, 0, config)
+
+    def spawn(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
+        addr = f"127.0.0.1:{self.publisher.port}"
+        return self.receiver(name, addr, self.server.url, *extra)
+
+    def wait_live(self, names: list[str], timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not set(names) <= set(self.publisher.roster.live()):
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"receivers {names} not all registered after {timeout_s}s:\n{self.logs()}"
+                )
+            time.sleep(0.1)
+
     def restart_trainer(self) -> None:
         """Stop the trainer's publisher and weight server, then start new ones on the same
         ports, as a restarted trainer pod would (its store and kept group are gone)."""
@@ -113,10 +134,7 @@ class Cluster:
         self.publisher = BroadcastPublisher(self.server, port, config)
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
+        super().close()
         self.publisher.close()
         self.server.stop()
 

@@ -2,7 +2,9 @@
 receiver SIGKILLed mid-broadcast (the version reaches the other within the phase timeout; the
 restarted worker catches up over HTTP and is in the next broadcast), a receiver restarted
 between two versions (the kept group is not used: a fresh one, no wait), the trainer restarted
-between two versions (every receiver reconnects and receives the next one), a receiver that
+between two versions (every receiver reconnects and receives the next one), the trainer
+SIGKILLed mid-broadcast (no receiver loads any of the half-sent version; a new trainer on the
+same ports sends it and every receiver takes it), a receiver that
 registered and then stops (SIGSTOP: named and dropped within the timeout, the others get the
 version), and a bucket corrupted in flight (refused, the previous version kept, the version then
 fetched over HTTP). Faults are injected by the test receiver (``ws_receiver.py``), not by
@@ -10,13 +12,16 @@ product flags."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
+import socket
 import time
+from pathlib import Path
 
 import pytest
-from broadcast_harness import PHASE_TIMEOUT_S, Cluster, expected_sha, go, policy
+from broadcast_harness import PHASE_TIMEOUT_S, Cluster, Processes, expected_sha, go, policy
 from broadcast_harness import cluster as cluster  # the fixture
 
 from longtail_workers.weights.membership import STALE_S
@@ -96,6 +101,44 @@ def test_a_restarted_trainer_is_rejoined_by_every_receiver_and_broadcasts_again(
     for name in (A, B):
         event = cluster.wait_version(name, 2)
         assert event["via"] == "broadcast" and event["sha"] == expected_sha(2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_trainer_killed_mid_broadcast_leaves_the_receivers_on_their_version_and_a_new_one_goes_on(
+    tmp_path: Path,
+) -> None:
+    procs = Processes(tmp_path)
+    port, http_port = _free_port(), _free_port()
+    addr, url = f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}"
+    trainer = ["--port", str(port), "--http-port", str(http_port), "--out", str(tmp_path)]
+    trainer += ["--wait", A, B]
+    try:
+        first = procs.start("trainer-1", "ws_trainer.py", *trainer, "--publish", "1", "2",
+                            "--die-at", "2:10")  # fmt: skip
+        procs.receiver(A, addr, url)
+        procs.receiver(B, addr, url)
+        for name in (A, B):
+            assert procs.wait_version(name, 1)["via"] == "broadcast"
+        assert first.wait(timeout=60) == -signal.SIGKILL, procs.logs()  # mid version 2
+        procs.start("trainer-2", "ws_trainer.py", *trainer, "--publish", "2")
+        for name in (A, B):  # they reconnect to the new store and take the resent version
+            event = procs.wait_version(name, 2, timeout_s=60)
+            assert event["via"] == "broadcast" and event["sha"] == expected_sha(2)
+            # nothing of the half-sent attempt was ever loaded: initial, 1, then the new 2
+            assert [e["version"] for e in procs.events(name)] == [0, 1, 2], procs.logs()
+        text = (tmp_path / "trainer.jsonl").read_text()
+        published = [json.loads(line) for line in text.splitlines()]
+        assert published == [
+            {"version": 1, "receivers": [A, B], "dropped": []},
+            {"version": 2, "receivers": [A, B], "dropped": []},
+        ], published
+    finally:
+        procs.close()
 
 
 def test_a_receiver_that_stops_answering_is_named_and_dropped_within_the_timeout(
