@@ -322,8 +322,12 @@ def test_a_full_disk_at_a_checkpoint_stops_the_run_with_the_reason(tmp_path: Pat
 
 
 def test_two_step_run_with_broadcast_weight_sync(tmp_path: Path) -> None:
+    doc = yaml.safe_load(JOB.read_text())
+    doc["spec"]["weightSync"] = {"hostCopy": "spool"}  # the trainer's copies from files
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
     run_dir = tmp_path / "run"
-    code, out = finish(longtail_run(str(JOB), "-o", str(run_dir), "--weight-sync", "broadcast"))
+    code, out = finish(longtail_run(str(job), "-o", str(run_dir), "--weight-sync", "broadcast"))
     assert code == 0, out
     got = rows(run_dir)
     assert [r["policy_version"] for r in got] == [1, 2]
@@ -336,6 +340,9 @@ def test_two_step_run_with_broadcast_weight_sync(tmp_path: Path) -> None:
     assert re.search(line, trainer_log), trainer_log[-3000:]
     line = r"version 2 \([\d.]+ MB\) broadcast to rollout-0, rollout-1 in 1 attempt"
     assert re.search(line, trainer_log), trainer_log[-3000:]
+    spool = run_dir / "weight-spool"
+    assert f"mapped from files in {spool}" in trainer_log, trainer_log[-3000:]
+    assert spool.is_dir() and list(spool.iterdir()) == []  # unlinked as soon as mapped
     assert_children_gone(run_dir)
 
 

@@ -96,6 +96,8 @@ def make_publisher(
     spool = weight_spool(args, spec)
     server = WeightServer(args.host, args.weights_port, keep_last=keep_last, spool_dir=spool)
     server.start()
+    where = f"mapped from files in {spool}" if spool else "in the trainer's memory"
+    log.info("the served policy versions (up to %d) are kept %s", keep_last + 1, where)
     transport = args.weight_sync or spec.weight_sync_transport()
     if transport == "http":
         return server, server.stop
