@@ -315,8 +315,9 @@ def worker_pod(
         source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
         volumes.append({"name": "checkpoints", **source})
         mounts.append({"name": "checkpoints", "mountPath": checkpoint_path(spec)})
-        # The copies of the policy versions the trainer serves, mapped from files (page
-        # cache, reclaimable) on the node's disk: --weight-spool-dir's default, RUN_DIR=".".
+        # With spec.weightSync.hostCopy: spool, the copies of the policy versions the trainer
+        # serves are mapped from files here (page cache, reclaimable) on the node's disk:
+        # RUN_DIR/weight-spool with RUN_DIR=".". Mounted always: empty and unused otherwise.
         volumes.append({"name": "weight-spool", "emptyDir": {}})
         mounts.append(
             {"name": "weight-spool", "mountPath": posixpath.join(WORK_DIR, WEIGHT_SPOOL_DIR)}

@@ -86,9 +86,10 @@ class Policy:
     def gather_pass(self) -> Iterator[torch.Tensor]:
         """One pass over the whole tensors of :attr:`layout`, in its order (a weight sync).
 
-        A collective at world > 1: every rank runs the whole pass (the followers drop the
-        tensors); a rank that stops fails it with an error naming that rank. No rank holds
-        more than one whole tensor at a time.
+        A collective at world > 1: every rank runs the whole pass (the followers only send
+        their rows); a rank that stops fails it with an error naming that rank. Rank 0 holds at
+        most two whole tensors at a time (the one given out, the next one in flight), the
+        others none.
         """
         with self.world.collective("gathering the policy weights for a weight sync"):
             yield from gather_tensors(self.model, self.layout, self.gatherer)

@@ -1,8 +1,9 @@
 """Gather one row-sharded tensor whole on the group's first rank only, asynchronously.
 
-``trainer/sharding.py`` (:func:`~longtail_workers.trainer.sharding.gather_tensors`) calls
-:func:`start_row_gather` for each FSDP2 parameter of a weight sync, and ``bench/weight_sync.py``
-for its world-2 trainer. A weight sync needs each whole tensor on rank 0 alone (rank 0 packs and
+``trainer/sharding.py`` (:func:`~longtail_workers.trainer.sharding.gather_tensors`) starts one
+gather per FSDP2 parameter of a weight sync through a :class:`RowGatherer` (the policy keeps one)
+and consumes them with :func:`one_ahead`, as ``bench/bench_broadcast.py`` does for its world-2
+trainer. A weight sync needs each whole tensor on rank 0 alone (rank 0 packs and
 sends; the other ranks drop what they gathered), so instead of ``DTensor.full_tensor()`` (an
 all-gather: every rank receives every shard) every other rank sends its rows to rank 0 in one
 batch of point-to-point operations. Rank 0 receives the same bytes as in an all-gather, the
