@@ -1,6 +1,9 @@
 """Projection: TLT's reported setting in the step simulator, next to their 1.7-2.1x.
 
-Run: ``.venv/bin/python bench/sim_tlt.py`` (pure Python, a few minutes on 2 cores).
+Run: ``.venv/bin/python bench/sim_tlt.py`` (pure Python, a few minutes on 2 cores);
+``--profile FILE`` re-projects on a measured engine profile instead of the roofline (the 7B
+profile of the GPU suite, ``bench/gpu/run.sh``; then the figures are projections on measured
+step times).
 
 Simulates ``bench/jobs/tlt-qwen2.5-7b-64xh100.yaml`` (Qwen2.5-7B on 64 H100s, answers up to 32K
 tokens, SD at <= 32 running answers) on the first-principles H100 roofline profile
@@ -19,6 +22,7 @@ import sys
 from pathlib import Path
 
 from longtail_api.manifest import validate_file
+from longtail_api.profile import EngineProfile
 from longtail_workers.sim.job import LognormalModel, shape_from_job
 from longtail_workers.sim.roofline import roofline_profile
 from longtail_workers.sim.step import compare
@@ -37,12 +41,13 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--medians", default=",".join(str(m) for m in MEDIANS))
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--profile", type=Path, help="measured engine profile (default: roofline)")
     args = ap.parse_args(argv)
     (checked,) = validate_file(JOB)
     if checked.errors or checked.spec is None:
         raise SystemExit(f"{JOB} is not a valid RLJob: " + "; ".join(map(str, checked.errors)))
     spec = checked.spec
-    profile = roofline_profile("Qwen2-7B")
+    profile = EngineProfile.read(args.profile) if args.profile else roofline_profile("Qwen2-7B")
     rows = []
     for median in (int(m) for m in args.medians.split(",")):
         model = LognormalModel(median, P99_RATIO, spec.algorithm.max_new_tokens, CAP_FRACTION)
@@ -73,7 +78,13 @@ def main(argv: list[str]) -> int:
     for note in [*profile.notes, *notes]:
         print(f"note: {note}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"job": str(JOB.relative_to(ROOT)), "rows": rows, "notes": [*profile.notes, *notes]}
+    source = str(args.profile) if args.profile else "roofline Qwen2-7B"
+    report = {
+        "job": str(JOB.relative_to(ROOT)),
+        "profile": source,
+        "rows": rows,
+        "notes": [*profile.notes, *notes],
+    }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 

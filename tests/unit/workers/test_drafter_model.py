@@ -12,7 +12,8 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 from longtail_api.policies import LossWeightsSpec
 from longtail_workers.drafter.loss import drafter_loss
 from longtail_workers.drafter.model import EagleDrafter, layout_options
-from longtail_workers.kvcache.cache import PaddedKVCache
+from longtail_workers.kvcache.slot_attention import use_slot_attention
+from longtail_workers.kvcache.slots import SlotAttention, SlotKVCache
 
 
 @pytest.fixture
@@ -69,13 +70,13 @@ def test_cached_incremental_forward_equals_full_forward(target) -> None:
     hidden = hidden.double()
     with torch.no_grad():
         full = drafter(ids, hidden, pos)  # [B, T, H], causal
-        kv = PaddedKVCache(drafter.config, 2, torch.device("cpu"))
+        use_slot_attention(drafter.config)
+        kv = SlotKVCache(drafter.config, 2, 8, torch.device("cpu"), torch.float64, num_layers=1)
         parts = []
         for lo, hi in ((0, 3), (3, 4), (4, 7)):
-            valid = torch.ones(2, hi - lo, dtype=torch.bool)
-            mask = kv.mask_for(valid, torch.float64)
-            parts.append(drafter(ids[:, lo:hi], hidden[:, lo:hi], pos[:, lo:hi], mask, kv.cache))
-            kv.commit(valid)
+            at = pos[:, lo:hi]
+            kv.step = SlotAttention(at, torch.zeros_like(at), span=hi)
+            parts.append(drafter(ids[:, lo:hi], hidden[:, lo:hi], at, kv.step, kv))
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-12)
 
 

@@ -52,7 +52,7 @@ def test_continuous_admission_more_prompts_than_slots(model) -> None:
         for i, p in enumerate(prompts)
     ]
     wide = TorchEngine(model, config=EngineConfig(max_running=16)).generate(requests)
-    narrow_engine = TorchEngine(model, config=EngineConfig(max_running=3, compact_min_waste=2))
+    narrow_engine = TorchEngine(model, config=EngineConfig(max_running=3))
     narrow = narrow_engine.generate(requests)
     assert [r.request_id for r in narrow] == [str(i) for i in range(11)]  # request order
     for a, b in zip(wide, narrow, strict=True):

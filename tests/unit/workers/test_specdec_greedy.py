@@ -20,6 +20,7 @@ from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.kvcache.slots import SlotAttention
 from longtail_workers.warmstart.fit import collect_training_sequences, fit_drafter
 
 VOCAB = 48
@@ -99,7 +100,7 @@ def test_greedy_sd_equals_plain_with_ragged_acceptance(target, fitted_drafter) -
     plain = TorchEngine(target, config=EngineConfig(max_running=6)).generate(requests)
     engine = TorchEngine(
         target,
-        config=EngineConfig(max_running=6, compact_min_waste=4),
+        config=EngineConfig(max_running=6),
         speculative=_spec(),
         drafter=fitted_drafter,
     )
@@ -144,21 +145,28 @@ def test_greedy_sd_with_short_drafter_context(target, fitted_drafter) -> None:
         speculative=_spec(threshold=8, warmup=1, selector="fixed"),
         drafter=fitted_drafter,
     )
-    # Record the drafter cache's length at each draft (the window must bound it: <= 2W + k).
+    # Record what every drafter query may read: at most the W newest pairs, and the window
+    # must actually slide (some query starts past the row's first response pair).
     sd = engine.sd
     assert sd is not None
-    slots: list[int] = []
-    catch_up = sd._catch_up
+    reads: list[int] = []
+    starts: list[int] = []
+    forward = sd.drafter.forward
 
-    def recording(batch):  # type: ignore[no-untyped-def]
-        features = catch_up(batch)
-        slots.append(batch.draft_kv.num_slots)
-        return features
+    def recording(ids, hidden, pos, attention_mask=None, cache=None):  # type: ignore[no-untyped-def]
+        assert isinstance(attention_mask, SlotAttention)
+        reads.append(int((attention_mask.q_pos - attention_mask.lo).max()) + 1)
+        starts.append(int(attention_mask.lo.max()))
+        return forward(ids, hidden, pos, attention_mask=attention_mask, cache=cache)
 
-    sd._catch_up = recording  # type: ignore[method-assign]
-    _assert_same(plain, engine.generate(requests))
+    sd.drafter.forward = recording  # type: ignore[method-assign]
+    try:
+        _assert_same(plain, engine.generate(requests))
+    finally:
+        del sd.drafter.forward
     assert engine.stats.sd_steps > 0
-    assert slots and max(slots) <= 2 * 3, slots
+    assert reads and max(reads) <= 3, reads
+    assert max(starts) > max(len(r.prompt_token_ids) for r in plain)  # the window slid
     assert max(len(r.output_token_ids) for r in plain) > 4 * 3  # long enough to slide
 
 
@@ -196,3 +204,20 @@ def test_greedy_rows_stay_exact_in_a_batch_mixed_with_sampled_rows(target, fitte
     for i in range(0, len(greedy), 2):
         assert spec[i].output_token_ids == plain[i].output_token_ids
     assert engine.stats.sd_steps > 0 and engine.stats.accepted > 0
+
+
+def test_padded_batch_buckets_change_nothing(target, fitted_drafter) -> None:
+    """Steps padded to batch buckets (what a CUDA engine replays) give the same output: the
+    padding rows are inert and nothing they compute is read."""
+    requests = _requests(stop=(_stop_token(target),))
+    plain = TorchEngine(target, config=EngineConfig(max_running=6)).generate(requests)
+    engine = TorchEngine(
+        target,
+        config=EngineConfig(max_running=6, batch_buckets=(1, 4, 8)),
+        speculative=_spec(threshold=5, warmup=1),
+        drafter=fitted_drafter,
+    )
+    _assert_same(plain, engine.generate(requests))
+    assert engine.stats.sd_steps > 0 and engine.row_shape is not None
+    # Batches of 2-3 rows ran as the 4-row bucket, 5 as the 6-row one (the capacity caps it).
+    assert engine.row_shape.capacity == 6

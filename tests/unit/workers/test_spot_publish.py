@@ -118,10 +118,10 @@ def test_merge_two_workers_candidates(target, tmp_path) -> None:
 def test_engine_loads_new_versions_between_rollouts_only(target, tmp_path) -> None:
     reg = DrafterRegistry(tmp_path)
     reg.publish(EagleDrafter(target, target_id=TID, seed=1), policy_version=0)
-    used: list[int] = []
+    used: list[float] = []  # a fingerprint of the weights the engine drafts with
 
     def observer(trace: DraftTrace) -> None:
-        used.append(id(engine.sd.drafter))
+        used.append(float(engine.sd.drafter.fc.weight.sum()))
         if len(used) == 1:  # a new version appears in the middle of the rollout
             reg.publish(EagleDrafter(target, target_id=TID, seed=2), policy_version=0)
 

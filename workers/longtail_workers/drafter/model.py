@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from longtail_workers.kvcache.cache import attention_mask as build_mask
-from longtail_workers.kvcache.cache import check_attention_implementation
+from longtail_workers.kvcache.masks import attention_mask as build_mask
+from longtail_workers.kvcache.masks import check_attention_implementation
 
 
 @dataclass(frozen=True)

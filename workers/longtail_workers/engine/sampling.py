@@ -27,34 +27,84 @@ STREAM_ACCEPT = 2
 STREAM_CORRECT = 3
 """Sampling the correction (residual) or bonus token after verification."""
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_POS_MUL = np.uint64(0xD1B54A32D192ED03)
-_STREAM_MUL = np.uint64(0x8CB92BA72F3D8DD7)
+
+def _signed(u: int) -> int:
+    """A 64-bit pattern as the int64 holding the same bits (torch has no full uint64 math)."""
+    u %= 1 << 64
+    return u - (1 << 64) if u >= 1 << 63 else u
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser: a bijective 64-bit mixer (uint64 arithmetic wraps by definition)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    mixed: np.ndarray = x ^ (x >> np.uint64(31))
-    return mixed
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_POS_MUL = _signed(0xD1B54A32D192ED03)
+_STREAM_MUL = 0x8CB92BA72F3D8DD7
+_MIX_1 = _signed(0xBF58476D1CE4E5B9)
+_MIX_2 = _signed(0x94D049BB133111EB)
 
 
-def counter_uniforms(
-    seeds: np.ndarray, positions: np.ndarray, stream: int, device: torch.device
-) -> torch.Tensor:
-    """Uniforms in [0, 1), float64, one per (row seed, output position) for the given stream.
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (``>>`` on int64 sign-extends)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
 
-    ``seeds`` is ``[B]`` (uint64-castable), ``positions`` ``[B, n]`` output indices; the result is
-    ``[B, n]``. Deterministic: the same triple always gives the same number.
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64 finaliser on int64 bit patterns: a bijective 64-bit mixer. int64 products
+    wrap modulo 2^64 exactly as the uint64 ones of the reference definition."""
+    x = (x ^ _shr(x, 30)) * _MIX_1
+    x = (x ^ _shr(x, 27)) * _MIX_2
+    return x ^ _shr(x, 31)
+
+
+def seed_bits(seed: int) -> int:
+    """A request seed (any int) as the int64 holding its low 64 bits (the key of its stream)."""
+    return _signed(seed)
+
+
+def stream_keys(seeds: torch.Tensor) -> torch.Tensor:
+    """The key of each request's random stream ``[B]`` from its seed bits (:func:`seed_bits`).
+
+    Computed once per request (the engine does it at admission), so a step draws its uniforms
+    with two mixing rounds instead of three."""
+    return _mix64(seeds + _GOLDEN)
+
+
+def counter_uniforms(keys: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
+    """Uniforms in [0, 1), float64, one per (request, output position) for the given stream.
+
+    ``keys`` ``[B]`` int64 (:func:`stream_keys`), ``positions`` ``[B, n]`` int64 output indices,
+    both on the device the result is wanted on; the result is ``[B, n]``. Deterministic: the
+    same (seed, position, stream) always gives the same number. Pure device arithmetic (no host
+    round trip), so a captured step can draw its own random numbers.
     """
-    with np.errstate(over="ignore"):
-        s = _mix64(seeds.astype(np.uint64) + _GOLDEN)  # [B]
-        key = positions.astype(np.uint64) * _POS_MUL + np.uint64(stream + 1) * _STREAM_MUL
-        h = _mix64(_mix64(s[:, None] ^ key))  # [B, n]
+    if keys.device.type == "cpu":
+        return _counter_uniforms_numpy(keys, positions, stream)
+    return torch_uniforms(keys, positions, stream)
+
+
+def torch_uniforms(keys: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
+    """:func:`counter_uniforms` in torch int64 arithmetic, on any device (what CUDA runs)."""
+    key = positions * _POS_MUL + _signed((stream + 1) * _STREAM_MUL)  # [B, n]
+    h = _mix64(_mix64(keys[:, None] ^ key))  # [B, n]
     # Top 53 bits -> an exactly representable double in [0, 1).
-    u = (h >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
-    return torch.from_numpy(u).to(device)
+    return _shr(h, 11).to(torch.float64) * (1.0 / 9007199254740992.0)
+
+
+def _counter_uniforms_numpy(
+    keys: torch.Tensor, positions: torch.Tensor, stream: int
+) -> torch.Tensor:
+    """The same bits on a CPU, in NumPy's uint64 (no graphs on a CPU; a NumPy op on a few
+    numbers costs a fraction of a torch op, and a decode step of a small model is mostly such
+    ops)."""
+    k = keys.numpy().view(np.uint64)
+    p = positions.numpy().astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = k[:, None] ^ (
+            p * np.uint64(_POS_MUL % 2**64) + np.uint64((stream + 1) * _STREAM_MUL % 2**64)
+        )
+        for _ in range(2):
+            x = (x ^ (x >> np.uint64(30))) * np.uint64(_MIX_1 % 2**64)
+            x = (x ^ (x >> np.uint64(27))) * np.uint64(_MIX_2 % 2**64)
+            x = x ^ (x >> np.uint64(31))
+    return torch.from_numpy((x >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0))
 
 
 def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
@@ -76,7 +126,12 @@ def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 
 def sampling_probs(
-    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    *,
+    any_top_p: bool | None = None,
+    any_greedy: bool | None = None,
 ) -> torch.Tensor:
     """The distribution each row samples from: softmax(logits / T), then top-p, renormalised.
 
@@ -84,16 +139,21 @@ def sampling_probs(
     temperature 0 get a one-hot on the argmax (first index on ties, like ``torch.argmax``), so
     greedy decoding is the same code path as sampling, and rejection sampling between two one-hots
     reduces to "accept iff the draft equals the target's argmax".
+
+    ``any_top_p`` / ``any_greedy``: whether some row has ``top_p < 1`` / temperature 0, when the
+    caller knows it from the requests (the engine does). ``None`` reads it from the tensors, a
+    host synchronisation each, which a captured step cannot do. Passing ``True`` is always correct
+    (the filtered branch is applied per row), only slower.
     """
     dtype = _compute_dtype(logits)
     x = logits.to(dtype)
     greedy = temperature <= 0  # [B]
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).to(dtype)
     probs = torch.softmax(x / safe_t[:, None, None], dim=-1)  # [B, n, V]
-    if bool((top_p < 1.0).any()):
+    if any_top_p if any_top_p is not None else bool((top_p < 1.0).any()):
         filtered = _top_p_filter(probs, top_p.to(dtype))
         probs = torch.where((top_p < 1.0)[:, None, None], filtered, probs)
-    if bool(greedy.any()):
+    if any_greedy if any_greedy is not None else bool(greedy.any()):
         onehot = torch.zeros_like(probs).scatter(-1, x.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(greedy[:, None, None], onehot, probs)
     return probs

@@ -1,38 +1,42 @@
-"""One speculative-decoding step for a running batch: draft k, verify k+1, accept, roll back.
+"""One speculative-decoding step for the running batch: catch up, draft k, verify k+1, accept.
 
 Called by :class:`~longtail_workers.engine.torch_engine.TorchEngine` for the steps the SD policy
-marks as speculative. A step, for every row at once:
+marks as speculative. :func:`speculate` is one static step function (captured per batch bucket
+and draft depth on CUDA, ``graphs.py``); for every row at once:
 
-1. **Drafter catch-up.** The drafter's KV cache holds the pairs it has already read; the pairs
-   committed since (``drafter/pairs.py`` convention: pair j = (x_{j+1}, h_j) at position j) are
-   fed in one forward, right-aligned in a ``[B, m]`` block (rows have different counts: ragged
-   acceptance last step; the whole response so far right after SD switches on or a row was
-   admitted, which is the "re-prefill"). The drafter's context is the response from pair P-1
-   on, never the prompt's pairs, because that is what every trainer trains it on. The output at
-   the newest pair is the feature ``f`` that proposes the next token.
+1. **Drafter catch-up.** The drafter's cache holds the pairs it has read (``drafter/pairs.py``:
+   pair j = (x_{j+1}, h_j) at position j, read from the token and hidden-state stores); the
+   pairs committed since (1..k+1 after a speculative step) are fed in one forward of a fixed
+   ``width`` = largest depth + 1, the unused queries sitting at slots past the row's pairs. Its
+   output at the newest pair is the feature ``f`` that proposes the next token. The drafter's
+   context is the response from pair P-1 on, never the prompt's pairs (what every trainer trains
+   it on); with a context window W a query reads only the W newest pairs. When a row has more
+   pending pairs than ``width`` (SD has just switched on, or was off for a while) the engine
+   first feeds all but the newest in one eager forward (:meth:`SpeculativeDecoder.catch_up`).
 2. **Drafting.** k tokens from the drafter's processed distribution ``q`` (same temperature and
-   top-p as the target), feeding ``(d_i, f_i)`` back for steps 2..k. Those speculative entries
-   are dropped from the drafter cache afterwards; only real pairs stay in it.
-3. **Verification.** The target scores ``[x_last, d_1 .. d_k]`` in one cached forward.
+   top-p as the target), feeding ``(d_i, f_i)`` back for steps 2..k at the slots after the
+   newest pair; those speculative entries lie past the drafter's read pairs and are overwritten
+   by the next catch-up.
+3. **Verification.** The target scores ``[x_last, d_1 .. d_k]`` in one forward (each query reads
+   up to its own slot: lower-right causal).
 4. **Acceptance** by the pluggable rule (``rejection.py``); each row keeps ``a`` drafts plus one
-   correction/bonus token.
-5. **Rollback / commit.** Target KV slots of rejected drafts become holes in that row; tokens,
-   target log-probs and target hidden states are committed through the batch, which also cuts
-   at stop tokens and ``max_new_tokens`` inside the accepted run.
+   correction/bonus token, committed through ``steps.commit`` (cut at stop tokens and
+   ``max_new_tokens``). The target slots of rejected drafts are past the row's new length: they
+   are overwritten by the next step, nothing has to be rolled back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.batch import RunningBatch, SequenceState
 from longtail_workers.engine.rejection import AcceptanceRule, rejection_sample
+from longtail_workers.engine.rows import RowState
 from longtail_workers.engine.sampling import (
     STREAM_ACCEPT,
     STREAM_CORRECT,
@@ -42,23 +46,10 @@ from longtail_workers.engine.sampling import (
     sampling_probs,
     token_logprobs,
 )
+from longtail_workers.engine.steps import StepOutput, StepShape, commit, store_hidden
 from longtail_workers.engine.target import TargetModel
-from longtail_workers.kvcache.cache import PaddedKVCache
-
-
-@dataclass
-class SpecStepOutcome:
-    """What one speculative step did (host arrays, row-aligned with the batch at step start)."""
-
-    draft_depth: int
-    accepted: np.ndarray
-    """Drafts accepted per row, before stop/length truncation."""
-    emitted: np.ndarray
-    """Tokens committed per row."""
-    cut_by_stop: int = 0
-    """Rows whose accepted run was cut after a stop token (tokens after it were discarded)."""
-    cut_by_length: int = 0
-    """Rows whose accepted run was cut at ``max_new_tokens``."""
+from longtail_workers.kvcache.slot_attention import use_slot_attention
+from longtail_workers.kvcache.slots import SlotAttention, SlotKVCache
 
 
 @dataclass
@@ -78,8 +69,15 @@ class DraftTrace:
 DraftObserver = Callable[[DraftTrace], None]
 
 
+def _window_lo(prompt_len: torch.Tensor, pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """First drafter slot a query at ``pos`` ``[B, Q]`` reads: the first response pair, or the
+    window's start."""
+    first = (prompt_len - 1)[:, None].expand_as(pos)  # [B, Q]
+    return first if window is None else torch.maximum(first, pos - (window - 1))
+
+
 class SpeculativeDecoder:
-    """Runs speculative steps of a :class:`RunningBatch` with an EAGLE drafter."""
+    """Speculative steps of the running batch with an EAGLE drafter (see the module text)."""
 
     def __init__(
         self,
@@ -100,131 +98,131 @@ class SpeculativeDecoder:
                 "the drafter is in training mode; call drafter.eval() (or load a published "
                 "version) before handing it to the rollout engine"
             )
+        use_slot_attention(drafter.config)
         self.target = target
         self.drafter = drafter
         self.rule = rule
         self.context_window = context_window
         self.observer = observer
 
-    def activate(self, batch: RunningBatch) -> None:
-        """SD switches on: an empty drafter cache; every row's response so far becomes pending."""
-        batch.draft_kv = PaddedKVCache(self.drafter.config, len(batch), batch.device)
-        for seq in batch.seqs:
-            seq.drafter_done = seq.first_response_pair
-
-    @staticmethod
-    def deactivate(batch: RunningBatch) -> None:
-        """SD switches off: the drafter cache is dropped (rebuilt on the next activation)."""
-        batch.draft_kv = None
-
-    def _pending_start(self, seq: SequenceState) -> int:
-        start = seq.drafter_done
-        if self.context_window is not None:
-            start = max(start, seq.num_pairs - self.context_window)
-        return start
+    def new_cache(self, rows: int, length: int) -> SlotKVCache:
+        w = self.drafter.fc.weight
+        return SlotKVCache(self.drafter.config, rows, length, w.device, w.dtype, num_layers=1)
 
     @torch.no_grad()
-    def _catch_up(self, batch: RunningBatch) -> torch.Tensor:
-        """Feed every row's pending pairs to the drafter; returns the newest features ``[B, H]``."""
-        kv = batch.draft_kv
-        assert kv is not None
-        starts = [self._pending_start(s) for s in batch.seqs]
-        ids = [
-            torch.tensor(s.pair_tokens(st), dtype=torch.long)
-            for s, st in zip(batch.seqs, starts, strict=True)
-        ]
-        states = [s.pair_states(st) for s, st in zip(batch.seqs, starts, strict=True)]
-        pos = [torch.arange(st, s.num_pairs) for s, st in zip(batch.seqs, starts, strict=True)]
-        if any(len(t) == 0 for t in ids):
-            raise RuntimeError(
-                "a running row has no pending drafter pair; engine bookkeeping broke"
-            )
-        dev = batch.device
-        # Right-aligned (left-padded): the last slot of every row is its newest pair.
-        ids_pad = pad_sequence(ids, batch_first=True, padding_side="left").to(dev)  # [B, m]
-        hid_pad = pad_sequence(states, batch_first=True, padding_side="left")  # [B, m, H]
-        pos_pad = pad_sequence(pos, batch_first=True, padding_side="left").to(dev)  # [B, m]
-        lengths = torch.tensor([len(t) for t in ids], device=dev)
-        m = ids_pad.shape[1]
-        valid = torch.arange(m, device=dev)[None, :] >= (m - lengths)[:, None]  # [B, m]
-        mask = kv.mask_for(valid, self.target.dtype)
+    def _feed(
+        self, rows: RowState, bucket: int, count: torch.Tensor, width: int, shape: StepShape
+    ) -> torch.Tensor:
+        """Feed each row's next ``count[b]`` pending pairs (``<= width``) to the drafter.
+
+        Returns the features of the fed pairs ``[B, width, H]`` (garbage past ``count``)."""
+        assert rows.hidden is not None and rows.draft_kv is not None
+        done = rows.drafter_done[:bucket]  # [B]
+        j = done[:, None] + torch.arange(width, device=done.device)  # [B, W] pair indices
+        j = j.clamp(max=rows.length - 2)  # unused queries only; keeps token j+1 in range
+        ids = rows.tokens[:bucket].gather(1, j + 1)  # [B, W] token x_{j+1}
+        h = rows.hidden.shape[-1]
+        states = rows.hidden[:bucket].gather(1, j[..., None].expand(bucket, width, h))
+        lo = _window_lo(rows.prompt_len[:bucket], j, self.context_window)
+        step = SlotAttention(j, lo, shape.span, backend=shape.backend)
+        rows.draft_kv.step = step
         feats: torch.Tensor = self.drafter(
-            ids_pad, hid_pad, pos_pad, attention_mask=mask, cache=kv.cache
-        )
-        kv.commit(valid)
-        for seq in batch.seqs:
-            seq.drafter_done = seq.num_pairs
-        if self.context_window is not None and kv.num_slots > 2 * self.context_window:
-            # Sliding window: the drafter reads the newest W..2W slots, so a draft step costs
-            # O(W), not O(context). Cut at 2W so the cut (a view) happens every W slots.
-            kv.keep_last(self.context_window)
-        return feats[:, -1]  # [B, H]
+            ids, states, j, attention_mask=step, cache=rows.draft_kv
+        )  # [B, W, H]
+        rows.drafter_done[:bucket] = done + count
+        return feats
+
+    def catch_up(self, rows: RowState, shape: StepShape) -> None:
+        """Eagerly feed every live row's pending pairs but the newest (one forward, not
+        captured): afterwards :func:`speculate`'s fixed-width catch-up covers what is left.
+        With a context window, pairs older than the window are skipped, never fed."""
+        n = len(rows)
+        pending = rows.pending_pairs()  # [n] host
+        if self.context_window is not None:
+            skip = np.maximum(pending - self.context_window, 0)
+            rows.drafter_done[:n] += torch.from_numpy(skip).to(rows.device)
+            rows.drafter_done_h[:n] += skip
+            pending = pending - skip
+        feed = np.maximum(pending - 1, 0)
+        width = int(feed.max())
+        if width > 0:
+            # The reference attention: this forward is not captured, and hundreds of queries
+            # per row are a prefill's shape, not what the Triton decode kernel is tiled for.
+            eager = dataclasses.replace(shape, backend="torch")
+            self._feed(rows, n, torch.from_numpy(feed).to(rows.device), width, eager)
+            rows.drafter_done_h[:n] += feed
 
     @torch.no_grad()
-    def _draft(self, batch: RunningBatch, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Propose ``k`` tokens per row: ``(drafts [B, k], q [B, k, V])``."""
-        kv = batch.draft_kv
-        assert kv is not None
-        f = self._catch_up(batch)  # [B, H]
-        u = counter_uniforms(batch.seeds, batch.out_positions(k), STREAM_DRAFT, batch.device)
-        ones = torch.ones(len(batch), 1, dtype=torch.bool, device=batch.device)
+    def speculate(
+        self, rows: RowState, bucket: int, k: int, width: int, shape: StepShape, observe: bool
+    ) -> StepOutput:
+        """One speculative step of depth ``k`` for rows ``[0, bucket)`` (capturable unless
+        ``observe``). Every row must have 1..``width`` pending pairs."""
+        assert rows.draft_kv is not None
+        n_tok = rows.n_tok[:bucket]
+        pending = (n_tok - 1) - rows.drafter_done[:bucket]  # [B]
+        feats = self._feed(rows, bucket, pending, width, shape)  # [B, width, H]
+        newest = (pending - 1).clamp(min=0)[:, None, None].expand(bucket, 1, feats.shape[-1])
+        f = feats.gather(1, newest)[:, 0]  # [B, H] feature of each row's newest pair
+        drafts, q, logits = self._draft(rows, bucket, k, f, shape)
+        last = n_tok - 1  # [B] position of each row's newest token
+        pos = last[:, None] + torch.arange(k + 1, device=last.device)  # [B, k+1]
+        inputs = torch.cat([rows.tokens[:bucket].gather(1, last[:, None]), drafts], dim=1)
+        step = SlotAttention(pos, torch.zeros_like(pos), shape.span, backend=shape.backend)
+        hidden = self.target.forward(inputs, rows.kv, step)  # [B, k+1, H]
+        store_hidden(rows, 0, pos, hidden)
+        target_logits = self.target.logits(hidden)  # [B, k+1, V]
+        temperature, top_p = rows.temperature[:bucket], rows.top_p[:bucket]
+        p = sampling_probs(
+            target_logits,
+            temperature,
+            top_p,
+            any_top_p=shape.any_top_p,
+            any_greedy=shape.any_greedy,
+        )  # [B, k+1, V]
+        out_len, keys = rows.out_len[:bucket][:, None], rows.stream_key[:bucket]
+        steps = torch.arange(k + 1, device=last.device)[None, :]
+        u_acc = counter_uniforms(keys, out_len + steps[:, :k], STREAM_ACCEPT)  # [B, k]
+        u_next = counter_uniforms(keys, out_len + steps, STREAM_CORRECT)  # [B, k+1]
+        verdict = self.rule(p, q.to(p.dtype), drafts, u_acc, u_next)
+        # Row b emits drafts[:a] then next_token at index a (later columns are ignored).
+        tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
+        tokens.scatter_(1, verdict.accepted[:, None], verdict.next_token[:, None])  # [B, k+1]
+        logprobs = token_logprobs(target_logits, temperature, tokens)  # as plain decoding's
+        out = commit(rows, 0, tokens, verdict.accepted + 1, logprobs)
+        out.accepted = verdict.accepted
+        if observe:
+            out.draft_logits, out.drafts = logits, drafts
+        return out
+
+    def _draft(
+        self, rows: RowState, bucket: int, k: int, f: torch.Tensor, shape: StepShape
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Propose ``k`` tokens per row from feature ``f`` ``[B, H]``:
+        ``(drafts [B, k], q [B, k, V], logits [B, k, V])``."""
+        assert rows.draft_kv is not None
+        temperature, top_p = rows.temperature[:bucket], rows.top_p[:bucket]
+        last = rows.n_tok[:bucket] - 1  # [B]
+        steps = torch.arange(k, device=last.device)[None, :]
+        u = counter_uniforms(
+            rows.stream_key[:bucket], rows.out_len[:bucket][:, None] + steps, STREAM_DRAFT
+        )
         drafts, qs, all_logits = [], [], []
         for i in range(k):
             logits = self.drafter.logits(f)[:, None, :]  # [B, 1, V]
-            all_logits.append(logits)
-            q = sampling_probs(logits, batch.temperature, batch.top_p)  # [B, 1, V]
+            q = sampling_probs(
+                logits, temperature, top_p, any_top_p=shape.any_top_p, any_greedy=shape.any_greedy
+            )  # [B, 1, V]
             d = sample_from_probs(q, u[:, i : i + 1])  # [B, 1]
             drafts.append(d)
             qs.append(q)
+            all_logits.append(logits)
             if i == k - 1:
                 break
-            # Draft step i+1 reads (d_{i+1}, f) at the position after the newest pair.
-            pos = (batch.last_pos + i)[:, None]  # [B, 1]
-            mask = kv.mask_for(ones, self.target.dtype)
-            f = self.drafter(d, f[:, None, :], pos, attention_mask=mask, cache=kv.cache)[:, 0]
-            kv.commit(ones)
-        kv.drop_last(k - 1)  # speculative drafter entries never become context
-        drafts_t, q_t = torch.cat(drafts, dim=1), torch.cat(qs, dim=1)  # [B, k], [B, k, V]
-        if self.observer is not None:
-            contexts = [s.tokens for s in batch.seqs]
-            prompts = [len(s.prompt) for s in batch.seqs]
-            self.observer(DraftTrace(contexts, prompts, torch.cat(all_logits, dim=1), drafts_t))
-        return drafts_t, q_t
-
-    @torch.no_grad()
-    def step(self, batch: RunningBatch, k: int) -> SpecStepOutcome:
-        """One speculative step with draft depth ``k`` (>= 1) for every row of ``batch``."""
-        if batch.draft_kv is None:
-            self.activate(batch)
-        drafts, q = self._draft(batch, k)
-        b = len(batch)
-        inputs = torch.cat([batch.last_token[:, None], drafts], dim=1)  # [B, k+1]
-        positions = batch.last_pos[:, None] + torch.arange(k + 1, device=batch.device)
-        all_valid = torch.ones(b, k + 1, dtype=torch.bool, device=batch.device)
-        logits, hidden = self.target.forward(inputs, positions, batch.kv, all_valid)  # [B,k+1,*]
-        p = sampling_probs(logits, batch.temperature, batch.top_p)  # [B, k+1, V]
-        u_acc = counter_uniforms(batch.seeds, batch.out_positions(k), STREAM_ACCEPT, batch.device)
-        u_next = counter_uniforms(
-            batch.seeds, batch.out_positions(k + 1), STREAM_CORRECT, batch.device
-        )
-        verdict = self.rule(p, q.to(p.dtype), drafts, u_acc, u_next)
-        accepted = verdict.accepted  # [B]
-        # Row b emits drafts[:a] then next_token at index a (later columns are ignored).
-        tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
-        tokens.scatter_(1, accepted[:, None], verdict.next_token[:, None])  # [B, k+1]
-        emitted = accepted + 1
-        logprobs = token_logprobs(logits, batch.temperature, tokens)  # target's, as plain decode
-        # Keep target KV of [x_last, d_1..d_a]; the slots of rejected drafts become holes.
-        batch.kv.invalidate_tail(
-            torch.arange(k + 1, device=batch.device)[None, :] < emitted[:, None]
-        )
-        accepted_h = accepted.cpu().numpy()
-        for seq, a in zip(batch.seqs, accepted_h, strict=True):
-            seq.spec_steps += 1
-            seq.drafted += k
-            seq.accepted += int(a)
-        seqs = list(batch.seqs)
-        kept = batch.commit(tokens, emitted, logprobs, hidden)
-        cut = [s for s, n, e in zip(seqs, kept, accepted_h + 1, strict=True) if n < e]
-        by_stop = sum(1 for s in cut if s.finish_reason == "stop")
-        return SpecStepOutcome(k, accepted_h, kept, by_stop, len(cut) - by_stop)
+            # Draft step i+1 reads (d_{i+1}, f) at the slot after the newest pair (position N-1+i).
+            pos = (last + i)[:, None]  # [B, 1]
+            lo = _window_lo(rows.prompt_len[:bucket], pos, self.context_window)
+            step = SlotAttention(pos, lo, shape.span, backend=shape.backend)
+            rows.draft_kv.step = step
+            f = self.drafter(d, f[:, None, :], pos, attention_mask=step, cache=rows.draft_kv)[:, 0]
+        return torch.cat(drafts, dim=1), torch.cat(qs, dim=1), torch.cat(all_logits, dim=1)

@@ -1,4 +1,4 @@
-"""The target (policy) model as the engine sees it: one cached forward -> (logits, last hidden).
+"""The target (policy) model as the engine sees it: one slot-cached forward -> (logits, hidden).
 
 Wraps a Hugging Face causal LM (``Qwen2ForCausalLM``, Llama-style models and others whose
 ``get_decoder()`` returns the base model and whose output head is a plain ``nn.Linear``). The
@@ -7,6 +7,10 @@ states anyway (drafter input, drafter training data) and because prefill only ne
 last prompt position, not ``[B, P, V]``. At construction a probe forward checks that
 ``lm_head(last_hidden_state)`` reproduces the model's own logits, so a model that post-processes
 logits (soft-capping, scaling) is refused instead of being sampled from wrongly.
+
+The forward runs the model's own decoder over the engine's static slot cache
+(``kvcache/slots.py``): the model's attention implementation is switched to the slot-aware one
+(``kvcache/slot_attention.py``), which leaves every other use of the model unchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from longtail_workers.kvcache.cache import PaddedKVCache, check_attention_implementation
+from longtail_workers.kvcache.masks import check_attention_implementation
+from longtail_workers.kvcache.slot_attention import use_slot_attention
+from longtail_workers.kvcache.slots import SlotAttention, SlotKVCache
 
 
 class TargetModel:
@@ -44,6 +50,7 @@ class TargetModel:
         self.hidden_size = int(head.in_features)
         self.max_positions: int | None = getattr(self.config, "max_position_embeddings", None)
         self._probe()
+        use_slot_attention(self.config)
 
     @property
     def device(self) -> torch.device:
@@ -65,33 +72,30 @@ class TargetModel:
                 "engine cannot sample from it correctly"
             )
 
-    def new_cache(self, batch_size: int) -> PaddedKVCache:
-        return PaddedKVCache(self.config, batch_size, self.device)
+    def new_cache(self, rows: int, length: int) -> SlotKVCache:
+        return SlotKVCache(self.config, rows, length, self.device, self.dtype)
 
     @torch.no_grad()
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv: PaddedKVCache,
-        new_valid: torch.Tensor,
-        logits_last: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run ``input_ids`` ``[B, Q]`` at ``positions`` ``[B, Q]`` after the cached slots.
+        self, input_ids: torch.Tensor, kv: SlotKVCache, step: SlotAttention
+    ) -> torch.Tensor:
+        """Run ``input_ids`` ``[B, Q]`` at the slots ``step.q_pos`` ``[B, Q]`` (= positions).
 
-        Appends Q slots to ``kv`` (validity ``new_valid`` ``[B, Q]``). Returns ``(logits, hidden)``:
-        hidden ``[B, Q, H]`` (post-final-norm) and logits for the last ``logits_last`` positions
-        (all when ``None``) ``[B, Q', V]``.
+        Writes the new keys/values into ``kv`` and returns the hidden states ``[B, Q, H]``
+        (post-final-norm); the caller applies :meth:`logits` to the positions it needs.
         """
-        mask = kv.mask_for(new_valid, self.dtype)  # [B, 1, Q, L+Q]
+        kv.step = step
         out = self.decoder(
             input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=kv.cache,
+            attention_mask={"full_attention": step},
+            position_ids=step.q_pos,
+            past_key_values=kv,
             use_cache=True,
         )
-        kv.commit(new_valid)
-        hidden = out.last_hidden_state  # [B, Q, H]
-        kept = hidden if logits_last is None else hidden[:, -logits_last:]
-        return self.lm_head(kept), hidden
+        hidden: torch.Tensor = out.last_hidden_state  # [B, Q, H]
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head ``[..., H] -> [..., V]``."""
+        out: torch.Tensor = self.lm_head(hidden)
+        return out

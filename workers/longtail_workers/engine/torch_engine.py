@@ -1,15 +1,17 @@
-"""The native torch rollout engine: batched, KV-cached generation with adaptive SD.
+"""The native torch rollout engine: batched generation over static buffers with adaptive SD.
 
 Used by the rollout worker on CPU (tests, local mode) and for the long tail on GPUs; it
 implements :class:`~longtail_workers.engine.interface.RolloutEngine`. The loop, per iteration:
 
-1. admit waiting prompts into free running slots (left-padded prefills of length-sorted groups,
-   sampling each row's first token) and merge them into the running batch;
-2. ask the SD policy whether this decode step speculates (running count vs threshold, warm-up
-   latch) and with which draft depth (per batch-size bucket);
-3. run one plain decode step (one token per row) or one speculative step (``specdec.py``);
-4. retire finished rows (stop token or ``max_new_tokens``), compacting the KV caches when rows'
-   rejected drafts or departed neighbours leave too much waste.
+1. admit waiting prompts into free rows (``rows.py``: the running batch lives in static device
+   buffers) and prefill them in length groups, sampling each row's first token;
+2. ask the SD policy whether this step speculates (running count vs threshold, warm-up latch)
+   and with which draft depth (per batch-size bucket);
+3. run one decode step (one token per row, ``steps.decode``) or one speculative step
+   (``specdec.py``), padded to a batch bucket and, on CUDA, replayed from a captured graph
+   (``graphs.py``); the step's results come back in one device->host copy;
+4. retire finished rows (stop token or ``max_new_tokens``): the last live rows move into their
+   slots, so the live rows stay packed at the top.
 
 Sampling uses counter-based per-request random streams (``sampling.py``): a request's tokens do
 not depend on which requests share the batch, as long as SD's on/off schedule is the same (SD
@@ -20,58 +22,34 @@ float32 models that can flip a near-tie, which is why the exactness tests run in
 
 from __future__ import annotations
 
+import copy
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from longtail_api.policies import SpeculativeSpec
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.batch import RunningBatch, SequenceState
+from longtail_workers.engine.batch import SequenceState
+from longtail_workers.engine.config import LENGTH_ROUNDING
+from longtail_workers.engine.config import EngineConfig as EngineConfig  # re-exported
+from longtail_workers.engine.graphs import DEFAULT_BUCKETS, StepGraphs, bucket_for
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult, RolloutEngine
 from longtail_workers.engine.rejection import AcceptanceRule, rejection_sample
-from longtail_workers.engine.sampling import (
-    STREAM_SAMPLE,
-    counter_uniforms,
-    sample_from_probs,
-    sampling_probs,
-    token_logprobs,
-)
+from longtail_workers.engine.rows import RowShape, RowState
 from longtail_workers.engine.scheduler import Scheduler, length_groups
 from longtail_workers.engine.sd_policy import SpecDecodePolicy
-from longtail_workers.engine.specdec import DraftObserver, SpeculativeDecoder
+from longtail_workers.engine.sizing import Limits, Needs, row_shape
+from longtail_workers.engine.specdec import DraftObserver, DraftTrace, SpeculativeDecoder
 from longtail_workers.engine.stats import RolloutMetrics, RolloutStats, StepRecord
+from longtail_workers.engine.steps import HostStep, StepOutput, StepShape, pack, unpack
+from longtail_workers.engine.steps import decode as decode_step
+from longtail_workers.engine.steps import prefill as prefill_step
 from longtail_workers.engine.target import TargetModel
-
-
-@dataclass
-class EngineConfig:
-    """Capacity knobs of the torch engine."""
-
-    max_running: int = 64
-    """Most sequences decoded together; more prompts wait and are admitted as others finish."""
-    max_prefill_tokens: int = 16384
-    """Padded prompt tokens prefilled in one admission group."""
-    prefill_split_cost: int = 64
-    """What one more prefill forward is worth, in padded prompt tokens. An admitted group is
-    split by prompt length where that saves more padding than this (``length_groups``); for a
-    batch of the built-in task's prompts that removes most of the padding and most of the
-    prefill time (docs/performance.md, "Prefill by length groups"). 0 prefills every distinct
-    length apart; a very large value never splits. Tuned on CPU only: on a GPU, where padding is
-    nearly free until a forward is compute-bound, a larger value (thousands) is likely better."""
-    drafter_context_window: int | None = None
-    """Sliding window of the drafter's own context, in pairs (None: the whole context). When SD
-    switches on, the drafter is re-prefilled with at most this many recent pairs per row, and
-    its KV cache is cut back to the newest W slots whenever it exceeds 2W, so re-prefill and
-    each draft step cost O(W) instead of O(context). The first draft token reads the target's
-    own hidden state, so a short window costs little acceptance (docs/performance.md)."""
-    compact_min_waste: int = 32
-    """KV slots that must be reclaimable before a cache is compacted."""
-    policy_seed: int = 0
-    """Seed of the SD strategy bandit."""
+from longtail_workers.kvcache.slot_attention import choose_backend
+from longtail_workers.kvcache.slots import SlotKVCache
 
 
 class TorchEngine(RolloutEngine):
@@ -89,17 +67,7 @@ class TorchEngine(RolloutEngine):
         draft_observer: DraftObserver | None = None,
     ) -> None:
         self.config = config or EngineConfig()
-        if self.config.prefill_split_cost < 0:
-            raise ValueError(
-                f"EngineConfig.prefill_split_cost={self.config.prefill_split_cost}; must be >= 0 "
-                "(padded prompt tokens one more prefill forward is worth)"
-            )
-        window = self.config.drafter_context_window
-        if window is not None and window < 1:
-            raise ValueError(
-                f"EngineConfig.drafter_context_window={window}; must be >= 1 pair, or None for "
-                "the whole context (spec field speculative.drafterContextWindow)"
-            )
+        self.config.validate()
         self.target = TargetModel(model)
         self.spec = speculative or SpeculativeSpec(enabled=False)
         self.policy = SpecDecodePolicy(self.spec, seed=self.config.policy_seed)
@@ -111,43 +79,78 @@ class TorchEngine(RolloutEngine):
             )
         self._rule = acceptance_rule
         self._observer = draft_observer
+        self.backend = choose_backend(
+            self.config.attention_backend, self.target.device, self.target.dtype
+        )
         self.sd: SpeculativeDecoder | None = None
         if drafter is not None:
             self.set_drafter(drafter)
         self.stats = RolloutStats()
         self.metrics = metrics
         self._scheduler: Scheduler | None = None
+        self._rows: RowState | None = None
+        self._graphs: StepGraphs | None = None
+        self.row_shape: RowShape | None = None
+        """Shape of the most recently allocated static buffers (``rows.py``)."""
+        self.buffer_bytes = 0
+        """Bytes of those buffers (KV caches, hidden-state and token stores)."""
         self.running = 0
         """Sequences in the running batch right now (for a worker's status endpoint)."""
 
     def set_drafter(self, drafter: EagleDrafter) -> None:
-        """Use ``drafter`` from the next :meth:`generate` on (a new drafter version)."""
+        """Use ``drafter`` from the next :meth:`generate` on (a new drafter version).
+
+        The engine drafts with its own copy: a new version of the same layout is loaded into
+        that copy's parameters in place, so the buffers and the captured graphs (which point at
+        those parameters) stay valid; a different layout makes a new copy and drops them."""
         if drafter.info.hidden_size != self.target.hidden_size:
             raise ValueError(
                 f"drafter hidden_size {drafter.info.hidden_size} != target hidden_size "
                 f"{self.target.hidden_size}"
             )
+        current = self.sd.drafter if self.sd is not None else None
+        if current is not None and _same_layout(current, drafter):
+            with torch.no_grad():
+                for name, value in drafter.state_dict().items():
+                    current.state_dict()[name].copy_(value)
+            return
         self.sd = SpeculativeDecoder(
             self.target,
-            drafter,
+            copy.deepcopy(drafter),  # shares the target's embedding and head (model.py)
             rule=self._rule,
             context_window=self.config.drafter_context_window,
             observer=self._observer,
         )
+        self._rows, self._graphs = None, None  # the graphs point at the old copy's weights
 
     @property
     def waiting(self) -> int:
         return self._scheduler.waiting if self._scheduler is not None else 0
 
+    @property
+    def speculating(self) -> bool:
+        return self.sd is not None and self.spec.enabled
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest draft the spec allows (0 without SD)."""
+        if not self.speculating:
+            return 0
+        return max(s.draft_depth for s in self.spec.strategies)
+
+    @staticmethod
+    def _buffer_bytes(rows: RowState) -> int:
+        bufs = [rows.tokens] + ([rows.hidden] if rows.hidden is not None else [])
+        total = rows.kv.nbytes + sum(t.numel() * t.element_size() for t in bufs)
+        return total + (rows.draft_kv.nbytes if rows.draft_kv is not None else 0)
+
     def _new_sequence(self, index: int, request: GenerationRequest) -> SequenceState:
-        has_drafter = self.sd is not None and self.spec.enabled
         prompt = [int(t) for t in request.prompt_token_ids]
         return SequenceState(
             index=index,
             request=request,
-            # Any int seeds the counter-based stream; folded into the uint64 key space.
-            seed=(request.seed if request.seed is not None else secrets.randbits(63)) % 2**64,
-            keep_hidden=has_drafter or request.return_hidden_states,
+            seed=request.seed if request.seed is not None else secrets.randbits(63),
+            keep_hidden=self.speculating or request.return_hidden_states,
             prompt=prompt,
         )
 
@@ -156,23 +159,19 @@ class TorchEngine(RolloutEngine):
         for r in requests:
             r.validate(self.target.vocab_size, self.target.max_positions)
         seqs = [self._new_sequence(i, r) for i, r in enumerate(requests)]
-        self._scheduler = Scheduler(self.config.max_running, self.config.max_prefill_tokens)
+        rows = self._rows_for(seqs)
+        self._scheduler = Scheduler(rows.shape.capacity, self.config.max_prefill_tokens)
         self._scheduler.add(seqs)
         self.policy.reset()
-        batch: RunningBatch | None = None
-        while self._scheduler.waiting or batch is not None:
-            admitted = self._scheduler.admit(len(batch) if batch is not None else 0)
+        while self._scheduler.waiting or len(rows):
+            admitted = self._scheduler.admit(len(rows))
             if admitted:
-                group = self._prefill(admitted)
-                if batch is None:
-                    batch = group
-                else:
-                    batch.extend(group)
-            batch = self._retire(batch)
-            if batch is not None:
-                self._decode_step(batch)
-                batch = self._retire(batch)
-            self.running = len(batch) if batch is not None else 0
+                self._prefill(rows, admitted)
+            self._retire(rows)
+            if len(rows):
+                self._decode_step(rows)
+                self._retire(rows)
+            self.running = len(rows)
         return [s.result() for s in seqs]
 
     def _record(self, step: StepRecord) -> None:
@@ -180,59 +179,129 @@ class TorchEngine(RolloutEngine):
         if self.metrics is not None:
             self.metrics.observe(step, self.stats, self.waiting)
 
-    def _prefill(self, seqs: list[SequenceState]) -> RunningBatch:
-        """Prefill admitted prompts in length groups; one running batch of them all."""
+    # -- buffers ---------------------------------------------------------------------------------
+
+    def _buckets(self) -> tuple[int, ...] | None:
+        if self.config.batch_buckets is not None:
+            return tuple(sorted(self.config.batch_buckets))
+        graphs = self.config.cuda_graphs and self.target.device.type == "cuda"
+        return DEFAULT_BUCKETS if graphs else None
+
+    def _bytes_per_slot(self, hidden: bool) -> int:
+        """Bytes one slot of one row takes: target KV, token store, hidden store (if kept) and
+        the drafter's KV (if any)."""
+        t = self.target
+        per = SlotKVCache.bytes_per_token(t.config, t.dtype) + 8
+        if hidden:
+            per += t.hidden_size * t.dtype.itemsize
+        if self.sd is not None and self.speculating:
+            per += SlotKVCache.bytes_per_token(self.sd.drafter.config, t.dtype, num_layers=1)
+        return per
+
+    def _rows_for(self, seqs: list[SequenceState]) -> RowState:
+        """The static buffers for this call: the current ones when they cover it, else new."""
+        needs = Needs(
+            requests=len(seqs),
+            longest=max((len(s.prompt) + s.request.max_new_tokens for s in seqs), default=1),
+            stops=max((len(s.request.stop_token_ids) for s in seqs), default=1),
+            hidden=any(s.keep_hidden for s in seqs),
+            drafter=self.speculating,
+            depth=self.max_depth,
+        )
+        limits = Limits(
+            max_running=self.config.max_running,
+            max_model_len=self.config.max_model_len,
+            kv_cache_gb=self.config.kv_cache_gb,
+            buckets=self._buckets(),
+            rounding=LENGTH_ROUNDING,
+            bytes_per_slot=self._bytes_per_slot(needs.hidden),
+        )
+        shape = row_shape(needs, limits)
+        if self._rows is not None and self._rows.shape.covers(shape):
+            return self._rows
+        self._rows = self._graphs = None  # free the old buffers before making new ones
+        t = self.target
+        sd = self.sd
+        draft_kv = sd.new_cache(shape.capacity, shape.length) if sd and shape.drafter else None
+        rows = RowState(
+            shape,
+            t.new_cache(shape.capacity, shape.length),
+            draft_kv,
+            t.hidden_size,
+            t.dtype,
+            t.device,
+        )
+        self._rows = rows
+        self.row_shape, self.buffer_bytes = shape, self._buffer_bytes(rows)
+        self._graphs = StepGraphs(
+            t.device, self.config.cuda_graphs, [rows.n_tok, rows.out_len, rows.drafter_done]
+        )
+        return rows
+
+    def _shape(self, rows: RowState, ahead: int) -> StepShape:
+        """Host facts of the next step; ``ahead``: slots past a row's length the step reaches."""
+        n = len(rows)
+        reqs = [s.request for s in rows.seqs]
+        assert self._graphs is not None
+        span = rows.length if self._graphs.capturing else int(rows.n_tok_h[:n].max()) + ahead
+        return StepShape(
+            span=min(span, rows.length),
+            backend=self.backend,
+            any_top_p=any(r.top_p < 1.0 for r in reqs),
+            any_greedy=any(r.temperature <= 0 for r in reqs),
+        )
+
+    def _bucket(self, rows: RowState) -> int:
+        buckets = self._buckets()
+        n = len(rows)
+        return n if buckets is None else bucket_for(n, buckets, rows.shape.capacity)
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def _apply(self, rows: RowState, r0: int, host: HostStep) -> None:
+        """Copy a step's committed tokens of rows ``[r0, r0 + len(host.keep))`` to the host."""
+        for b, keep in enumerate(host.keep.tolist()):
+            seq = rows.seqs[r0 + b]
+            seq.output.extend(host.tokens[b, :keep].tolist())
+            seq.logprobs.extend(host.logprobs[b, :keep].tolist())
+            if host.stopped[b]:
+                seq.finish_reason = "stop"
+            elif host.finished[b]:
+                seq.finish_reason = "length"
+        count = len(host.keep)
+        rows.n_tok_h[r0 : r0 + count] += host.keep
+        rows.out_len_h[r0 : r0 + count] += host.keep
+
+    def _prefill(self, rows: RowState, seqs: list[SequenceState]) -> None:
+        """Prefill admitted prompts in length groups (each group its own forward)."""
         lengths = [len(s.prompt) for s in seqs]
-        groups = length_groups(lengths, self.config.prefill_split_cost)
-        # Widest group first: the narrower ones are left-padded once to its width when merged.
-        batches = [self._prefill_group([seqs[i] for i in g]) for g in reversed(groups)]
-        merged = batches[0]
-        for other in batches[1:]:
-            merged.extend(other)
-        return merged
+        for group in length_groups(lengths, self.config.prefill_split_cost):
+            t0 = time.perf_counter()
+            members = [seqs[i] for i in group]
+            r0 = rows.admit(members)
+            shape = self._shape(rows, 1)
+            out = prefill_step(self.target, rows, r0, [len(s.prompt) for s in members], shape)
+            self._apply(rows, r0, unpack(pack(out), len(members)))
+            self._record(
+                StepRecord("prefill", len(members), len(members), time.perf_counter() - t0)
+            )
 
-    @torch.no_grad()
-    def _prefill_group(self, seqs: list[SequenceState]) -> RunningBatch:
-        """Prefill a group of prompts (left-padded) and sample each row's first token."""
-        t0 = time.perf_counter()
-        dev = self.target.device
-        lengths = torch.tensor([len(s.prompt) for s in seqs], device=dev)  # [n]
-        width = int(lengths.max())
-        ids = torch.zeros(len(seqs), width, dtype=torch.long, device=dev)
-        for b, s in enumerate(seqs):
-            ids[b, width - len(s.prompt) :] = torch.tensor(s.prompt, device=dev)
-        slot = torch.arange(width, device=dev)[None, :]  # [1, W]
-        pad = (width - lengths)[:, None]  # [n, 1]
-        valid = slot >= pad  # [n, W]
-        positions = (slot - pad).clamp(min=0)  # [n, W]
-        kv = self.target.new_cache(len(seqs))
-        logits, hidden = self.target.forward(ids, positions, kv, valid, logits_last=1)
-        batch = RunningBatch(seqs, kv, dev)
-        for b, s in enumerate(seqs):  # pairs of the prompt: (x_{j+1}, h_j), j < P-1
-            s.record_pairs(hidden[b, width - len(s.prompt) : width - 1])
-        batch.last_pos = lengths - 1
-        probs = sampling_probs(logits, batch.temperature, batch.top_p)  # [n, 1, V]
-        u = counter_uniforms(batch.seeds, batch.out_positions(1), STREAM_SAMPLE, dev)
-        first = sample_from_probs(probs, u)  # [n, 1]
-        logprobs = token_logprobs(logits, batch.temperature, first)
-        ones = torch.ones(len(seqs), dtype=torch.long, device=dev)
-        batch.commit(first, ones, logprobs, hidden[:, -1:])
-        self._record(StepRecord("prefill", len(seqs), len(seqs), time.perf_counter() - t0))
-        return batch
-
-    def _decode_step(self, batch: RunningBatch) -> None:
-        n = len(batch)
+    def _decode_step(self, rows: RowState) -> None:
+        n = len(rows)
         if self.sd is not None and self.policy.observe(n):
             choice = self.policy.choose(n)
             # No use drafting past the longest remaining budget (the last token needs no draft).
-            k = min(choice.draft_depth, int(batch.remaining().max()) - 1)
+            k = min(choice.draft_depth, int(rows.remaining().max()) - 1)
             if k >= 1:
                 t0 = time.perf_counter()
-                out = self.sd.step(batch, k)
+                host = self._speculate(rows, self.sd, k)
                 dt = time.perf_counter() - t0
-                emitted = int(out.emitted.sum())
+                emitted = int(host.keep.sum())
                 self.policy.record(choice, emitted, dt)
-                lengths = [int(a) + 1 for a in out.accepted]
+                cut = host.keep < host.accepted + 1
+                by_stop = int((cut & host.stopped).sum())
+                lengths = [int(a) + 1 for a in host.accepted]
+                accepted = int(host.accepted.sum())
                 step = StepRecord(
                     "sd",
                     n,
@@ -240,43 +309,70 @@ class TorchEngine(RolloutEngine):
                     dt,
                     k,
                     k * n,
-                    int(out.accepted.sum()),
+                    accepted,
                     lengths,
-                    out.cut_by_stop,
-                    out.cut_by_length,
+                    by_stop,
+                    int(cut.sum()) - by_stop,
                 )
                 self._record(step)
                 return
-        elif batch.draft_kv is not None:
-            SpeculativeDecoder.deactivate(batch)
-        self._plain_step(batch)
+        self._plain_step(rows)
+
+    def _speculate(self, rows: RowState, sd: SpeculativeDecoder, k: int) -> HostStep:
+        width = self.max_depth + 1
+        shape = self._shape(rows, width + 1)
+        if int(rows.pending_pairs().max()) > width:
+            sd.catch_up(rows, shape)  # SD just switched on (or was off): the long feed, eagerly
+        n, bucket = len(rows), self._bucket(rows)
+        observe = self._observer is not None
+        contexts = [s.tokens for s in rows.seqs] if observe else []
+        assert self._graphs is not None
+        key = ("sd", bucket, k, shape.any_top_p, shape.any_greedy)
+
+        def step() -> StepOutput:
+            return sd.speculate(rows, bucket, k, width, shape, observe)
+
+        out: StepOutput = step() if observe else self._graphs.run(key, step)
+        host = unpack(pack(out), n)
+        rows.caught_up(0, n)
+        if self._observer is not None and out.draft_logits is not None and out.drafts is not None:
+            prompts = [len(s.prompt) for s in rows.seqs]
+            self._observer(DraftTrace(contexts, prompts, out.draft_logits[:n], out.drafts[:n]))
+        for b, seq in enumerate(rows.seqs):
+            seq.spec_steps += 1
+            seq.drafted += k
+            seq.accepted += int(host.accepted[b])
+        self._apply(rows, 0, host)
+        return host
 
     @torch.no_grad()
-    def _plain_step(self, batch: RunningBatch) -> None:
+    def _plain_step(self, rows: RowState) -> None:
         """One token per row from the target."""
         t0 = time.perf_counter()
-        n, dev = len(batch), batch.device
-        ones = torch.ones(n, 1, dtype=torch.bool, device=dev)
-        logits, hidden = self.target.forward(
-            batch.last_token[:, None], batch.last_pos[:, None], batch.kv, ones
-        )  # [B, 1, V], [B, 1, H]
-        probs = sampling_probs(logits, batch.temperature, batch.top_p)
-        u = counter_uniforms(batch.seeds, batch.out_positions(1), STREAM_SAMPLE, dev)
-        tokens = sample_from_probs(probs, u)  # [B, 1]
-        logprobs = token_logprobs(logits, batch.temperature, tokens)
-        batch.commit(tokens, torch.ones(n, dtype=torch.long, device=dev), logprobs, hidden)
+        n, bucket = len(rows), self._bucket(rows)
+        shape = self._shape(rows, 1)
+        assert self._graphs is not None
+        key = ("decode", bucket, shape.any_top_p, shape.any_greedy)
+        out = self._graphs.run(key, lambda: decode_step(self.target, rows, bucket, shape))
+        self._apply(rows, 0, unpack(pack(out), n))
         self._record(StepRecord("plain", n, n, time.perf_counter() - t0))
 
-    def _retire(self, batch: RunningBatch | None) -> RunningBatch | None:
-        """Drop finished rows; compact caches that carry too much waste."""
-        if batch is None:
-            return None
-        keep = [i for i, s in enumerate(batch.seqs) if s.finish_reason is None]
-        if not keep:
-            return None
-        if len(keep) < len(batch):
-            batch.select(keep)
-        batch.kv.maybe_compact(self.config.compact_min_waste)
-        if batch.draft_kv is not None:
-            batch.draft_kv.maybe_compact(self.config.compact_min_waste)
-        return batch
+    def _retire(self, rows: RowState) -> None:
+        """Copy out finished rows' hidden states and drop them from the batch."""
+        finished = [i for i, s in enumerate(rows.seqs) if s.finish_reason is not None]
+        for i in finished:
+            seq = rows.seqs[i]
+            if seq.request.return_hidden_states and seq.output and rows.hidden is not None:
+                first = len(seq.prompt) - 1  # h_{P-1} produced the first output token
+                seq.hidden = rows.hidden[i, first : first + len(seq.output)].clone()
+        rows.retire(finished)
+
+
+def _same_layout(a: EagleDrafter, b: EagleDrafter) -> bool:
+    """Whether ``b``'s weights can be copied into ``a`` (same names, shapes and dtypes)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    return (
+        sa.keys() == sb.keys()
+        and all(sa[k].shape == sb[k].shape and sa[k].dtype == sb[k].dtype for k in sa)
+        and (a.input_norm, a.fc_bias) == (b.input_norm, b.fc_bias)
+    )

@@ -1,8 +1,7 @@
-"""The batched KV cache and its attention mask, below both the engine and the drafter.
+"""KV caches and attention below both the engine and the drafter (neither imports the other for it).
 
-``cache`` (``PaddedKVCache``, ``attention_mask``, the attention-implementation check) and
-``layer`` (one layer that appends in place). The torch engine keeps the target's cache here and
-speculative decoding the drafter's; the drafter model builds its mask with it. It sits below
-``engine`` and ``drafter`` so that neither has to import the other for it. Submodules are
-imported directly.
+``slots`` (the native engine's static slot cache and ``SlotAttention``), ``slot_attention`` (the
+attention implementation registered with transformers that reads it), ``triton_attention`` (its
+CUDA kernel) and ``masks`` (explicit 4D masks for the drafter's own forwards and its training).
+Submodules are imported directly.
 """

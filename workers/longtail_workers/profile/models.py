@@ -53,6 +53,17 @@ SHAPES: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768,
         "tie_word_embeddings": True,
     },
+    # Qwen2(.5)-7B's configuration (what examples/02 and TLT's setting run).
+    "qwen2-7b": {
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
 }
 """``--shape`` names -> ``Qwen2Config`` arguments."""
 

@@ -1,0 +1,349 @@
+#!/usr/bin/env bash
+# The GPU session's one command: GPU tests, torch-engine profiles, SD speedup and weight sync.
+#
+# Run in the repository root of a lent GPU machine (one H100 or H200, PyTorch + Triton +
+# transformers, no network), with the wheels of bench/gpu/prepare.sh carried along:
+#
+#     bash bench/gpu/run.sh                     # every result under $OUT (default ./gpu-out)
+#     bash bench/gpu/run.sh --dry-run-cpu       # the same stages on CPU, tiny settings
+#
+# Stages, in order: env, setup, tests, profile-1.5b, profile-7b, speedup, weight-sync. Each runs
+# as its own process under `timeout`, logs to $OUT/<stage>.log and appends {stage, rc, seconds}
+# to $OUT/stages.jsonl; a failed stage is recorded and the next one still runs. The whole suite
+# keeps within SUITE_BUDGET_S (default 530 s, under the session's 9-minute command): a stage's
+# timeout is its own limit, cut to what the budget leaves after the floors of the stages still
+# to come, so an overrun early squeezes later stages instead of the session killing everything.
+# At the end $OUT/summary.json gathers the stages and a table is printed.
+#
+# The profiles run `longtail profile` through bench/gpu/profile_gpu.py, which skips the loopback
+# weight-sync measurement (minutes
+# for a 7B policy; the simulator gets the roofline's sync figures, labelled as assumed, and
+# bench/gpu/weight_sync_gpu.py measures the GPU side), measures every batch size apart (one that
+# runs out of memory is dropped and noted instead of losing the profile) and stops adding batch
+# sizes near its deadline, so a profile file is written whatever happens.
+set -u
+
+usage() {
+    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+MODE=${SUITE_MODE:-gpu}  # a stage process inherits the suite's mode
+STAGE=
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dry-run-cpu) MODE=cpu ;;
+        --stage) STAGE=${2:-}; shift ;;  # internal: run one stage's body (under timeout)
+        -h | --help) usage; exit 0 ;;
+        *) echo "run.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT" || exit 1
+
+# ---------------------------------------------------------------------------------------------
+# Settings (exported once by the top-level call; stage calls inherit them).
+
+if [ -z "$STAGE" ]; then
+    export SUITE_MODE=$MODE
+    OUT=${OUT:-$ROOT/gpu-out}
+    mkdir -p "$OUT" || exit 1
+    OUT=$(cd "$OUT" && pwd)
+    export OUT
+    # Wheels land outside the tree (the tree is a copy that may come back) and outside $OUT.
+    SITE=$(mktemp -d "${TMPDIR:-/tmp}/longtail-gpu-site.XXXXXX") || exit 1
+    export SITE
+    # The interpreter: $PYTHON if set; for the dry run this checkout's .venv; else the first of
+    # python3 and python that has torch (the GPU machine's own PyTorch build).
+    if [ -z "${PYTHON:-}" ] && [ "$MODE" = cpu ] && [ -x "$ROOT/.venv/bin/python" ]; then
+        PYTHON=$ROOT/.venv/bin/python
+    fi
+    if [ -z "${PYTHON:-}" ]; then
+        for candidate in python3 python; do
+            if command -v "$candidate" >/dev/null && "$candidate" -c "import torch" 2>/dev/null; then
+                PYTHON=$(command -v "$candidate")
+                break
+            fi
+        done
+    fi
+    export PYTHON=${PYTHON:-python3}
+    # The tree's packages without installing it (pyproject: packages.find where=...). Never put
+    # bench/ on the path: bench/operator.py would shadow the standard library's operator.
+    PYTHONPATH=$ROOT/api:$ROOT/operator:$ROOT/workers:$ROOT/cli:$ROOT/helm:$SITE${PYTHONPATH:+:$PYTHONPATH}
+    export PYTHONPATH
+    export PYTHONUNBUFFERED=1
+    # No network there: nothing may wait on the Hugging Face hub (the models are built from
+    # configs, nothing is downloaded).
+    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Stage bodies (each runs in its own process: `run.sh --stage NAME`).
+
+stage_env() {
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi || true
+        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
+            --format=csv >"$OUT/nvidia-smi.csv" 2>&1 || true
+    else
+        echo "nvidia-smi: not present"
+    fi
+    "$PYTHON" - "$OUT/env.json" <<'PY'
+"""The machine, as JSON: Python and library versions, the CUDA device."""
+import importlib
+import json
+import platform
+import sys
+
+env = {"python": sys.version.split()[0], "platform": platform.platform()}
+for name in ("torch", "triton", "transformers", "numpy", "pytest"):
+    try:
+        env[name] = importlib.import_module(name).__version__
+    except Exception as exc:  # noqa: BLE001 - record whatever went wrong, never fail here
+        env[name] = f"unavailable: {exc}"
+try:
+    import torch
+
+    env["cuda_available"] = torch.cuda.is_available()
+    env["torch_cuda"] = torch.version.cuda
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env["device_name"] = torch.cuda.get_device_name(0)
+        env["device_memory_gib"] = round(props.total_memory / 2**30, 1)
+        env["device_sms"] = props.multi_processor_count
+        env["device_capability"] = f"{props.major}.{props.minor}"
+    else:
+        env["device_name"] = None
+except Exception as exc:  # noqa: BLE001
+    env["torch_error"] = str(exc)
+print(json.dumps(env, indent=2))
+with open(sys.argv[1], "w") as f:
+    json.dump(env, f, indent=2)
+PY
+}
+
+stage_setup() {
+    "$PYTHON" - "$ROOT/bench/gpu/wheels" "$SITE" <<'PY'
+"""Make the tree importable offline: install the pure-Python packages it imports that this
+machine lacks, from the carried wheels (bench/gpu/prepare.sh), into a directory on PYTHONPATH."""
+import importlib.util
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+wheels, site = Path(sys.argv[1]), Path(sys.argv[2])
+# import name -> distribution: what the GPU tests, the profile and the weight-sync bench import
+# beyond torch, triton and transformers (and transformers' own numpy, pyyaml, safetensors).
+NEEDED = {
+    "pytest": "pytest", "pluggy": "pluggy", "iniconfig": "iniconfig", "pygments": "pygments",
+    "packaging": "packaging", "pytest_timeout": "pytest-timeout",
+    "prometheus_client": "prometheus-client", "httpx": "httpx", "httpcore": "httpcore",
+    "h11": "h11", "anyio": "anyio", "sniffio": "sniffio", "idna": "idna", "certifi": "certifi",
+    "starlette": "starlette", "uvicorn": "uvicorn", "click": "click", "tenacity": "tenacity",
+    "rich": "rich", "markdown_it": "markdown-it-py", "mdurl": "mdurl",
+    "python_multipart": "python-multipart", "typing_extensions": "typing-extensions",
+}
+missing = sorted({d for m, d in NEEDED.items() if importlib.util.find_spec(m) is None})
+print("missing:", " ".join(missing) or "nothing")
+if missing and not wheels.is_dir():
+    print(f"no {wheels} (bench/gpu/prepare.sh, carried as bench/gpu/wheels): cannot install")
+elif missing:
+    cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet",
+           "--find-links", str(wheels), "--target", str(site), *missing]
+    print(" ".join(cmd))
+    if subprocess.run(cmd).returncode != 0:
+        # No pip (or it refused): a pure-Python wheel is a zip of what an install puts down.
+        def norm(name: str) -> str:
+            return name.lower().replace("-", "_")
+        for dist in missing:
+            found = [w for w in wheels.glob("*.whl")
+                     if norm(w.name.split("-")[0]) == norm(dist) and "none-any" in w.name]
+            if found:
+                zipfile.ZipFile(sorted(found)[-1]).extractall(site)
+                print(f"unzipped {sorted(found)[-1].name}")
+            else:
+                print(f"no wheel for {dist} in {wheels}")
+PY
+    # Whatever was installed, the stage passes only if the tree imports.
+    "$PYTHON" - <<'PY'
+"""Import what the later stages import (a fresh process sees the installed packages)."""
+import pytest
+
+import longtail_workers.engine.torch_engine
+import longtail_workers.profile.main  # noqa: F401
+
+print("imports ok; pytest", pytest.__version__)
+PY
+}
+
+stage_tests() {
+    # Only the modules that hold GPU tests: a module elsewhere in tests/unit/workers that cannot
+    # be collected on this machine (a library it lacks) must not cost the GPU tests their run.
+    local files rc timeout_opt=()
+    files=$(grep -l -E 'pytest\.mark\.gpu' tests/unit/workers/test_*.py | tr '\n' ' ')
+    echo "modules with GPU tests: $files"
+    if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then timeout_opt=(--timeout=90); fi
+    # shellcheck disable=SC2086 # $files is a list of paths without spaces
+    "$PYTHON" -m pytest -m gpu -q -rs -p no:cacheprovider ${timeout_opt[@]+"${timeout_opt[@]}"} \
+        --junitxml="$OUT/gpu-tests.xml" $files
+    rc=$?
+    "$PYTHON" - "$OUT/gpu-tests.xml" "$MODE" "$rc" <<'PY'
+"""Judge the run: on a GPU, zero executed tests is a failure; on CPU, all skipped is the point."""
+import sys
+import xml.etree.ElementTree as ET
+
+path, mode, rc = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    suites = ET.parse(path).getroot()
+    suite = suites if suites.tag == "testsuite" else suites.find("testsuite")
+    total, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+except (OSError, ET.ParseError, AttributeError):
+    total = skipped = 0
+ran = total - skipped
+print(f"gpu tests: {total} collected, {skipped} skipped, {ran} ran; pytest exit {rc}")
+if mode == "gpu":
+    verdict = rc if rc not in (0, 5) else (1 if ran == 0 else 0)
+    if ran == 0:
+        print("FAIL: no GPU test ran on the GPU machine")
+else:  # CPU dry run: 5 = nothing selected/ran, 0 = all skipped
+    verdict = 0 if rc in (0, 5) and ran == 0 else rc
+sys.exit(verdict)
+PY
+}
+
+
+profile_args() {  # NAME -> the arguments of `longtail profile` for that stage and mode
+    if [ "$MODE" = cpu ]; then
+        echo "--shape micro --device cpu --dtype float32 --threads 2 --quick --batches 1,2" \
+            "--contexts 32 --depths 2 --repeats 1 --warmup 0"
+    elif [ "$1" = profile-1.5b ]; then
+        echo "--shape qwen2-1.5b --device cuda --dtype bfloat16" \
+            "--batches 1,2,4,8,16,32,64,128,256 --contexts 2048 --depths 3,4,5" \
+            "--repeats 3 --warmup 1"
+    else
+        echo "--shape qwen2-7b --device cuda --dtype bfloat16 --batches 1,8,32,128" \
+            "--contexts 2048 --depths 3,4,5 --repeats 2 --warmup 1"
+    fi
+}
+
+stage_profile() {  # NAME OUTFILE TAIL_S: TAIL_S = time kept after the curves' deadline
+    local name=$1 out=$2 tail=$3 deadline
+    deadline=$(( ${STAGE_TIMEOUT_S:-600} - tail ))
+    (( deadline < 10 )) && deadline=10
+    # shellcheck disable=SC2046 # profile_args prints words without spaces inside them
+    "$PYTHON" bench/gpu/profile_gpu.py "$deadline" $(profile_args "$name") --out "$out"
+}
+
+stage_speedup() {
+    local rc
+    "$PYTHON" bench/gpu/sd_speedup.py --profile "$OUT/profile-qwen2-1.5b.json" \
+        --accepted 3,4.6 --out "$OUT/sd_speedup.json"
+    rc=$?
+    if [ -f "$OUT/profile-qwen2-7b.json" ]; then  # a bonus: its failure does not fail the stage
+        echo
+        "$PYTHON" bench/gpu/sd_speedup.py --profile "$OUT/profile-qwen2-7b.json" \
+            --accepted 3,4.6 --out "$OUT/sd_speedup-7b.json" || echo "(7B speedup failed)"
+    fi
+    return "$rc"
+}
+
+stage_weight_sync() {
+    if [ "$MODE" = cpu ]; then
+        "$PYTHON" bench/gpu/weight_sync_gpu.py --device cpu --shape 0.5B --repeat 1 \
+            --bucket-mb 256 --out "$OUT/weight_sync_gpu.json"
+    else
+        "$PYTHON" bench/gpu/weight_sync_gpu.py --out "$OUT/weight_sync_gpu.json"
+    fi
+}
+
+if [ -n "$STAGE" ]; then
+    case "$STAGE" in
+        env) stage_env ;;
+        setup) stage_setup ;;
+        tests) stage_tests ;;
+        profile-1.5b) stage_profile profile-1.5b "$OUT/profile-qwen2-1.5b.json" 60 ;;
+        profile-7b) stage_profile profile-7b "$OUT/profile-qwen2-7b.json" 75 ;;
+        speedup) stage_speedup ;;
+        weight-sync) stage_weight_sync ;;
+        *) echo "run.sh: unknown stage $STAGE" >&2; exit 2 ;;
+    esac
+    exit $?
+fi
+
+# ---------------------------------------------------------------------------------------------
+# The suite.
+
+# On CPU the dry run's tiny stages still take longer than on a GPU: every limit is scaled.
+SCALE=1
+[ "$MODE" = cpu ] && SCALE=3
+BUDGET_S=${SUITE_BUDGET_S:-$(( 530 * SCALE ))}
+START=$(date +%s)
+: >"$OUT/stages.jsonl"
+NAMES=() RCS=() SECS=() LIMITS=()
+
+run_stage() {  # NAME LIMIT_S FLOOR_OF_LATER_STAGES_S
+    local name=$1 limit=$(( $2 * SCALE )) reserve=$(( $3 * SCALE )) left t t0 rc status secs
+    left=$(( BUDGET_S - ($(date +%s) - START) - reserve ))
+    t=$(( limit < left ? limit : left ))
+    t0=$(date +%s.%N)
+    if (( t < 5 )); then
+        rc=null status=skipped t=0
+        echo "skipped: no time left in the suite budget" >"$OUT/$name.log"
+    else
+        echo "== $name (timeout ${t}s) -> $OUT/$name.log"
+        STAGE_TIMEOUT_S=$t timeout -k 10 "$t" bash "${BASH_SOURCE[0]}" --stage "$name" \
+            >"$OUT/$name.log" 2>&1 </dev/null
+        rc=$?
+        case "$rc" in
+            0) status=ok ;;
+            124 | 137) status=timeout ;;
+            *) status=failed ;;
+        esac
+    fi
+    secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    printf '{"stage": "%s", "rc": %s, "status": "%s", "seconds": %s, "timeout_s": %s}\n' \
+        "$name" "$rc" "$status" "$secs" "$t" >>"$OUT/stages.jsonl"
+    NAMES+=("$name") RCS+=("$rc ($status)") SECS+=("$secs") LIMITS+=("$t")
+    tail -n 3 "$OUT/$name.log" | sed 's/^/   | /'
+}
+
+echo "GPU suite ($MODE mode): OUT=$OUT, python $PYTHON, budget ${BUDGET_S}s"
+# Limits, and the floor each stage leaves for the ones after it (the sum of their floors:
+# tests 60, profile-1.5b 120, profile-7b 90, speedup 10, weight-sync 45).
+run_stage env 30 345
+run_stage setup 60 325
+run_stage tests 120 265
+run_stage profile-1.5b 230 145
+run_stage profile-7b 150 55
+run_stage speedup 20 45
+run_stage weight-sync 60 0
+
+"$PYTHON" - "$OUT" "$MODE" "$BUDGET_S" <<'PY' || echo "(summary.json not written)"
+"""Gather stages.jsonl (and env.json) into summary.json."""
+import json
+import sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+stages = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines() if line]
+env = out / "env.json"
+summary = {
+    "mode": sys.argv[2],
+    "budget_s": float(sys.argv[3]),
+    "total_s": round(sum(s["seconds"] for s in stages), 1),
+    "env": json.loads(env.read_text()) if env.exists() else None,
+    "stages": stages,
+    "files": sorted(p.name for p in out.iterdir() if p.is_file()),
+}
+(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+PY
+
+echo
+printf '%-14s %-16s %9s %9s\n' stage rc seconds timeout
+for i in "${!NAMES[@]}"; do
+    printf '%-14s %-16s %9s %9s\n' "${NAMES[$i]}" "${RCS[$i]}" "${SECS[$i]}" "${LIMITS[$i]}"
+done
+printf 'total %ss of %ss budget; results in %s\n' "$(( $(date +%s) - START ))" "$BUDGET_S" "$OUT"
+rm -rf "$SITE"
