@@ -191,12 +191,14 @@ class EngineProfile:
 
     @property
     def padded_context(self) -> bool:
-        """Whether a step's cost follows the longest running sequence rather than the mean:
-        the torch engine keeps one left-padded KV cache per running batch, so every row
-        attends over as many slots as the longest one holds (a batch of 80- and 11-token
-        prompts decodes at context 80+); vLLM's paged attention (and the roofline) read each
-        sequence's own tokens."""
-        return self.engine == "torch"
+        """Whether a step's cost follows the longest running sequence rather than the mean.
+
+        The torch engine on a CPU runs its reference attention, masked SDPA over the running
+        batch's slots up to the longest row, so every row attends over as many slots as the
+        longest one holds (a batch of 80- and 11-token prompts decodes at context 80+). On a
+        GPU it runs the Triton slot kernel, which reads each row's own tokens, as vLLM's paged
+        attention (and the roofline) do."""
+        return self.engine == "torch" and self.device.startswith("cpu")
 
     def to_dict(self) -> dict[str, Any]:
         """The profile as plain JSON."""

@@ -187,11 +187,12 @@ def test_a_full_kv_cache_holds_answers_back_and_preempts_the_newest() -> None:
     assert unbounded.preempted == 0 and unbounded.rollout_s == pytest.approx(3 * DECODE_S)
 
 
-def context_profile(engine: str) -> EngineProfile:
+def context_profile(engine: str, device: str = "cpu (test)") -> EngineProfile:
     """A decode step costs 1 ms per token of context (points at 100 and 200, linear between)."""
     return dataclasses.replace(
         flat_profile(),
         engine=engine,
+        device=device,
         decode=[StepPoint(1, 100, 1, 0.1), StepPoint(1, 200, 1, 0.2)],
     )
 
@@ -204,18 +205,25 @@ def context_profile(engine: str) -> EngineProfile:
         ("torch", 0.151 + 0.102 + 0.103),
         # vLLM reads each row's own tokens: the mean (150 + 100) / 2 + 1, then 102, 103.
         ("vllm", 0.126 + 0.102 + 0.103),
+        # So does the torch engine on a GPU (its Triton kernel reads each row's real length).
+        ("torch on a GPU", 0.126 + 0.102 + 0.103),
     ],
 )
 def test_context_is_the_longest_row_for_a_padded_engine(engine: str, decode_s: float) -> None:
     # two prompts of 150 and 100 tokens, one answer each (2 and 4 tokens): prefill 250 tokens
     # at 100 tok/s = 2.5 s and the first token of each, then 3 decode steps.
     s = shape(prompts=2, group=1, prompt_tokens=0)
-    r = simulate_step(s, [2, 4], context_profile(engine), prompts=[150, 100])
+    profile = (
+        context_profile("torch", device="NVIDIA H100 80GB HBM3")
+        if engine == "torch on a GPU"
+        else context_profile(engine)
+    )
+    r = simulate_step(s, [2, 4], profile, prompts=[150, 100])
     assert r.rollout_s == pytest.approx(2.5 + decode_s)
     assert r.workers[0].decode_steps == 3
     assert r.trainer_s == pytest.approx((6 + 250) * 0.001)  # the update reads each prompt
     with pytest.raises(ValueError, match="prompt lengths: give 2"):
-        simulate_step(s, [2, 4], context_profile(engine), prompts=[150])
+        simulate_step(s, [2, 4], profile, prompts=[150])
 
 
 def test_compare_baseline_has_no_sd_and_no_harvest() -> None:

@@ -24,11 +24,13 @@ from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.rollout.http import ControlConfig
 from longtail_workers.rollout.service import GeneratingWorker, RolloutServer
+from longtail_workers.spot.cycle import RoleConflictError
 from longtail_workers.trainer.dispatch import RolloutPool
 from longtail_workers.trainer.service import TrainerMetrics
 from longtail_workers.trainer.syncbook import LOAD_SECONDS, SyncBook
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
 from longtail_workers.weights.sync import SyncPhases
+from longtail_workers.wire.rollout import GenerateCall
 
 
 @pytest.fixture
@@ -132,3 +134,28 @@ def test_a_malformed_held_version_map_is_refused_naming_the_key() -> None:
     body["workerPolicyVersions"] = {"rollout-0": "2"}
     with pytest.raises(ValueError, match=r"status\.workerPolicyVersions: must map worker names"):
         TrainerStatus.from_dict(body)
+
+
+def test_a_load_before_a_refused_call_is_reported_by_the_retried_call(
+    workers: list[RolloutServer], weights: WeightServer
+) -> None:
+    """A worker harvested between loading the called version and generating refuses the call
+    (409); the trainer retries, and that reply must still carry the load's pause (once)."""
+    worker = workers[0].worker
+    state = worker.engine.target.model.state_dict()
+    weights.publish(1, {k: v + 0.25 for k, v in state.items()})
+    real, calls = worker.generate, []
+
+    def harvested_once(reqs, *, step=None):  # type: ignore[no-untyped-def]
+        calls.append(step)
+        if len(calls) == 1:
+            raise RoleConflictError("worker rollout-0 is assigned 'drafter-train'")
+        return real(reqs, step=step)
+
+    worker.generate = harvested_once  # type: ignore[method-assign]
+    call = GenerateCall(step=1, policy_version=1, requests=requests(2))
+    with pytest.raises(RoleConflictError):
+        worker.generate_call(call)
+    assert worker.policy_version == 1  # loaded before the refusal
+    assert worker.generate_call(call).engine[LOAD_SECONDS] > 0
+    assert worker.generate_call(call).engine[LOAD_SECONDS] == 0.0  # reported once

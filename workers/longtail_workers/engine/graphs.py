@@ -41,6 +41,8 @@ class StepGraphs:
         self._mutable = list(mutable)
         self._graphs: dict[Hashable, tuple[Any, Any]] = {}
         self._pool: Any = None
+        self.just_captured = False
+        """The last :meth:`run` captured its graph (its wall time includes the capture)."""
 
     @property
     def captured(self) -> int:
@@ -50,10 +52,12 @@ class StepGraphs:
     def run(self, key: Hashable, fn: Callable[[], Any]) -> Any:
         """``fn()``: eagerly, or by replaying the graph captured for ``key`` (capturing it on
         first use). Returns ``fn``'s outputs (the graph's static output tensors)."""
+        self.just_captured = False
         if not self.capturing:
             return fn()
         if key not in self._graphs:
             self._graphs[key] = self._capture(fn)
+            self.just_captured = True
         graph, outputs = self._graphs[key]
         graph.replay()
         return outputs

@@ -260,13 +260,16 @@ class TorchEngine(RolloutEngine):
 
     def _apply(self, rows: RowState, r0: int, host: HostStep) -> None:
         """Copy a step's committed tokens of rows ``[r0, r0 + len(host.keep))`` to the host."""
+        # Whole arrays to lists once: per-row NumPy slicing costs more than the copy itself.
+        tokens, logprobs = host.tokens.tolist(), host.logprobs.tolist()
+        stopped, finished = host.stopped.tolist(), host.finished.tolist()
         for b, keep in enumerate(host.keep.tolist()):
             seq = rows.seqs[r0 + b]
-            seq.output.extend(host.tokens[b, :keep].tolist())
-            seq.logprobs.extend(host.logprobs[b, :keep].tolist())
-            if host.stopped[b]:
+            seq.output += tokens[b][:keep]
+            seq.logprobs += logprobs[b][:keep]
+            if stopped[b]:
                 seq.finish_reason = "stop"
-            elif host.finished[b]:
+            elif finished[b]:
                 seq.finish_reason = "length"
         count = len(host.keep)
         rows.n_tok_h[r0 : r0 + count] += host.keep
@@ -297,7 +300,9 @@ class TorchEngine(RolloutEngine):
                 host = self._speculate(rows, self.sd, k)
                 dt = time.perf_counter() - t0
                 emitted = int(host.keep.sum())
-                self.policy.record(choice, emitted, dt)
+                assert self._graphs is not None
+                if not self._graphs.just_captured:  # a capture's seconds say nothing of k
+                    self.policy.record(choice, emitted, dt)
                 cut = host.keep < host.accepted + 1
                 by_stop = int((cut & host.stopped).sum())
                 lengths = [int(a) + 1 for a in host.accepted]
@@ -329,11 +334,12 @@ class TorchEngine(RolloutEngine):
         assert self._graphs is not None
         key = ("sd", bucket, k, shape.any_top_p, shape.any_greedy)
 
-        def step() -> StepOutput:
-            return sd.speculate(rows, bucket, k, width, shape, observe)
+        def step() -> tuple[StepOutput, torch.Tensor]:
+            out = sd.speculate(rows, bucket, k, width, shape, observe)
+            return out, pack(out)  # packed inside the graph: one launch fewer per step
 
-        out: StepOutput = step() if observe else self._graphs.run(key, step)
-        host = unpack(pack(out), n)
+        out, packed = step() if observe else self._graphs.run(key, step)
+        host = unpack(packed, n)
         rows.caught_up(0, n)
         if self._observer is not None and out.draft_logits is not None and out.drafts is not None:
             prompts = [len(s.prompt) for s in rows.seqs]
@@ -353,8 +359,11 @@ class TorchEngine(RolloutEngine):
         shape = self._shape(rows, 1)
         assert self._graphs is not None
         key = ("decode", bucket, shape.any_top_p, shape.any_greedy)
-        out = self._graphs.run(key, lambda: decode_step(self.target, rows, bucket, shape))
-        self._apply(rows, 0, unpack(pack(out), n))
+
+        def step() -> torch.Tensor:
+            return pack(decode_step(self.target, rows, bucket, shape))
+
+        self._apply(rows, 0, unpack(self._graphs.run(key, step), n))
         self._record(StepRecord("plain", n, n, time.perf_counter() - t0))
 
     def _retire(self, rows: RowState) -> None:

@@ -2,7 +2,7 @@
 
 Called by :mod:`longtail_workers.profile.main` after the bare forwards (``forwards.py``). A
 forward is not all a step costs: the engine also samples (temperature, top-p, one seeded stream
-per row), checks stops, appends to and compacts its caches and, in a speculative step, drafts
+per row), checks stops, writes its caches and token stores and, in a speculative step, drafts
 ``k`` tokens, verifies them and runs the rejection sampler. On a small model those are a large
 share of the step (docs/performance.md, "Step simulator: validation"), so the simulator's decode
 and speculative-step latencies come from here: for every batch size and context of the grid,

@@ -78,6 +78,8 @@ class GeneratingWorker(RolloutWorker):
         super().__init__(*args, **kwargs)
         self.weights = weights
         self._load_lock = threading.Lock()
+        self._unreported_load: tuple[int, float] = (-1, 0.0)
+        """(version, seconds) of the last policy load no generate reply has reported yet."""
 
     def ensure_policy(self, version: int, timeout_s: float = 120.0) -> None:
         """Load policy ``version`` whole (or raise, leaving the model as it was)."""
@@ -123,7 +125,10 @@ class GeneratingWorker(RolloutWorker):
     def generate_call(self, call: GenerateCall) -> GenerateReply:
         held, t_load = self.policy_version, time.perf_counter()
         self.ensure_policy(call.policy_version)
-        load_s = 0.0 if held == call.policy_version else time.perf_counter() - t_load
+        if held != call.policy_version:
+            # Kept until a reply carries it: a call refused after the load (the worker was
+            # harvested meanwhile, 409) must not lose the pause it caused to the retried call.
+            self._unreported_load = (call.policy_version, time.perf_counter() - t_load)
         self.begin_step(call.step, call.policy_version)
         stats = self.engine.stats
         before = (stats.steps, stats.sd_steps, stats.tokens, stats.sd_tokens, stats.time_s)
@@ -131,6 +136,9 @@ class GeneratingWorker(RolloutWorker):
         n_before = sum(stats.accepted_length_hist.values())
         t0 = time.perf_counter()
         results = self.generate(call.requests, step=call.step)
+        version, load_s = self._unreported_load
+        load_s = load_s if version == call.policy_version else 0.0
+        self._unreported_load = (-1, 0.0)
         hist = sum(k * c for k, c in stats.accepted_length_hist.items()) - hist_before
         n = sum(stats.accepted_length_hist.values()) - n_before
         engine = {
