@@ -158,11 +158,18 @@ class RowState:
         self.seqs = self.seqs + seqs
         return r0
 
-    def observe(self, keep: np.ndarray) -> None:
-        """Host mirrors after a step that committed ``keep[b]`` tokens to live row ``b``."""
-        n = len(keep)
-        self.n_tok_h[:n] += keep
-        self.out_len_h[:n] += keep
+    def observe(self, r0: int, keep: np.ndarray) -> None:
+        """Host mirrors after a step that committed ``keep[b]`` tokens to row ``r0 + b``."""
+        rows = slice(r0, r0 + len(keep))
+        self.n_tok_h[rows] += keep
+        self.out_len_h[rows] += keep
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every buffer: KV caches, token and hidden-state stores."""
+        stores = [self.tokens] + ([self.hidden] if self.hidden is not None else [])
+        total = self.kv.nbytes + sum(t.numel() * t.element_size() for t in stores)
+        return total + (self.draft_kv.nbytes if self.draft_kv is not None else 0)
 
     def caught_up(self, first: int, count: int) -> None:
         """Host mirror: live rows ``[first, first + count)`` have every pair in the drafter."""
@@ -194,9 +201,9 @@ class RowState:
         self.kv.move_rows(src, dst, used)
         if self.draft_kv is not None:
             self.draft_kv.move_rows(src, dst, used)
-        for buf in (self.n_tok, self.out_len, self.max_new, self.prompt_len, self.stream_key):
-            buf[dst] = buf[src]
-        for buf in (self.drafter_done, self.temperature, self.top_p, self.stop_ids):
+        per_row = (self.n_tok, self.out_len, self.max_new, self.prompt_len, self.stream_key,
+                   self.drafter_done, self.temperature, self.top_p, self.stop_ids)  # fmt: skip
+        for buf in per_row:
             buf[dst] = buf[src]
         self.tokens[dst, :used] = self.tokens[src, :used]
         if self.hidden is not None:

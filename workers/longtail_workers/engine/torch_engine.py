@@ -138,12 +138,6 @@ class TorchEngine(RolloutEngine):
             return 0
         return max(s.draft_depth for s in self.spec.strategies)
 
-    @staticmethod
-    def _buffer_bytes(rows: RowState) -> int:
-        bufs = [rows.tokens] + ([rows.hidden] if rows.hidden is not None else [])
-        total = rows.kv.nbytes + sum(t.numel() * t.element_size() for t in bufs)
-        return total + (rows.draft_kv.nbytes if rows.draft_kv is not None else 0)
-
     def _new_sequence(self, index: int, request: GenerationRequest) -> SequenceState:
         prompt = [int(t) for t in request.prompt_token_ids]
         return SequenceState(
@@ -232,7 +226,7 @@ class TorchEngine(RolloutEngine):
             t.device,
         )
         self._rows = rows
-        self.row_shape, self.buffer_bytes = shape, self._buffer_bytes(rows)
+        self.row_shape, self.buffer_bytes = shape, rows.nbytes
         self._graphs = StepGraphs(
             t.device, self.config.cuda_graphs, [rows.n_tok, rows.out_len, rows.drafter_done]
         )
@@ -271,9 +265,7 @@ class TorchEngine(RolloutEngine):
                 seq.finish_reason = "stop"
             elif finished[b]:
                 seq.finish_reason = "length"
-        count = len(host.keep)
-        rows.n_tok_h[r0 : r0 + count] += host.keep
-        rows.out_len_h[r0 : r0 + count] += host.keep
+        rows.observe(r0, host.keep)
 
     def _prefill(self, rows: RowState, seqs: list[SequenceState]) -> None:
         """Prefill admitted prompts in length groups (each group its own forward)."""
