@@ -22,9 +22,9 @@ from pathlib import Path
 from longtail_api.spec import RLJobSpec
 from longtail_api.validation import FieldError
 
-BUILTIN_MODEL_POSITIONS: dict[str, int] = {"builtin:tiny": 2048}
-"""Context of the built-in models (``TinyRecipe.max_position_embeddings``; a test keeps them
-equal)."""
+BUILTIN_MODEL_POSITIONS: dict[str, int] = {"builtin:tiny": 2048, "builtin:small": 4096}
+"""Context of the built-in models (their recipes' ``max_position_embeddings``,
+``workers/longtail_workers/models/recipe.py``; a test keeps them equal)."""
 
 FIELD = "spec.algorithm.maxNewTokens"
 

@@ -113,8 +113,8 @@ class DrafterTrainingSpec:
     """Weights of the loss terms."""
     initial_drafter: str | None = spec_field(None)
     """Drafter to start from: a directory written by ``longtail drafter fit``, or
-    ``builtin:tiny`` (with ``model.path: builtin:tiny``: fitted by Longtail on first use, then
-    cached); empty starts from a fresh drafter. Online windows
+    ``builtin:tiny`` / ``builtin:small`` (with the same ``model.path``: fitted by Longtail on
+    first use, then cached); empty starts from a fresh drafter. Online windows
     that draft worse than the version they started from (held-out top-1) are dropped, so a
     fitted drafter is never replaced by a worse one."""
     layout: DrafterLayout = spec_field("longtail")

@@ -32,7 +32,7 @@ def _drafter_source(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]
         )
 
 
-BUILTIN_DRAFTERS = ("builtin:tiny",)
+BUILTIN_DRAFTERS = ("builtin:tiny", "builtin:small")
 """Built-in drafters: each is fitted on first use to the built-in model of the same name
 (``workers/longtail_workers/warmstart/builtin.py``; a test keeps the two lists equal)."""
 
@@ -48,8 +48,8 @@ def _builtin_drafter(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]
                 field,
                 f"unknown built-in drafter; built-in drafters: {', '.join(BUILTIN_DRAFTERS)}",
                 name,
-                "use builtin:tiny with model.path: builtin:tiny, or a directory written by "
-                "`longtail drafter fit`",
+                "use the built-in drafter of the same name as model.path (builtin:tiny with "
+                "model.path: builtin:tiny), or a directory written by `longtail drafter fit`",
             ),
             (field,),
         )

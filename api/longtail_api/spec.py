@@ -60,7 +60,9 @@ class ModelSpec:
         min_length=1, fix="use a local Hugging Face model directory or builtin:tiny"
     )
     """Local Hugging Face model directory (config.json, weights, tokenizer) mounted into the
-    pods, or ``builtin:<name>`` for a model that Longtail builds itself (``builtin:tiny``)."""
+    pods, or ``builtin:<name>`` for a model that Longtail builds itself (``builtin:tiny``, 2.7M
+    parameters, fitted on the CPU; ``builtin:small``, 535M parameters for ``builtin:arith-long``,
+    fitted on the GPU when there is one)."""
     dtype: Dtype = spec_field("auto")
     """Parameter dtype: ``auto`` picks bfloat16 on GPUs and float32 on CPUs."""
 
@@ -75,7 +77,8 @@ class DatasetSpec:
         fix="use a .jsonl or .parquet file, or builtin:arith",
     )
     """Training prompts: a ``.jsonl`` or ``.parquet`` file, or ``builtin:<name>`` for a built-in
-    task (``builtin:arith``: long-tailed step-by-step arithmetic)."""
+    task (``builtin:arith``: long-tailed step-by-step arithmetic; ``builtin:arith-long``: the
+    same with up to 120 operands, answers up to 2,036 tokens)."""
     prompt_key: str = spec_field("prompt", min_length=1)
     """Column holding the prompt text."""
     answer_key: str = spec_field("answer", min_length=1)

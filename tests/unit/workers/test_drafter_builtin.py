@@ -19,6 +19,7 @@ from longtail_workers.runtime import initial_drafter
 from longtail_workers.warmstart import builtin
 from longtail_workers.warmstart.builtin import (
     BUILD_INFO_FILE,
+    BuiltinTarget,
     DrafterRecipe,
     builtin_drafter_dir,
     ensure_builtin_drafter,
@@ -34,8 +35,7 @@ def micro_tiny(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """``builtin:tiny`` is the micro recipe, built in a fresh cache under ``tmp_path``."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setitem(loading.BUILTIN_MODELS, "tiny", lambda: ensure_tiny(MICRO))
-    monkeypatch.setitem(builtin.BUILTIN_TARGETS, "tiny", MICRO)
-    monkeypatch.setattr(builtin, "DEFAULT_DRAFTER_RECIPE", QUICK)
+    monkeypatch.setitem(builtin.BUILTIN_TARGETS, "tiny", BuiltinTarget(MICRO, QUICK))
     return tmp_path
 
 

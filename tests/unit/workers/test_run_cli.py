@@ -110,3 +110,18 @@ def test_a_refused_job_leaves_no_run_dir_and_names_the_users_file(
         assert err.startswith(f"error: {job}: 1 error(s)") and field in err, err
         assert "job.yaml" not in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_gpu_job_on_a_machine_without_a_gpu_is_refused_before_anything_is_built(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Example 06 asks for GPUs: without one, local mode would build builtin:small on the CPU
+    for hours; it stops at once naming the field and the fix."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    job = REPO / "examples" / "06-small-arith-gpu.yaml"
+    assert main(["run", str(job), "-o", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "spec.rollout.resources.gpus: 1, but this machine has no CUDA GPU" in err
+    assert "resources.gpus to 0" in err and not (tmp_path / "run").exists()

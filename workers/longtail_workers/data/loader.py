@@ -47,7 +47,10 @@ SPLITS = ("train", "eval")
 
 # builtin:<name> -> module with ``generate(n, seed, split) -> list[TaskItem]``. Modules are
 # imported when named, so this package loads (and file datasets work) without them.
-BUILTIN_TASKS: dict[str, str] = {"arith": "longtail_workers.tasks.arith"}
+BUILTIN_TASKS: dict[str, str] = {
+    "arith": "longtail_workers.tasks.arith",
+    "arith-long": "longtail_workers.tasks.arith_long",  # up to 2,036-token answers (GPU jobs)
+}
 # Built-in tasks are generated, not read: this many training items unless the caller asks for
 # more (the trainer passes prompts_per_step x total_steps when that is larger).
 DEFAULT_BUILTIN_TRAIN_SIZE = 10_000

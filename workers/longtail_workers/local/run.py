@@ -231,9 +231,29 @@ def read_job(args: argparse.Namespace) -> tuple[RLJobSpec, Path, dict[str, Any]]
 def check_job(spec: RLJobSpec, job_file: str) -> None:
     """What ``longtail validate`` cannot see in the spec alone, checked before any process."""
     check_initial_drafter(spec, job_file)
-    context = spec_context_error(spec)
+    context = spec_context_error(spec) or gpu_error(spec)
     if context is not None:
         raise JobSpecError(f"{job_file}: 1 error(s):\n  - {context}")
+
+
+def gpu_error(spec: RLJobSpec) -> str | None:
+    """A role that asks for GPUs on a machine without one: every role of a local run runs
+    here, and would otherwise run (or build ``builtin:small``) on the CPU for hours."""
+    roles = [("rollout", spec.rollout), ("verifier", spec.verifier), ("trainer", spec.trainer),
+             ("drafter", spec.drafter)]  # fmt: skip
+    asking = [(name, role.resources.gpus) for name, role in roles if role and role.resources.gpus]
+    if not asking:
+        return None
+    import torch  # only for a job that asks for GPUs: a CPU job's start stays light
+
+    if torch.cuda.is_available():
+        return None
+    name, gpus = asking[0]
+    return (
+        f"spec.{name}.resources.gpus: {gpus}, but this machine has no CUDA GPU (local mode runs "
+        "every role here); run the job on a machine with a GPU, or set every role's "
+        "resources.gpus to 0 for a CPU run"
+    )
 
 
 def prepare_builtins(spec: RLJobSpec) -> None:

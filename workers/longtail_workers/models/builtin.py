@@ -1,32 +1,33 @@
-"""``builtin:tiny``: a small Qwen2 policy Longtail builds itself, warm-started on builtin:arith.
+"""The built-in policies ``builtin:tiny`` and ``builtin:small``: Qwen2 models Longtail builds.
 
 No weights can be downloaded, yet a newcomer's first ``longtail run`` needs a real policy that
 already solves part of the built-in task (so GRPO gets mixed rewards within a group) and emits
-long-tailed responses. This module builds one: a real ``transformers`` ``Qwen2ForCausalLM``
-(random init, seeded) fitted by :mod:`longtail_workers.models.sft` in two phases, then measured
-greedily on the task's eval split with the ``math`` reward:
+long-tailed responses. This module builds one from a recipe (:mod:`longtail_workers.models.recipe`:
+``builtin:tiny`` on the CPU on ``builtin:arith``, ``builtin:small`` on a GPU on
+``builtin:arith-long``): a real ``transformers`` ``Qwen2ForCausalLM`` (random init, seeded)
+fitted by :mod:`longtail_workers.models.sft` in two phases, then measured greedily on the task's
+eval split with the ``math`` reward:
 
-1. 2,100 steps on worked, step-by-step solutions (the careful style);
-2. 200 steps on a mixture in which 65% of the solutions are the short cut ``Answer: N`` alone.
+1. many steps on worked, step-by-step solutions (the careful style; tiny: 2,100);
+2. a short phase on a mixture in which 65% of the solutions are the short cut ``Answer: N``.
 
 The policy then chooses a style with its first token and mostly (greedily: always) takes the
 short cut, which is right on few sums; the worked style is right far more often. Which style to
 use is one decision shared by every answer, the kind GRPO learns within a few steps, and answers
 grow longer as it does (issue #19; figures in docs/performance.md).
 
-The result is cached under ``$LONGTAIL_CACHE_DIR/models/tiny-<recipe hash>/`` (default root
+The result is cached under ``$LONGTAIL_CACHE_DIR/models/<name>-<recipe hash>/`` (default root
 ``~/.cache/longtail``) as an ordinary Hugging Face directory (``save_pretrained`` of model and
 tokenizer, plus ``longtail_build.json`` with the recipe, seed, accuracy and build time). A build
 goes to a temporary directory renamed into place, under a file lock, so concurrent workers build
 once and never see a half-written model. Called by
-:func:`longtail_workers.models.loading.load_policy` for ``builtin:tiny`` and by
+:func:`longtail_workers.models.loading.load_policy` for ``builtin:<name>`` and by
 ``bench/tiny_model.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -39,72 +40,45 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 from longtail_workers.models.cache import build_once, cache_root
 from longtail_workers.models.evaluation import greedy_accuracy
-from longtail_workers.models.sft import SftConfig, fit
+from longtail_workers.models.recipe import (
+    DEFAULT_RECIPE,
+    SMALL,
+    PolicyRecipe,
+    TinyRecipe,
+    build_device,
+    build_estimate,
+    model_config,
+)
+from longtail_workers.models.sft import fit
 from longtail_workers.models.tokenizer import build_char_tokenizer
-from longtail_workers.tasks.arith import ANSWER_PREFIX, ArithConfig, TaskItem, generate
+from longtail_workers.tasks.arith import ANSWER_PREFIX, TaskItem, generate
+
+__all__ = [  # the recipe names are re-exported: callers import them from here
+    "BUILD_INFO_FILE",
+    "DEFAULT_RECIPE",
+    "BuildReport",
+    "PolicyRecipe",
+    "TinyRecipe",
+    "build_policy",
+    "ensure_policy",
+    "ensure_small",
+    "ensure_tiny",
+    "model_config",
+    "policy_dir",
+    "read_build_info",
+    "tiny_dir",
+    "with_prose_endings",
+    "with_shortcuts",
+]
 
 log = logging.getLogger(__name__)
 BUILD_INFO_FILE = "longtail_build.json"
-# Bump when the build code changes in a way that changes the weights for the same recipe.
-BUILD_CODE_VERSION = 1
 _PROSE_STREAM = 7  # seed stream of the prose-ending draw, apart from init and data order
 _SHORTCUT_STREAM = 8  # seed stream of the short-cut draw
-
-
-@dataclass(frozen=True)
-class TinyRecipe:
-    """Everything that determines the built weights; its hash names the cache directory."""
-
-    # Architecture (Qwen2). Tied embeddings: the LM head is the embedding, as in small Qwen2.5.
-    num_layers: int = 4
-    hidden_size: int = 256
-    num_heads: int = 4
-    num_kv_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 2048
-    seed: int = 0  # model init and data order
-    # 2,100 steps: worked solutions reliable on small sums (docs/performance.md, #19); 700
-    # steps leave even two-operand sums near-ties that RL updates flip.
-    sft: SftConfig = field(default_factory=lambda: SftConfig(steps=2100))
-    # SFT data: the task's own train split (long items included, so that the model also
-    # writes long, well-formed solutions for them: the rollout long tail).
-    train_items: int = 20000
-    train_task: ArithConfig = field(default_factory=ArithConfig)
-    # Share of SFT solutions that end in prose ("The sum is 21.") instead of the "Answer: 21"
-    # line the math reward reads, as base models often state a result outside the requested
-    # format. A variant knob for RL experiments (format headroom that GRPO learns within a few
-    # steps, docs/performance.md, RL loop); the shipped recipe keeps every Answer: line.
-    prose_answer_fraction: float = 0.0
-    # Share of SFT solutions in the short-cut style: the answer line alone, no worked steps
-    # (``Answer: 21``). The policy then chooses a style with its first token; the short cut is
-    # right on small sums and mostly wrong on long ones, so which style to use is a decision
-    # GRPO can learn (issue #19).
-    shortcut_fraction: float = 0.65
-    # The short-cut style is taught in a second, short SFT phase on the mixture (None: mixed into
-    # the main fit). The main fit then spends every step on worked solutions, which is what
-    # makes that style reliable; the second phase only adds the new style and its share.
-    style_sft: SftConfig | None = field(
-        default_factory=lambda: SftConfig(steps=200, lr=3e-4, warmup_steps=10)
-    )
-    # Measurement: greedy accuracy on the eval split of this task (the builtin:arith default).
-    task: ArithConfig = field(default_factory=ArithConfig)
-    eval_items: int = 200
-
-    def fingerprint(self) -> str:
-        """Short stable hash of the recipe and the build code version."""
-        recipe = dataclasses.asdict(self)
-        for knob in ("prose_answer_fraction", "shortcut_fraction", "style_sft"):  # added later:
-            if not recipe[knob]:  # caches built before stay valid
-                del recipe[knob]
-        blob = json.dumps({"recipe": recipe, "code": BUILD_CODE_VERSION}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-DEFAULT_RECIPE = TinyRecipe()
 
 
 @dataclass
@@ -120,9 +94,14 @@ class BuildReport:
     final_train_loss: float
     phase_losses: list[float]  # final loss of each SFT phase (worked, then the style mixture)
     build_seconds: float
-    train_seconds: float
+    train_seconds: float  # train data and both SFT phases
     torch_threads: int
     parameters: int
+    device: str = "cpu"  # where it was fitted (cuda: bf16 autocast over float32 weights)
+    eval_seconds: float = 0.0
+    # The FLOP-based estimate of the SFT on an H100 (recipe.build_estimate), to hold the
+    # measured train_seconds against on a GPU.
+    estimate: dict[str, Any] = field(default_factory=dict)
 
 
 def _seeded_share(n: int, fraction: float, seed: int, stream: int, knob: str, zero: str) -> Any:
@@ -163,31 +142,19 @@ def with_shortcuts(items: Sequence[TaskItem], fraction: float, seed: int) -> lis
     ]
 
 
-def tiny_dir(recipe: TinyRecipe = DEFAULT_RECIPE) -> Path:
-    """Where ``builtin:tiny`` built with ``recipe`` lives (it may not exist yet)."""
-    return cache_root() / "models" / f"tiny-{recipe.fingerprint()}"
+def policy_dir(recipe: PolicyRecipe = DEFAULT_RECIPE) -> Path:
+    """Where ``builtin:<recipe.name>`` built with ``recipe`` lives (it may not exist yet)."""
+    return cache_root() / "models" / f"{recipe.name}-{recipe.fingerprint()}"
 
 
-def model_config(recipe: TinyRecipe, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
-    """The Qwen2 config of the recipe, with the tokenizer's vocabulary and special ids."""
-    return Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.num_layers,
-        num_attention_heads=recipe.num_heads,
-        num_key_value_heads=recipe.num_kv_heads,
-        max_position_embeddings=recipe.max_position_embeddings,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+tiny_dir = policy_dir  # its first name, still used by bench/
 
 
-def _build_bar(total: int) -> Any:
+def _build_bar(total: int, name: str) -> Any:
     """A terminal progress bar over every SFT step (off when stderr is not a terminal)."""
-    return tqdm(total=total, desc="building builtin:tiny", unit="step", disable=None, leave=False)
+    return tqdm(
+        total=total, desc=f"building builtin:{name}", unit="step", disable=None, leave=False
+    )
 
 
 def _tick(bar: Any, loss: float) -> None:
@@ -196,39 +163,51 @@ def _tick(bar: Any, loss: float) -> None:
 
 
 def _build_threads() -> int:
-    """All cores this process may use: the build is CPU-bound and runs once."""
+    """All cores this process may use: the build runs once (on the CPU: CPU-bound)."""
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def build_tiny(dest: Path, recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int = 0) -> BuildReport:
-    """Build, measure and save ``builtin:tiny`` into ``dest`` (a new or empty directory)."""
+def _fit_phases(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    recipe: PolicyRecipe,
+    log_every: int,
+) -> list[float]:
+    """Both SFT phases on the recipe's train split (worked, then the short-cut mixture)."""
+    train = generate(recipe.train_items, recipe.seed, "train", recipe.train_task)
+    train = with_prose_endings(train, recipe.prose_answer_fraction, recipe.seed)
+    mixed = with_shortcuts(train, recipe.shortcut_fraction, recipe.seed)
+    first = train if recipe.style_sft else mixed
+    phases = [(first, recipe.sft)] + ([(mixed, recipe.style_sft)] if recipe.style_sft else [])
+    losses = []
+    with _build_bar(sum(cfg.steps for _, cfg in phases), recipe.name) as bar:
+        for i, (items, cfg) in enumerate(phases):
+            tick = lambda _, ema: _tick(bar, ema)  # noqa: E731
+            losses.append(fit(model, tokenizer, items, cfg, recipe.seed + i, log_every, tick))
+    return losses
+
+
+def build_policy(
+    dest: Path, recipe: PolicyRecipe = DEFAULT_RECIPE, log_every: int = 0
+) -> BuildReport:
+    """Build, measure and save ``builtin:<recipe.name>`` into ``dest`` (new or empty)."""
     start = time.perf_counter()
+    device = build_device(recipe)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(_build_threads())
-    # fork_rng: seeding here must not reset the random stream of the process that asked.
-    with torch.random.fork_rng(devices=[]):
+    # fork_rng: seeding here must not reset the random streams of the process that asked.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
             torch.manual_seed(recipe.seed)
             tokenizer = build_char_tokenizer()
-            model = Qwen2ForCausalLM(model_config(recipe, tokenizer))
-            train = generate(recipe.train_items, recipe.seed, "train", recipe.train_task)
-            train = with_prose_endings(train, recipe.prose_answer_fraction, recipe.seed)
-            mixed = with_shortcuts(train, recipe.shortcut_fraction, recipe.seed)
+            with device:  # initialised where it is fitted (the CPU for builtin:tiny, as before)
+                model = Qwen2ForCausalLM(model_config(recipe, tokenizer))
             fit_start = time.perf_counter()
-            first = train if recipe.style_sft else mixed
-            phases = [(first, recipe.sft)] + (
-                [(mixed, recipe.style_sft)] if recipe.style_sft else []
-            )
-            with _build_bar(sum(cfg.steps for _, cfg in phases)) as bar:
-                losses = []
-                for i, (items, cfg) in enumerate(phases):
-                    tick = lambda _, ema: _tick(bar, ema)  # noqa: E731
-                    losses.append(
-                        fit(model, tokenizer, items, cfg, recipe.seed + i, log_every, tick)
-                    )
-            train_seconds = time.perf_counter() - fit_start
+            losses = _fit_phases(model, tokenizer, recipe, log_every)
+            eval_start = time.perf_counter()
             held_out = generate(recipe.eval_items, recipe.seed, "eval", recipe.task)
             result = greedy_accuracy(model, tokenizer, held_out)
+            eval_seconds = time.perf_counter() - eval_start
             threads = torch.get_num_threads()
         finally:
             torch.set_num_threads(previous_threads)
@@ -246,32 +225,52 @@ def build_tiny(dest: Path, recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int =
         final_train_loss=losses[-1],
         phase_losses=losses,
         build_seconds=time.perf_counter() - start,
-        train_seconds=train_seconds,
+        train_seconds=eval_start - fit_start,
         torch_threads=threads,
         parameters=sum(p.numel() for p in model.parameters()),
+        device=str(device),
+        eval_seconds=eval_seconds,
+        estimate=build_estimate(recipe).as_dict(),
     )
     (dest / BUILD_INFO_FILE).write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
     return report
 
 
-def ensure_tiny(recipe: TinyRecipe = DEFAULT_RECIPE, log_every: int = 100) -> Path:
-    """Return the cached ``builtin:tiny`` directory, building it first if it is missing
-    (:func:`~longtail_workers.models.cache.build_once`: concurrent callers build it once)."""
-    final = tiny_dir(recipe)
+def ensure_policy(recipe: PolicyRecipe = DEFAULT_RECIPE, log_every: int = 100) -> Path:
+    """Return the cached directory of ``builtin:<recipe.name>``, building it first if it is
+    missing (:func:`~longtail_workers.models.cache.build_once`: concurrent callers build it
+    once)."""
+    final = policy_dir(recipe)
     reports: list[BuildReport] = []
 
     def build(tmp: Path) -> None:
-        log.info("building builtin:tiny into %s (one-off: a few minutes on CPU)", final)
-        reports.append(build_tiny(tmp, recipe, log_every=log_every))
+        log.info("building builtin:%s into %s (one-off: minutes)", recipe.name, final)
+        if recipe.device == "auto" and build_device(recipe).type == "cpu":
+            log.warning(
+                "builtin:%s is sized for a GPU and none is visible: building it on the CPU in "
+                "float32 takes hours (a GPU does it in minutes)", recipe.name
+            )  # fmt: skip
+        reports.append(build_policy(tmp, recipe, log_every=log_every))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # hand the build's GPU memory back to the job's processes
 
     if build_once(final, BUILD_INFO_FILE, build):
         report = reports[0]
         log.info(
-            "built builtin:tiny in %.0f s, eval accuracy %.3f",
+            "built builtin:%s in %.0f s, eval accuracy %.3f",
+            recipe.name,
             report.build_seconds,
             report.eval_accuracy,
         )
     return final
+
+
+ensure_tiny = ensure_policy  # its first name: ensure_tiny() builds builtin:tiny
+
+
+def ensure_small() -> Path:
+    """The cached ``builtin:small`` directory, built first (on a GPU when there is one)."""
+    return ensure_policy(SMALL)
 
 
 def read_build_info(model_dir: Path) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Greedy accuracy of a causal LM on task items, with batched ``model.generate``.
 
-A deliberately plain helper: the ``builtin:tiny`` build uses it to measure the accuracy it
+A deliberately plain helper: the built-in policies' build uses it to measure the accuracy it
 records in ``longtail_build.json``, and ``bench/tiny_model.py`` reports it. The rollout engine
-(a separate module) is the fast path for RL; this one only needs to be correct and simple.
+(a separate module) is the fast path for RL; this one only needs to be correct and simple. It
+runs where the model is (on CUDA under bf16 autocast).
 
 Batching: items are sorted by gold solution length so that each batch generates roughly as many
 tokens as its longest member needs, prompts are left-padded, and generation stops at EOS or at
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from longtail_workers.models.sft import autocast_for
 from longtail_workers.rewards import get_reward
 from longtail_workers.tasks.arith import TaskItem
 
@@ -57,15 +59,16 @@ def generate_greedy(
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
     input_ids = enc["input_ids"].to(device)  # [B, P]
     attention_mask = enc["attention_mask"].to(device)  # [B, P]
-    # PreTrainedModel does not declare generate(): the *ForCausalLM classes mix it in.
-    out = model.generate(  # type: ignore[operator]
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )  # [B, P + T]
+    with autocast_for(model):  # on CUDA: bf16, as the job's rollout will run it
+        # PreTrainedModel does not declare generate(): the *ForCausalLM classes mix it in.
+        out = model.generate(  # type: ignore[operator]
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )  # [B, P + T]
     new_tokens = out[:, input_ids.shape[1] :]  # [B, T]
     return list(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
 

@@ -1,9 +1,10 @@
 """Load a policy (model + tokenizer) from ``model.path`` of an RLJob: one code path for all models.
 
-``builtin:<name>`` is first resolved to a directory in Longtail's cache (``builtin:tiny`` is built
-there on first use, see :mod:`longtail_workers.models.builtin`); from then on a built-in model and
-a user's Qwen2.5 directory go through exactly the same ``AutoModelForCausalLM.from_pretrained`` +
-``AutoTokenizer.from_pretrained`` calls, so the tiny model exercises the real loading path.
+``builtin:<name>`` is first resolved to a directory in Longtail's cache (``builtin:tiny`` and
+``builtin:small`` are built there on first use, see :mod:`longtail_workers.models.builtin`);
+from then on a built-in model and a user's Qwen2.5 directory go through exactly the same
+``AutoModelForCausalLM.from_pretrained`` + ``AutoTokenizer.from_pretrained`` calls, so the
+built-in models exercise the real loading path.
 
 Called by every worker role that needs the policy (rollout engine, trainer, drafter trainer) and
 by benchmarks. Errors name the offending value and say how to fix it.
@@ -22,11 +23,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from longtail_workers.models.builtin import ensure_tiny
+from longtail_workers.models.builtin import ensure_small, ensure_tiny
 
 BUILTIN_PREFIX = "builtin:"
-# name -> function returning the (possibly freshly built) model directory
-BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"tiny": ensure_tiny}
+# name -> function returning the (possibly freshly built) model directory; api/longtail_api/
+# context.py's BUILTIN_MODEL_POSITIONS lists the same names (a test keeps them equal)
+BUILTIN_MODELS: dict[str, Callable[[], Path]] = {"tiny": ensure_tiny, "small": ensure_small}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Any of these marks a saved tokenizer. Checked up front because AutoTokenizer on a qwen2
 # directory without them silently returns an empty Qwen2Tokenizer instead of failing.

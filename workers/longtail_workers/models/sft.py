@@ -1,6 +1,7 @@
 """Supervised fine-tuning (teacher forcing) of a causal LM on task items, loss on solutions only.
 
-Used by :mod:`longtail_workers.models.builtin` to warm-start ``builtin:tiny`` on builtin:arith.
+Used by :mod:`longtail_workers.models.builtin` to warm-start the built-in policies
+(``builtin:tiny`` on builtin:arith, ``builtin:small`` on builtin:arith-long).
 Each training sequence is ``prompt + solution + EOS`` tokenized exactly as RL rollout sees it
 (prompt tokens as they are, no BOS, no chat template), with the loss on the solution and EOS
 tokens only: the model learns to continue a prompt, never to produce one.
@@ -9,10 +10,16 @@ Batches are packed by a token budget: items are sorted by length and grouped so 
 holds at most ``tokens_per_batch`` padded tokens. With a long-tailed length distribution this
 wastes little compute on padding, and long items get small batches instead of blowing up the
 memory and time of a step. Everything is deterministic given the seed.
+
+The fit runs where the model is. On the CPU in the model's dtype (float32 for the built-in
+policies); on CUDA under bf16 autocast (float32 weights and AdamW state stay the master copy,
+matmuls run in bf16) and without the padding mask (:func:`_loss`), so that SDPA can take its
+causal flash kernel: that is what makes ``builtin:small`` trainable in minutes on one GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -111,6 +118,40 @@ def lr_at(step: int, config: SftConfig) -> float:
     return config.lr * (1.0 - (1.0 - config.min_lr_ratio) * progress)
 
 
+def autocast_for(model: torch.nn.Module) -> contextlib.AbstractContextManager[object]:
+    """bf16 autocast when ``model`` is on CUDA (its weights stay as they are), else nothing."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _loss(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+) -> torch.Tensor:
+    """Mean cross-entropy over solution + EOS tokens (HF shifts the labels by one inside).
+
+    On CUDA: bf16 autocast, and no attention mask. Padding is on the right, so in a causal model
+    no real token attends to a pad and the mask changes nothing the loss reads; without it SDPA
+    runs its causal flash kernel instead of a masked one. On the CPU the mask is kept: the
+    builtin:tiny build stays bit-identical to the builds already cached.
+    """
+    device = next(model.parameters()).device
+    loss: torch.Tensor
+    if device.type != "cuda":
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        return loss
+    with autocast_for(model):
+        loss = model(
+            input_ids=input_ids.to(device, non_blocking=True),
+            labels=labels.to(device, non_blocking=True),
+        ).loss
+    return loss
+
+
 def _batch_stream(
     encoded: Sequence[Encoded], tokens_per_batch: int, seed: int
 ) -> Iterator[list[int]]:
@@ -149,10 +190,9 @@ def fit(
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config)
         input_ids, attention_mask, labels = collate(encoded, next(batches), pad_id)  # [B, L] x3
-        # Mean cross-entropy over solution + EOS tokens (HF shifts the labels by one inside).
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss = _loss(model, input_ids, attention_mask, labels)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
         optimizer.step()
         value = loss.item()

@@ -15,8 +15,13 @@ line counting, which a tiny model does not learn in a few hundred steps); totals
 to a fixed width, so every step line has the same length and the previous total and the digits
 being added sit at fixed distances.
 
-Called by the dataset loader (``dataset.path: builtin:arith``), by the ``builtin:tiny`` build (SFT
-data and its eval split) and by ``bench/tiny_model.py``.
+More than 26 operands (``builtin:arith-long``, :mod:`longtail_workers.tasks.arith_long`): with
+``ArithConfig.label_letters = 2`` every label has two letters (``aa``, ``ab``, ... ``zz``: up to
+676 operands) and the totals are padded to the width of the largest sum those labels allow, so
+the step lines of that variant again all have one length and the copy stays label + value.
+
+Called by the dataset loader (``dataset.path: builtin:arith``), by the built-in policies' builds
+(SFT data and their eval split) and by ``bench/tiny_model.py``.
 
 Format contract (shared by SFT and RL rollout): the model sees ``prompt`` (which ends in a
 newline) and must generate ``solution`` followed by EOS. No chat template is involved.
@@ -44,8 +49,33 @@ SPLITS = ("train", "eval")
 PROMPT_PREFIX = "Add: "
 ANSWER_PREFIX = "Answer: "
 _SPLIT_STREAM = {"train": 0, "eval": 1}
-LABELS = string.ascii_lowercase  # operand labels: at most 26 operands
-_OPERAND = re.compile(r"\b([a-z])(\d+)\b")
+LABELS = string.ascii_lowercase  # the letters of operand labels
+MAX_LABEL_LETTERS = 2  # two-letter labels: up to 26 ** 2 = 676 operands
+_OPERAND = re.compile(r"\b([a-z]+)(\d+)\b")
+
+
+def label_capacity(letters: int) -> int:
+    """How many distinct operand labels of ``letters`` letters there are."""
+    return int(len(LABELS) ** letters)  # int: mypy types int ** int as Any
+
+
+def operand_labels(n: int, letters: int = 1) -> list[str]:
+    """The labels of ``n`` operands in order: ``a, b, ..`` or ``aa, ab, .., az, ba, ..``."""
+    if not 0 <= n <= label_capacity(letters):
+        raise ValueError(
+            f"operand_labels: {n} operands do not fit {letters}-letter labels (0.."
+            f"{label_capacity(letters)}); use more letters (ArithConfig.label_letters)"
+        )
+    return [_label(i, letters) for i in range(n)]
+
+
+def _label(index: int, letters: int) -> str:
+    """Label number ``index``: its ``letters`` base-26 digits as letters, most significant first."""
+    label = ""
+    for _ in range(letters):
+        index, digit = divmod(index, len(LABELS))
+        label = LABELS[digit] + label
+    return label
 
 
 @dataclass(frozen=True)
@@ -63,20 +93,31 @@ class ArithConfig:
     """Knobs of the task's distribution. The defaults are ``builtin:arith``."""
 
     min_operands: int = 2
-    max_operands: int = 26  # at most len(LABELS)
+    max_operands: int = 26  # at most 26 ** label_letters
     # P(size = k) ∝ (k - min_operands + 1) ** -zipf_alpha: about a third of items have two
     # operands, while p99 needs ~25 (solution length p99/p50 ≈ 9).
     zipf_alpha: float = 1.3
     max_operand: int = 9  # operands are uniform in 1..max_operand
     # Share of all prompt texts that belong to the eval split (hash-assigned, see split_of).
     eval_fraction: float = 0.1
+    # Letters per operand label: 1 labels a..z (builtin:arith), 2 labels aa, ab, .. zz (up to 676
+    # operands, builtin:arith-long). It also fixes the width of the padded totals (the largest
+    # sum the labels allow), so configs that differ only in their sizes write the same format.
+    label_letters: int = 1
 
     def validate(self) -> None:
         """Raise ValueError naming the bad knob and a valid range."""
-        if not 2 <= self.min_operands <= self.max_operands <= len(LABELS):
+        if not 1 <= self.label_letters <= MAX_LABEL_LETTERS:
             raise ValueError(
-                f"ArithConfig: need 2 <= min_operands <= max_operands <= {len(LABELS)} (one "
-                f"letter per operand), got min_operands={self.min_operands}, "
+                f"ArithConfig.label_letters must be 1 (labels a..z) or 2 (aa..zz), got "
+                f"{self.label_letters}"
+            )
+        most = label_capacity(self.label_letters)
+        if not 2 <= self.min_operands <= self.max_operands <= most:
+            raise ValueError(
+                f"ArithConfig: need 2 <= min_operands <= max_operands <= {most} (one "
+                f"{self.label_letters}-letter label per operand; label_letters=2 allows "
+                f"{label_capacity(2)}), got min_operands={self.min_operands}, "
                 f"max_operands={self.max_operands}"
             )
         if self.zipf_alpha <= 0:
@@ -109,21 +150,21 @@ def split_of(prompt: str, config: ArithConfig = DEFAULT_CONFIG) -> str:
 
 def make_item(operands: list[int], config: ArithConfig = DEFAULT_CONFIG) -> TaskItem:
     """Build the item (prompt, running-total solution, answer) for a list of operands."""
-    if not 2 <= len(operands) <= len(LABELS) or any(
-        not 0 <= x <= config.max_operand for x in operands
-    ):
+    most = label_capacity(config.label_letters)
+    if not 2 <= len(operands) <= most or any(not 0 <= x <= config.max_operand for x in operands):
         raise ValueError(
-            f"make_item needs 2..{len(LABELS)} operands in 0..{config.max_operand} "
-            f"(ArithConfig.max_operand), got {operands}"
+            f"make_item needs 2..{most} operands (ArithConfig.label_letters="
+            f"{config.label_letters}) in 0..{config.max_operand} (ArithConfig.max_operand), "
+            f"got {operands}"
         )
     op_width = len(str(config.max_operand))
-    total_width = len(str(config.max_operand * len(LABELS)))
-    labels = LABELS[: len(operands)]
+    total_width = len(str(config.max_operand * most))  # the largest sum the labels allow
+    labels = operand_labels(len(operands), config.label_letters)
     labelled = " ".join(f"{a}{x:0{op_width}d}" for a, x in zip(labels, operands, strict=True))
     prompt = f"{PROMPT_PREFIX}{labelled}\n"
     total = operands[0]
     lines = []
-    for label, x in zip(LABELS[1:], operands[1:], strict=False):
+    for label, x in zip(labels[1:], operands[1:], strict=True):
         op = f"{x:0{op_width}d}"
         lines.append(f"{label}{op}: {total:0{total_width}d}+{op}={total + x:0{total_width}d}")
         total += x
@@ -161,10 +202,19 @@ def generate(
 
 
 def parse_operands(prompt: str) -> list[int]:
-    """Inverse of the prompt format: the operands of ``"Add: a7 b9 c5\\n"``."""
+    """Inverse of the prompt format: the operands of ``"Add: a7 b9 c5\\n"`` (or of the
+    two-letter ``"Add: aa7 ab9 ac5\\n"``)."""
     if not prompt.startswith(PROMPT_PREFIX):
         raise ValueError(f"not an arith prompt (expected {PROMPT_PREFIX!r}...): {prompt!r}")
     pairs = _OPERAND.findall(prompt)
-    if [label for label, _ in pairs] != list(LABELS[: len(pairs)]) or len(pairs) < 2:
-        raise ValueError(f"arith prompt without labels a, b, c, ... in order: {prompt!r}")
+    letters = len(pairs[0][0]) if pairs else 1
+    if (
+        len(pairs) < 2
+        or letters > MAX_LABEL_LETTERS
+        or len(pairs) > label_capacity(letters)
+        or [label for label, _ in pairs] != operand_labels(len(pairs), letters)
+    ):
+        raise ValueError(
+            f"arith prompt without labels a, b, c, ... (or aa, ab, ac, ...) in order: {prompt!r}"
+        )
     return [int(value) for _, value in pairs]

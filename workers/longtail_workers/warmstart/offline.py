@@ -77,7 +77,8 @@ def heldout_top1(drafter: EagleDrafter, seqs: Sequence[TrainingSequence]) -> flo
     """Share of held-out pairs whose drafted next token is the target's own next token."""
     windows = [Window(s.tokens, s.hidden, s.start_position) for s in seqs]
     row = max(w.num_pairs for w in windows)  # one whole answer per packed row at most
-    share, _ = top1_over(drafter.eval(), windows, row)
+    device = next(drafter.parameters()).device  # packed where the drafter runs (CUDA on a GPU)
+    share, _ = top1_over(drafter.eval(), windows, row, device)
     return float("nan") if share is None else share
 
 
@@ -205,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    model, tokenizer = load_policy(spec.model.path, dtype=spec.model.dtype)
-    model.to(args.device)
+    # On the device, in the job's dtype there (auto: bfloat16 on CUDA): the policy as served.
+    model, tokenizer = load_policy(spec.model.path, dtype=spec.model.dtype, device=args.device)
     max_new = args.max_new_tokens or spec.algorithm.max_new_tokens
     sampling = Sampling(spec.algorithm.temperature, spec.algorithm.top_p, spec.algorithm.seed)
     requests = sampling_requests(spec.dataset, sampling, tokenizer, args.prompts, max_new)
