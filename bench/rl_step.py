@@ -5,10 +5,13 @@ Runs ``longtail run`` twice on one machine, back to back: once as the job says (
 the tail, idle workers harvested for drafter training) and once with ``--no-speculative
 --no-harvest`` (the baseline). Prints and writes ``bench/results/rl_step.json``:
 
+* per step and arm (a table): step, rollout, tail, update and sync seconds, SD token share,
+  accepted length, idle and harvested worker-seconds, reward, eval accuracy where it ran;
 * mean step time of each run and their ratio (baseline / Longtail), also over steps >= 2 (the
-  first step uses the untrained initial drafter);
-* rollout, tail and train seconds per step, SD token share, mean accepted length;
-* idle and harvested worker-seconds;
+  first step pays the warm-ups), and the rollout-time ratio;
+* rollout, tail, train and sync seconds per step, SD token share, mean accepted length, mean
+  reward;
+* idle and harvested worker-seconds (GPU-seconds on a GPU: one GPU a rollout worker);
 * the share of step time spent in rollout;
 * eval accuracy at start and end of each run, and how many step-0 eval outputs of the two runs
   are identical, greedy and sampled rows apart (same weights and seeds; lossless SD means same
@@ -18,6 +21,7 @@ the tail, idle workers harvested for drafter training) and once with ``--no-spec
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import platform
@@ -51,6 +55,12 @@ def run_job(job: Path, out: Path, baseline: bool) -> dict[str, Any]:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     lines = (out / METRICS_FILE).read_text().splitlines()
     rows = [StepRow.from_dict(json.loads(ln)) for ln in lines if ln]
+    with open(out / "metrics.csv", newline="") as f:  # the rows with `longtail run`'s harvest
+        books = {int(r["step"]): r for r in csv.DictReader(f)}  # books merged: idle, harvested
+    for row in rows:
+        booked = books.get(row.step, {})
+        row.idle_s = float(booked["idle_s"]) if booked.get("idle_s") else None
+        row.harvested_s = float(booked["harvested_s"]) if booked.get("harvested_s") else None
     summary = json.loads((out / "summary.json").read_text())
     return {"wall_s": wall, "rows": rows, "summary": summary, "dir": str(out)}
 
@@ -68,6 +78,8 @@ def figures(run: dict[str, Any]) -> dict[str, float]:
         "mean_rollout_s": mean([r.rollout_s for r in rows]),
         "mean_tail_s": mean([r.tail_s for r in rows]),
         "mean_train_s": mean([r.train_s for r in rows]),
+        "mean_sync_s": mean([r.sync_s for r in rows]),
+        "mean_reward": mean([r.reward_mean for r in rows]),
         "rollout_share": sum(r.rollout_s for r in rows) / sum(r.step_s for r in rows),
         "sd_fraction": mean([r.sd_fraction or 0.0 for r in rows]),
         "accepted_length": mean([r.mean_accepted_length or 0.0 for r in later]),
@@ -77,6 +89,57 @@ def figures(run: dict[str, Any]) -> dict[str, float]:
         "final_eval": run["summary"]["final_eval_accuracy"],
         "wall_s": run["wall_s"],
     }
+
+
+STEP_COLUMNS = (
+    "step", "step_s", "rollout_s", "tail_s", "update_s", "sync_s", "sd_share", "acc_len",
+    "idle_s", "harvested_s", "reward", "eval",
+)  # fmt: skip
+
+
+def step_lines(rows: list[StepRow]) -> list[str]:
+    """One line per step of a run (:data:`STEP_COLUMNS`), then a line of totals and means."""
+
+    def num(x: float | None, digits: int = 2) -> str:
+        return "-" if x is None else f"{x:.{digits}f}"
+
+    lines = [" ".join(f"{c:>11}" for c in STEP_COLUMNS)]
+    for r in rows:
+        cells = [str(r.step), num(r.step_s), num(r.rollout_s), num(r.tail_s), num(r.train_s),
+                 num(r.sync_s), num(r.sd_fraction or 0.0), num(r.mean_accepted_length),
+                 num(r.idle_s, 1), num(r.harvested_s, 1), num(r.reward_mean, 3),
+                 num(r.eval_accuracy, 3)]  # fmt: skip
+        lines.append(" ".join(f"{c:>11}" for c in cells))
+    total = [sum(getattr(r, f) for r in rows) for f in ("step_s", "rollout_s", "tail_s",
+                                                        "train_s", "sync_s")]  # fmt: skip
+    idle = sum(r.idle_s or 0.0 for r in rows)
+    harvested = sum(r.harvested_s or 0.0 for r in rows)
+    cells = ["total", *(num(t) for t in total), num(mean([r.sd_fraction or 0.0 for r in rows])),
+             "", num(idle, 1), num(harvested, 1),
+             num(mean([r.reward_mean for r in rows]), 3), ""]  # fmt: skip
+    lines.append(" ".join(f"{c:>11}" for c in cells))
+    return lines
+
+
+def step_records(rows: list[StepRow]) -> list[dict[str, Any]]:
+    """The per-step figures of :data:`STEP_COLUMNS`, as JSON objects."""
+    return [
+        {
+            "step": r.step,
+            "step_s": r.step_s,
+            "rollout_s": r.rollout_s,
+            "tail_s": r.tail_s,
+            "update_s": r.train_s,
+            "sync_s": r.sync_s,
+            "sd_share": r.sd_fraction,
+            "acc_len": r.mean_accepted_length,
+            "idle_s": r.idle_s,
+            "harvested_s": r.harvested_s,
+            "reward": r.reward_mean,
+            "eval": r.eval_accuracy,
+        }
+        for r in rows
+    ]
 
 
 def compare_eval(a: Path, b: Path) -> dict[str, int]:
@@ -132,6 +195,10 @@ def compare_arms(args: argparse.Namespace, tmp: Path) -> int:
     load_before = os.getloadavg()[0]
     longtail = run_job(job, tmp / "longtail", baseline=False)
     baseline = run_job(job, tmp / "baseline", baseline=True)
+    for name, run in (("Longtail (adaptive SD + harvest)", longtail),
+                      ("baseline (--no-speculative --no-harvest)", baseline)):  # fmt: skip
+        print(f"\n{name}, per step (seconds; idle/harvested: worker-seconds)")
+        print("\n".join(step_lines(run["rows"])))
     fl, fb = figures(longtail), figures(baseline)
     result = {
         "job": args.job,
@@ -140,6 +207,11 @@ def compare_arms(args: argparse.Namespace, tmp: Path) -> int:
         "baseline": fb,
         "step_time_ratio": fb["mean_step_s"] / fl["mean_step_s"],
         "step_time_ratio_from_2": fb["mean_step_s_from_2"] / fl["mean_step_s_from_2"],
+        "rollout_time_ratio": fb["mean_rollout_s"] / fl["mean_rollout_s"],
+        "per_step": {
+            "longtail": step_records(longtail["rows"]),
+            "baseline": step_records(baseline["rows"]),
+        },
         "eval_step0": compare_eval(tmp / "longtail", tmp / "baseline"),
         "machine": {
             "cpu_count": os.cpu_count(),

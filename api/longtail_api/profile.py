@@ -110,6 +110,36 @@ class SyncCosts:
 
 
 @dataclass(frozen=True)
+class Overheads:
+    """What an RL step costs beyond the engine's steps, the update and the weight sync, each
+    measured by ``longtail profile`` through the real code path (``profile/calls.py``,
+    ``profile/merge.py``, ``profile/training.py``); the simulator charges them
+    (``sim/step.py``)."""
+
+    call_s: float
+    """Per generate call: the request and reply over HTTP (answers encoded, sent, decoded), the
+    worker's drafter refresh and its capture of the answers' hidden states."""
+    engine_step_s: float
+    """Per engine step: the engine's work between the steps it times (admitting and retiring
+    rows, moving rows, its loop)."""
+    engine_warmup_s: float
+    """The first generate call of a fresh engine, beyond a warm one (allocation, first-use
+    kernels, CUDA-graph capture): the job's first step pays it."""
+    trainer_warmup_s: float
+    """The first GRPO update, beyond a later one (optimizer state, allocator): the first step."""
+    merge_s: float
+    """Merging one drafter candidate after the update: the held-out sample (the policy's
+    forward over the step's answers), scoring, averaging and publishing the new version."""
+    merge_candidate_s: float
+    """Each further candidate of the same merge (loading, checking, scoring it)."""
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not value >= 0:
+                raise ProfileError(f"overheads.{name}={value!r}: must be >= 0 (seconds)")
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """Everything the simulator needs to time one rollout worker and the trainer."""
 
@@ -151,6 +181,9 @@ class EngineProfile:
     up on every running row's response so far before its first draft), measured through the
     engine as the first speculative step's excess over the next ones; None: not measured
     (the switch is free in the simulation)."""
+    overheads: Overheads | None = None
+    """What a step costs beyond engine steps, update and sync (None: a profile written before
+    they were measured, or the roofline; the simulator then leaves them out, with a note)."""
     speculative: list[StepPoint] = field(default_factory=list)
     """Whole speculative steps of depth k (``tokens`` = k+1) measured through the engine: k draft
     steps, the verify, the rejection sampler. Empty (roofline): the simulator adds k draft
@@ -222,7 +255,8 @@ class EngineProfile:
 
             rest = {
                 k: v for k, v in data.items()
-                if k not in ("model", "decode", "verify", "draft", "speculative", "weight_sync")
+                if k not in ("model", "decode", "verify", "draft", "speculative", "weight_sync",
+                             "overheads")
             }  # fmt: skip
             sync = data.get("weight_sync")
             return cls(
@@ -232,6 +266,7 @@ class EngineProfile:
                 draft=points("draft"),
                 speculative=points("speculative") if "speculative" in data else [],
                 weight_sync=None if sync is None else SyncCosts(**sync),
+                overheads=None if data.get("overheads") is None else Overheads(**data["overheads"]),
                 **rest,
             )
         except KeyError as exc:

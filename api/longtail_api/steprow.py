@@ -25,7 +25,7 @@ METRICS_FILE = "metrics.jsonl"
 TRAIN_PREFIX = "train_"
 """Prefix of the optimizer statistics' keys (``train_loss``, ``train_grad_norm``, ...)."""
 _OPTIONAL = ("trainer_harvested_s", "eval_accuracy", "eval_sampled_accuracy", "idle_s",
-             "harvested_s")  # fmt: skip
+             "harvested_s", "drafter_candidates")  # fmt: skip
 SYNC_PHASES = ("gather", "pack", "wire", "load", "pause")
 """The phases of one policy version's weight sync, in order (metric labels, row keys
 ``sync_<phase>_s``, docs): ``gather`` (the trainer producing whole tensors: a sharded trainer's
@@ -81,6 +81,10 @@ class StepRow:
     """Rollout workers that failed during the step, sorted."""
     drafter_candidates_rejected: int = 0
     """Drafter candidates the trainer refused during the step."""
+    drafter_candidates: int | None = None
+    """Drafter candidates waiting for the merge after this step's update (each worker's
+    newest; 0: no merge ran; None: a row written before it was recorded). The step simulator
+    replays a run's merges with it (``sim/runs.py``)."""
     train: dict[str, float] = field(default_factory=dict)
     """The optimizer's statistics (loss, grad norm, ...), ``train_<name>`` in the JSON."""
     acceptance_collapsed: bool = False
@@ -183,6 +187,7 @@ class StepRow:
             redispatched=r.opt_int("redispatched") or 0,
             failed_workers=list(failed),
             drafter_candidates_rejected=r.opt_int("drafter_candidates_rejected") or 0,
+            drafter_candidates=r.opt_int("drafter_candidates"),
             train=_train_stats(r.obj, r),
             acceptance_collapsed=bool(r.obj.get("acceptance_collapsed", False)),
             trainer_harvested_s=r.opt_num("trainer_harvested_s"),

@@ -3,16 +3,19 @@
 Called by ``bench/gpu/run.sh``'s profile stages (one unattended call on a lent GPU machine).
 
 Usage: ``profile_gpu.py DEADLINE_S PROFILE-ARGS...``. Replaces the loopback
-weight-sync measurement with the roofline's assumed rates (labelled ``assumed`` in the file);
+weight-sync measurement with the roofline's assumed rates (labelled ``assumed`` in the file;
+``PROFILE_GPU_MEASURE_SYNC=1`` keeps the measurement);
 measures the forward and engine-step curves one batch size at a time, dropping (and noting) a
 batch size that runs out of device memory and the remaining ones once DEADLINE_S seconds have
 passed (the first batch size always runs); falls back to the roofline's GRPO update time when
 measuring it runs out of memory (a 7B policy with AdamW on an 80 GB card); leaves the drafter's
-catch-up rate unmeasured (an optional field) when measuring it fails. Every such change is
+catch-up rate, the per-call overheads and the drafter merge unmeasured (optional fields) when
+measuring them fails. Every such change is
 appended to the profile's notes.
 """
 
 import dataclasses
+import os
 import sys
 import time
 import traceback
@@ -78,10 +81,10 @@ def assumed_sync(policy: torch.nn.Module, repeats: int) -> tuple[float, SyncCost
     return sum(costs.version_bytes / r for r in rates), costs
 
 
-measured_update = pm.trainer_seconds_per_token
+measured_update = pm.grpo_update_costs
 
 
-def update_or_roofline(policy: torch.nn.Module, *args: Any) -> float:
+def update_or_roofline(policy: torch.nn.Module, *args: Any) -> tuple[float, float]:
     try:
         return measured_update(policy, *args)
     except torch.OutOfMemoryError as exc:
@@ -94,7 +97,7 @@ def update_or_roofline(policy: torch.nn.Module, *args: Any) -> float:
         "the roofline's assumption (sim/roofline.py)"
     )
     print("GRPO update: out of device memory, the roofline's figure is used", flush=True)
-    return flops / (roofline.PEAK_FLOPS * roofline.TRAIN_FLOPS_FRACTION)
+    return flops / (roofline.PEAK_FLOPS * roofline.TRAIN_FLOPS_FRACTION), 0.0
 
 
 # The forwards run first and cost far less than the engine steps (no prefill of every row), so
@@ -118,10 +121,30 @@ def catch_up_or_none(*args: Any) -> float | None:
 
 pm.step_curves = per_batch(pm.step_curves, "forwards", 0.4)
 pm.engine_curves = per_batch(pm.engine_curves, "engine steps", 1.0)
-pm.measure_sync = assumed_sync
-pm._sync_rates = lambda costs: "weight sync rates: assumed (roofline), not measured here"
-pm.trainer_seconds_per_token = update_or_roofline
+if os.environ.get("PROFILE_GPU_MEASURE_SYNC") != "1":  # rl_step_gpu.py: a 0.5B policy's is quick
+    pm.measure_sync = assumed_sync
+    pm._sync_rates = lambda costs: "weight sync rates: assumed (roofline), not measured here"
+
+
+def or_none(measure: Any, what: str) -> Any:
+    """``measure``, or None with a note when it fails: the per-call costs and the drafter merge
+    come after the curves and must not cost the profile its file."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return measure(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - recorded in the notes, with the traceback above
+            traceback.print_exc()
+            NOTES.append(f"{what} NOT measured ({type(exc).__name__}: {_first_line(exc)})")
+            return None
+
+    return run
+
+
+pm.grpo_update_costs = update_or_roofline
 pm._catch_up = catch_up_or_none
+pm._calls = or_none(pm._calls, "generate-call overheads")
+pm.merge_costs = or_none(pm.merge_costs, "drafter merge")
 argv = sys.argv[2:]
 code = pm.main(argv)
 if code == 0 and NOTES:

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# The GPU session's one command: GPU tests, torch-engine profiles, SD speedup and weight sync.
+# The GPU session's one command: one of two suites, each within one 9-minute device call.
 #
 # Run in the repository root of a lent GPU machine (one H100 or H200, PyTorch + Triton +
 # transformers, no network), with the wheels of bench/gpu/prepare.sh carried along:
 #
-#     bash bench/gpu/run.sh                     # every result under $OUT (default ./gpu-out)
+#     bash bench/gpu/run.sh [--suite rl]        # every result under $OUT (default ./gpu-out)
+#     bash bench/gpu/run.sh --suite engine
 #     bash bench/gpu/run.sh --dry-run-cpu       # the same stages on CPU, tiny settings
 #
-# Stages, in order: env, setup, tests, profile-1.5b, profile-7b, speedup, weight-sync. Each runs
-# as its own process under `timeout`, logs to $OUT/<stage>.log and appends {stage, rc, seconds}
-# to $OUT/stages.jsonl; a failed stage is recorded and the next one still runs. The whole suite
+# Suite rl (the default; issue #35): env, setup, rl-step: builtin:small and its drafter built
+# on the GPU, examples/06 for a few RL steps with and without Longtail, a profile of that model
+# and the simulator's prediction of both runs (bench/gpu/rl_step_gpu.py, files in $OUT/rl-step).
+# Suite engine (issue #34): env, setup, tests, profile-1.5b, profile-7b, speedup, weight-sync.
+# Each stage runs as its own process under `timeout`, logs to $OUT/<stage>.log and appends
+# {stage, rc, seconds} to $OUT/stages.jsonl; a failed stage is recorded and the next one still
+# runs. The whole suite
 # keeps within SUITE_BUDGET_S (default 530 s, under the session's 9-minute command): a stage's
 # timeout is its own limit, cut to what the budget leaves after the floors of the stages still
 # to come, so an overrun early squeezes later stages instead of the session killing everything.
@@ -24,14 +29,21 @@
 set -u
 
 usage() {
-    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 MODE=${SUITE_MODE:-gpu}  # a stage process inherits the suite's mode
+SUITE=rl
 STAGE=
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run-cpu) MODE=cpu ;;
+        --suite)
+            SUITE=${2:-}; shift
+            case "$SUITE" in
+                rl | engine) ;;
+                *) echo "run.sh: --suite ${SUITE:-(none)}: use rl or engine" >&2; exit 2 ;;
+            esac ;;
         --stage) STAGE=${2:-}; shift ;;  # internal: run one stage's body (under timeout)
         -h | --help) usage; exit 0 ;;
         *) echo "run.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
@@ -258,9 +270,21 @@ stage_weight_sync() {
     fi
 }
 
+stage_rl_step() {
+    if [ "$MODE" = cpu ]; then  # the plumbing on builtin:tiny: one step an arm, a quick profile
+        "$PYTHON" bench/gpu/rl_step_gpu.py --out "$OUT/rl-step" --job examples/01-tiny-arith.yaml \
+            --steps 1 --eval-size 4 --profile-args "--device cpu --quick --threads 1 --batches 1,2 \
+            --contexts 16 --depths 2"
+    else
+        "$PYTHON" bench/gpu/rl_step_gpu.py --out "$OUT/rl-step" --steps 2 --eval-size 8 \
+            --profile-deadline 60
+    fi
+}
+
 if [ -n "$STAGE" ]; then
     case "$STAGE" in
         env) stage_env ;;
+        rl-step) stage_rl_step ;;
         setup) stage_setup ;;
         tests) stage_tests ;;
         profile-1.5b) stage_profile profile-1.5b "$OUT/profile-qwen2-1.5b.json" 60 ;;
@@ -309,18 +333,23 @@ run_stage() {  # NAME LIMIT_S FLOOR_OF_LATER_STAGES_S
     tail -n 3 "$OUT/$name.log" | sed 's/^/   | /'
 }
 
-echo "GPU suite ($MODE mode): OUT=$OUT, python $PYTHON, budget ${BUDGET_S}s"
-# Limits, and the floor each stage leaves for the ones after it (the sum of their floors:
-# tests 60, profile-1.5b 120, profile-7b 90, speedup 10, weight-sync 45).
-run_stage env 30 345
-run_stage setup 60 325
-run_stage tests 120 265
-run_stage profile-1.5b 230 145
-run_stage profile-7b 150 55
-run_stage speedup 20 45
-run_stage weight-sync 60 0
+echo "GPU suite $SUITE ($MODE mode): OUT=$OUT, python $PYTHON, budget ${BUDGET_S}s"
+# Limits, and the floor each stage leaves for the ones after it (the sum of their floors).
+if [ "$SUITE" = rl ]; then  # floors: setup 20, rl-step 380
+    run_stage env 30 400
+    run_stage setup 60 380
+    run_stage rl-step 480 0
+else  # floors: tests 60, profile-1.5b 120, profile-7b 90, speedup 10, weight-sync 45
+    run_stage env 30 345
+    run_stage setup 60 325
+    run_stage tests 120 265
+    run_stage profile-1.5b 230 145
+    run_stage profile-7b 150 55
+    run_stage speedup 20 45
+    run_stage weight-sync 60 0
+fi
 
-"$PYTHON" - "$OUT" "$MODE" "$BUDGET_S" <<'PY' || echo "(summary.json not written)"
+"$PYTHON" - "$OUT" "$MODE" "$BUDGET_S" "$SUITE" <<'PY' || echo "(summary.json not written)"
 """Gather stages.jsonl (and env.json) into summary.json."""
 import json
 import sys
@@ -330,12 +359,13 @@ out = Path(sys.argv[1])
 stages = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines() if line]
 env = out / "env.json"
 summary = {
+    "suite": sys.argv[4],
     "mode": sys.argv[2],
     "budget_s": float(sys.argv[3]),
     "total_s": round(sum(s["seconds"] for s in stages), 1),
     "env": json.loads(env.read_text()) if env.exists() else None,
     "stages": stages,
-    "files": sorted(p.name for p in out.iterdir() if p.is_file()),
+    "files": sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()),
 }
 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 PY

@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from longtail_api.profile import PROFILE_FORMAT, EngineProfile, ModelShape, ProfileError, StepPoint
+from longtail_api.profile import (
+    PROFILE_FORMAT,
+    EngineProfile,
+    ModelShape,
+    Overheads,
+    ProfileError,
+    StepPoint,
+)
 
 
 def _profile() -> EngineProfile:
@@ -37,6 +44,20 @@ def test_round_trip(tmp_path: Path) -> None:
     _profile().write(path)
     assert EngineProfile.read(path) == _profile()
     assert json.loads(path.read_text())["format"] == PROFILE_FORMAT
+
+
+def test_overheads_round_trip_and_a_negative_one_is_named(tmp_path: Path) -> None:
+    extra = Overheads(0.01, 0.0001, 0.3, 0.02, 0.5, 0.1)
+    profile = dataclasses.replace(_profile(), overheads=extra)
+    path = tmp_path / "p.json"
+    profile.write(path)
+    assert EngineProfile.read(path).overheads == extra
+    data = profile.to_dict()
+    data["overheads"]["merge_s"] = -1.0
+    with pytest.raises(ProfileError, match=r"overheads\.merge_s=-1\.0: must be >= 0"):
+        EngineProfile.from_dict(data)
+    del data["overheads"]  # a profile written before they were measured still reads
+    assert EngineProfile.from_dict(data).overheads is None
 
 
 def test_wrong_format_tag_names_the_field() -> None:

@@ -23,7 +23,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -199,6 +199,62 @@ def test_the_first_merge_is_judged_against_the_jobs_initial_drafter(
     gate = CandidateChecks(ledger, sample, initial=drafters["current"])
     assert registry.merge_candidates(target, target_id=TID, gate=gate) is None
     assert registry.latest_version() is None
+
+
+def test_the_held_out_sample_is_computed_only_when_a_candidate_is_scored(
+    target, drafters, step_answers, tmp_path
+) -> None:
+    """The driver hands the sample's refresh to the gate each step; a step without candidates
+    (every step of a job without harvest) never runs the policy's forward for it."""
+    registry = DrafterRegistry(tmp_path)
+    registry.publish(drafters["current"], policy_version=0)
+    ledger = WindowLedger()
+    ledger.record_rollout(0, [reply("w-forger", step_answers)])
+    sample = HeldoutSample(SPEC)
+    gate = CandidateChecks(ledger, sample)
+    runs: list[int] = []
+
+    def refresh_for(version: int) -> Callable[[], None]:
+        return lambda: runs.append(sample.refresh(target, step_answers, policy_version=version))
+
+    gate.refresh_when_needed(refresh_for(1))
+    assert registry.merge_candidates(target, target_id=TID, gate=gate) is None  # none submitted
+    gate.refresh_when_needed(refresh_for(2))  # the next step's replaces it, unrun
+    assert runs == [] and sample.pairs == 0
+    info = CandidateInfo("w-forger", 0, policy_version=2, tokens=10**9, steps=1)
+    registry.submit_candidate(drafters["useless"], info)
+    assert registry.merge_candidates(target, target_id=TID, gate=gate) is None  # refused...
+    assert len(runs) == 1 and runs[0] >= WindowVerdict.MIN_PAIRS  # ...on the sample, once
+    assert registry.rejected["merge"] == 1
+
+
+@pytest.mark.parametrize(("honest", "scores"), [(1, 2), (2, 4)])
+def test_a_merge_scores_each_drafter_once(
+    target, drafters, step_answers, tmp_path, monkeypatch, honest: int, scores: int
+) -> None:
+    """The current version once, each candidate once, and the merge only when it averages
+    several (a lone candidate's merge is its own weights): the published score is still the
+    merge's own."""
+    registry = DrafterRegistry(tmp_path)
+    registry.publish(drafters["current"], policy_version=0)
+    workers = [f"w-{i}" for i in range(honest)]
+    ledger = WindowLedger()
+    ledger.record_rollout(0, [reply(w, step_answers[32 * i : 32 * (i + 1)])
+                              for i, w in enumerate(workers)])  # fmt: skip
+    sample = HeldoutSample(SPEC)
+    sample.refresh(target, step_answers, policy_version=1)
+    calls: list[int] = []
+    real = HeldoutSample.score
+    monkeypatch.setattr(HeldoutSample, "score", lambda self, d: calls.append(1) or real(self, d))
+    for w in workers:
+        info = CandidateInfo(w, 0, policy_version=1, tokens=500, steps=10)
+        registry.submit_candidate(drafters["honest"], info)
+    published = registry.merge_candidates(
+        target, target_id=TID, gate=CandidateChecks(ledger, sample)
+    )
+    assert published is not None and len(calls) == scores
+    drafter, got = registry.load(target, target_id=TID)
+    assert got.meta.heldout_top1 == real(sample, drafter)[0]
 
 
 # --- (b) stale and future base versions: 409 with a reason, logged, never stored -------------

@@ -12,8 +12,10 @@ from longtail_api.profile import EngineProfile
 from longtail_cli.main import main
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.engine.torch_engine import EngineConfig
+from longtail_workers.profile.calls import CallShape, call_costs
 from longtail_workers.profile.engine_steps import catch_up_tokens_per_s, engine_curves, step_config
 from longtail_workers.profile.forwards import StepGrid, capped_contexts, step_curves
+from longtail_workers.profile.merge import merge_costs
 from longtail_workers.profile.models import make_drafter
 from longtail_workers.profile.timing import Repeats
 
@@ -45,7 +47,34 @@ def test_quick_profile_writes_a_valid_file(tmp_path: Path, capsys) -> None:
     rates = ("http_pack", "http_pull", "load", "broadcast_pack", "broadcast_wire")
     for name in (f"{r}_bytes_per_s" for r in rates):
         assert (getattr(sync, name) or 0) > 0 and sync.sources[name].startswith("measured"), name
+    # What a step costs beyond those, through the real worker service, update and registry.
+    extra = profile.overheads
+    assert extra is not None and extra.call_s > 0 and extra.merge_s > 0
+    assert extra.engine_step_s >= 0 and extra.engine_warmup_s >= 0 and extra.trainer_warmup_s >= 0
     assert "wrote" in capsys.readouterr().out
+
+
+def test_call_costs_separate_the_per_call_and_per_step_parts() -> None:
+    """A real rollout worker served over HTTP: the short and the long call's time outside the
+    engine's steps give a per-call part and a per-step part; both are small beside a step."""
+    torch.set_num_threads(1)
+    model = tiny_qwen2(seed=1, vocab_size=64, hidden_size=32, intermediate_size=64)
+    drafter = make_drafter(model, "micro", 0, "longtail")
+    gen = torch.Generator().manual_seed(0)
+    shape = CallShape(batch=6, prompt=8, longest=48)
+    assert shape.budgets() == [3, 5, 9, 16, 28, 48] and shape.budgets(0.25)[-1] == 12
+    costs = call_costs(model, drafter, shape, repeats=1, gen=gen)
+    assert costs.call_s > 0 and costs.step_s >= 0 and costs.warmup_s >= 0
+    assert costs.call_s < 1.0 and costs.step_s < 0.05
+
+
+def test_merge_costs_time_the_registry_path_with_its_checks() -> None:
+    torch.set_num_threads(1)
+    model = tiny_qwen2(seed=1, vocab_size=64, hidden_size=32, intermediate_size=64)
+    drafter = make_drafter(model, "micro", 0, "longtail")
+    gen = torch.Generator().manual_seed(0)
+    costs = merge_costs(model, drafter, [(8, 40)] * 16, repeats=1, gen=gen)
+    assert costs.merge_s > 0 and costs.per_candidate_s >= 0
 
 
 def test_engine_steps_can_be_timed_beside_neighbour_engines(tmp_path: Path, capsys) -> None:

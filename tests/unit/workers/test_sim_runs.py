@@ -3,6 +3,7 @@ on hand-computed cases with the constant-latency profile of ``test_sim_step``.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from test_sim_step import (
     DECODE_S,
     DRAFT_S,
+    OVERHEADS,
     VERIFY_S,
     flat_profile,
     sd,
@@ -61,6 +63,22 @@ def test_a_step_that_did_not_speculate_takes_the_runs_mean_accepted_length(tmp_p
     assert lt.workers[0].speculative_steps == 2
     (_, fixed) = replay(s, rows, flat_profile(), accepted_length=2.0)[1]
     assert fixed.workers[0].speculative_steps == 4
+
+
+def test_a_replayed_run_pays_its_own_merges_and_its_first_steps_warm_up(tmp_path: Path) -> None:
+    # 2 workers, 2 prompts x 1 answer, harvest after 0 s: worker 1 runs dry and is harvested
+    # every step. Step 1 recorded no merge (its window's training did not pass the worker's
+    # gate), step 2 merged 2 candidates, step 3 was written before the field (None): one per
+    # harvested worker. Only step 1 pays the warm-ups.
+    rows = [row(i, [2, 8], 2.0, [4, 4]) for i in (1, 2, 3)]
+    rows[0].drafter_candidates, rows[1].drafter_candidates = 0, 2
+    profile = dataclasses.replace(flat_profile(), overheads=OVERHEADS)
+    s = shape(rollout_workers=2, prompts=2, group=1, harvest=HarvestSpec(idle_seconds=0.0))
+    steps = replay(s, read_run(write_run(tmp_path, rows)), profile)
+    assert [lt.merge_s for _, lt in steps] == pytest.approx([0.0, 0.4 + 0.1, 0.4])
+    assert [b.merge_s for b, _ in steps] == [0.0, 0.0, 0.0]  # the baseline never merges
+    warm = [b.trainer_s - steps[2][0].trainer_s for b, _ in steps]
+    assert warm == pytest.approx([OVERHEADS.trainer_warmup_s, 0.0, 0.0])
 
 
 def test_a_run_without_lengths_or_of_another_shape_is_refused(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from longtail_api.policies import HarvestSpec, SelectorSpec, SpeculativeSpec, StrategySpec
-from longtail_api.profile import EngineProfile, ModelShape, StepPoint
+from longtail_api.profile import EngineProfile, ModelShape, Overheads, StepPoint
 from longtail_workers.sim.step import JobShape, compare, simulate_step
 
 DECODE_S, VERIFY_S, DRAFT_S = 0.1, 0.2, 0.01
@@ -224,6 +224,43 @@ def test_context_is_the_longest_row_for_a_padded_engine(engine: str, decode_s: f
     assert r.trainer_s == pytest.approx((6 + 250) * 0.001)  # the update reads each prompt
     with pytest.raises(ValueError, match="prompt lengths: give 2"):
         simulate_step(s, [2, 4], profile, prompts=[150])
+
+
+OVERHEADS = Overheads(
+    call_s=0.05, engine_step_s=0.01, engine_warmup_s=0.3, trainer_warmup_s=0.2, merge_s=0.4,
+    merge_candidate_s=0.1,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_overheads_are_charged_per_call_per_step_and_on_the_first_step(first: bool) -> None:
+    # Worker 0: prompt 0 (2 tokens: the prefill's + 1 decode step), worker 1: prompt 1 (10
+    # tokens: 9 steps). Each step costs 0.01 s more, each call 0.05 s at its end, the first
+    # step's call 0.3 s at its start; its update 0.2 s more.
+    profile = dataclasses.replace(flat_profile(), overheads=OVERHEADS)
+    s = shape(rollout_workers=2, prompts=2, group=1)
+    plain = simulate_step(s, [2, 10], flat_profile())
+    r = simulate_step(s, [2, 10], profile, first=first)
+    warm = 0.3 if first else 0.0
+    assert [w.done_s for w in r.workers] == pytest.approx(
+        [w.done_s + warm + 0.01 * w.decode_steps + 0.05 for w in plain.workers]
+    )
+    assert r.trainer_s == pytest.approx(plain.trainer_s + (0.2 if first else 0.0))
+    assert r.merge_s == 0.0  # no harvest: no candidate to merge
+    kinds = [seg.kind for seg in r.segments if seg.worker == 1]
+    assert kinds == ["overhead"] * first + ["decode", "overhead"]  # empty prompts: no prefill
+
+
+def test_a_step_that_harvested_pays_the_merge_of_one_candidate_per_harvested_worker() -> None:
+    # 3 workers, one long answer: two run dry and are harvested, so two candidates merge.
+    profile = dataclasses.replace(flat_profile(), overheads=OVERHEADS)
+    s = shape(rollout_workers=3, prompts=3, group=1, harvest=HarvestSpec(idle_seconds=0.0))
+    base, longtail = compare(s, [10, 2, 2], profile)
+    assert base.merge_s == 0.0
+    assert longtail.merge_s == pytest.approx(0.4 + 0.1)
+    assert longtail.step_s == pytest.approx(
+        longtail.rollout_s + longtail.trainer_s + longtail.weight_sync_s + 0.5
+    )
 
 
 def test_compare_baseline_has_no_sd_and_no_harvest() -> None:

@@ -39,7 +39,7 @@ from longtail_workers.profile.forwards import StepGrid
 
 
 @dataclass
-class _Recorder(RolloutStats):
+class StepRecorder(RolloutStats):
     """The engine's statistics, keeping every step's record too."""
 
     records: list[StepRecord] = field(default_factory=list)
@@ -109,7 +109,7 @@ def _median_step(
     requests = [
         GenerationRequest(prompt, new_tokens, temperature=1.0, seed=i) for i in range(batch)
     ]
-    recorder = _Recorder()
+    recorder = StepRecorder()
     engine.stats = recorder
     engine.generate(requests)
     times = [r.latency_s for r in recorder.records if r.mode == mode and r.batch_size == batch]
@@ -183,7 +183,7 @@ def catch_up_tokens_per_s(
         engine = TorchEngine(model, config=step_config(2 * batch, prompt),
                              speculative=speculative_spec(depth, batch), drafter=drafter,
                              acceptance_rule=forced_acceptance(accepted_drafts))  # fmt: skip
-        recorder = _Recorder()
+        recorder = StepRecorder()
         engine.stats = recorder
         ids = torch.randint(0, vocab, (prompt,), generator=gen).tolist()
         long = generated + 9 * (min(accepted_drafts, depth) + 1)  # 8 more speculative steps

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
-from longtail_api.profile import EngineProfile, SyncCosts
+from longtail_api.profile import EngineProfile, Overheads, SyncCosts
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.models.loading import resolve_device
+from longtail_workers.profile.calls import CallCosts, CallShape, call_costs
 from longtail_workers.profile.engine_steps import EngineCurves, catch_up_tokens_per_s, engine_curves
 from longtail_workers.profile.forwards import (
     StepGrid,
@@ -32,6 +33,7 @@ from longtail_workers.profile.forwards import (
     prefill_tokens_per_s,
     step_curves,
 )
+from longtail_workers.profile.merge import merge_costs
 from longtail_workers.profile.models import SHAPES, load_target, make_drafter, model_shape
 from longtail_workers.profile.neighbours import Neighbours, NeighbourSpec
 from longtail_workers.profile.sync import measure_sync
@@ -39,7 +41,7 @@ from longtail_workers.profile.timing import Repeats
 from longtail_workers.profile.training import (
     TrainShape,
     drafter_train_tokens_per_s,
-    trainer_seconds_per_token,
+    grpo_update_costs,
 )
 from longtail_workers.profile.vllm_steps import (
     VllmUnavailableError,
@@ -236,6 +238,19 @@ def _catch_up(args: argparse.Namespace, policy: torch.nn.Module, drafter: EagleD
                                  _accepted_drafts(args))  # fmt: skip
 
 
+def _calls(args: argparse.Namespace, policy: torch.nn.Module, drafter: EagleDrafter,
+           grid: StepGrid, preset: Preset, gen: torch.Generator) -> CallCosts | None:  # fmt: skip
+    """Per-call and per-step costs beyond the engine's steps (``profile/calls.py``), with
+    calls of up to 32 answers (the grid's largest batch below) to the grid's shortest context,
+    budgets up to its longest (at most 256 tokens); None for vLLM (its steps are timed from
+    whole calls already)."""
+    if args.engine == "vllm":
+        return None
+    batch = max([b for b in grid.batches if b <= 32] or [min(grid.batches)])
+    shape = CallShape(batch, min(grid.contexts), min(256, max(16, max(grid.contexts))))
+    return call_costs(policy, drafter, shape, preset.runs.repeats, gen)
+
+
 def _rate(tokens_per_s: float | None) -> str:
     return "too small to measure" if tokens_per_s is None else f"{tokens_per_s:,.0f} tokens/s"
 
@@ -316,7 +331,12 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
         steps = _whole_steps(args, policy, drafter, grid, preset, gen, say)
         prefill = prefill_tokens_per_s(target, prompts, tokens, preset.runs, gen)
         catch_up = _catch_up(args, policy, drafter, grid, preset, gen)
+        calls = _calls(args, policy, drafter, grid, preset, gen)
     say(f"prefill: {prefill:,.0f} tokens/s")
+    if calls is not None:
+        say(f"generate calls over HTTP: {calls.call_s * 1e3:.1f} ms a call and "
+            f"{calls.step_s * 1e3:.3f} ms an engine step beyond the steps; first call "
+            f"+{calls.warmup_s * 1e3:.0f} ms")  # fmt: skip
     say(f"drafter catch-up when SD switches on: {_rate(catch_up)}")
     sync_s, sync_costs = measure_sync(policy, preset.runs.repeats)
     say(f"weight sync (publish, pull over loopback HTTP, load): {sync_s * 1e3:.1f} ms")
@@ -327,8 +347,19 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
     if args.trainer_threads is not None:
         torch.set_num_threads(args.trainer_threads)
     train_rows = _train_rows(args)
-    per_token = trainer_seconds_per_token(policy, shape, preset.runs, gen, train_rows)
-    say(f"GRPO update ({_device_label(device)}): {per_token * 1e3:.4f} ms per sequence token")
+    per_token, update_warmup = grpo_update_costs(policy, shape, preset.runs, gen, train_rows)
+    say(f"GRPO update ({_device_label(device)}): {per_token * 1e3:.4f} ms per sequence token, "
+        f"the first +{update_warmup * 1e3:.0f} ms")  # fmt: skip
+    rows = train_rows or [(shape.prompt_tokens, shape.response_tokens)] * shape.sequences
+    merge = merge_costs(policy, drafter, rows, preset.runs.repeats, gen)
+    if merge is not None:
+        say(f"drafter merge: {merge.merge_s * 1e3:.0f} ms, each further candidate "
+            f"+{merge.per_candidate_s * 1e3:.0f} ms")  # fmt: skip
+    overheads = None if calls is None or merge is None else Overheads(
+        call_s=calls.call_s, engine_step_s=calls.step_s, engine_warmup_s=calls.warmup_s,
+        trainer_warmup_s=update_warmup, merge_s=merge.merge_s,
+        merge_candidate_s=merge.per_candidate_s,
+    )  # fmt: skip
     return EngineProfile(
         source="measured",
         device=engine_label,
@@ -344,6 +375,7 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
         trainer_seconds_per_token=per_token,
         weight_sync_s=sync_s,
         weight_sync=sync_costs,
+        overheads=overheads,
         notes=[
             f"model {name}; torch {torch.__version__}; median of {preset.runs.repeats} runs "
             f"after {preset.runs.warmup} warm-up",

@@ -39,13 +39,21 @@ def synchronize(device: torch.device) -> None:
 
 def median_seconds(fn: Callable[[], object], device: torch.device, runs: Repeats) -> float:
     """Median wall-clock seconds of ``fn()`` over ``runs.repeats`` after ``runs.warmup`` calls."""
-    for _ in range(runs.warmup):
-        fn()
-    times = []
-    for _ in range(runs.repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return first_and_median(fn, device, runs)[1]
+
+
+def first_and_median(
+    fn: Callable[[], object], device: torch.device, runs: Repeats
+) -> tuple[float, float]:
+    """``(seconds of the very first call, median of the timed ones)``: the first call is a
+    warm-up call when there are any, else the first timed one."""
+    times = [_timed(fn, device) for _ in range(runs.warmup + runs.repeats)]
+    return times[0], statistics.median(times[runs.warmup :])
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0

@@ -18,7 +18,7 @@ from torch import nn
 
 from longtail_api.policies import LossWeightsSpec
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.profile.timing import Repeats, median_seconds
+from longtail_workers.profile.timing import Repeats, first_and_median, median_seconds
 from longtail_workers.spot.windows import PackedBatch, packed_loss
 from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.optim import (
@@ -75,18 +75,20 @@ def drafter_train_tokens_per_s(
     return rows * pairs / seconds
 
 
-def trainer_seconds_per_token(
+def grpo_update_costs(
     policy: nn.Module,
     shape: TrainShape,
     runs: Repeats,
     gen: torch.Generator,
     rows: Sequence[tuple[int, int]] | None = None,
-) -> float:
-    """Seconds of one GRPO update per sequence token, prompt and response (the trainer's
-    default token budget): the cost follows every token the passes run over. ``rows``:
-    ``(prompt, response)`` tokens per sequence of a real batch (a run's step: mixed lengths
-    cost more per token than one length, through the micro-batches' padding and the long
-    sequences' attention); default: ``shape``'s uniform batch."""
+) -> tuple[float, float]:
+    """``(seconds per sequence token, warm-up seconds)`` of one GRPO update: per token, prompt
+    and response alike (the trainer's default token budget), as the cost follows every token
+    the passes run over; the warm-up is how much longer the first update on a fresh optimizer
+    takes than a later one (the job's first step pays it). ``rows``: ``(prompt, response)``
+    tokens per sequence of a real batch (a run's step: mixed lengths cost more per token than
+    one length, through the micro-batches' padding and the long sequences' attention);
+    default: ``shape``'s uniform batch."""
     dev = next(policy.parameters()).device
     vocab = int(policy.get_output_embeddings().out_features)  # type: ignore[operator]
     rows = rows or [(shape.prompt_tokens, shape.response_tokens)] * shape.sequences
@@ -108,7 +110,9 @@ def trainer_seconds_per_token(
     optimizer = build_optimizer(policy, cfg)
     policy.train()
     try:
-        seconds = median_seconds(lambda: train_step(policy, optimizer, batch, cfg), dev, runs)
+        first, seconds = first_and_median(
+            lambda: train_step(policy, optimizer, batch, cfg), dev, runs
+        )
     finally:
         policy.eval()
-    return seconds / sum(p + r for p, r in rows)
+    return seconds / sum(p + r for p, r in rows), max(0.0, first - seconds)

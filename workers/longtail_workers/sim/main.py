@@ -28,7 +28,7 @@ from longtail_workers.sim.roofline import QWEN2_SHAPES, roofline_profile
 from longtail_workers.sim.runs import mean_results, read_run, replay
 from longtail_workers.sim.sensitivity import format_rows, sensitivity
 from longtail_workers.sim.step import JobShape, StepResult, compare
-from longtail_workers.sim.sync import TRANSPORTS, SyncCharge, sync_charge
+from longtail_workers.sim.sync import TRANSPORTS, SyncCharge, job_sync_charge
 
 DEFAULT_ACCEPTED_LENGTH = 3.0
 """Accepted length when neither ``--accepted-length`` nor a run gives one."""
@@ -39,6 +39,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("tail_s", "tail: first worker done -> last (s)"),
     ("trainer_s", "trainer (s)"),
     ("weight_sync_s", "weight sync (s)"),
+    ("merge_s", "drafter merge (s)"),
     ("idle_gpu_s", "idle rollout GPU-seconds"),
     ("harvested_gpu_s", "harvested GPU-seconds (drafter training)"),
     ("preempted", "answers preempted (KV cache full)"),
@@ -130,16 +131,8 @@ def _charge(args: argparse.Namespace, spec: RLJobSpec, profile: EngineProfile) -
         if args.weight_sync_s < 0:
             raise ValueError(f"--weight-sync-s {args.weight_sync_s}: must be >= 0")
         return None
-    transport = args.weight_sync or spec.weight_sync_transport()
     link = None if args.link_gbps is None else args.link_gbps * 1e9 / 8
-    return sync_charge(
-        profile,
-        transport,
-        workers=spec.rollout.replicas,
-        trainer_world=spec.trainer.replicas * max(1, spec.trainer.resources.gpus),
-        bucket_bytes=spec.weight_sync.bucket_mb * 2**20,
-        link_bytes_per_s=link,
-    )
+    return job_sync_charge(spec, profile, args.weight_sync, link)
 
 
 def _job(path: str) -> RLJobSpec:
@@ -219,6 +212,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeline_png(*steps[plotted], args.plot, caption)
         print(f"timeline: {args.plot}")
     sync_notes = [] if charge is None else [f"weight sync: {n}" for n in charge.notes]
+    if profile.overheads is None:
+        sync_notes.append(
+            "the profile has no overheads (per-call transport and capture, the engine's work "
+            "between steps, warm-ups, the drafter merge): left out; a profile taken with this "
+            "version's `longtail profile` measures them"
+        )
     for note in [*profile.notes, *notes, *sync_notes]:
         print(f"note: {note}")
     return 0

@@ -15,6 +15,7 @@ from longtail_workers.sim.step import StepResult
 
 COLOURS = {
     "prefill": "#9e9e9e",
+    "overhead": "#bcbd22",
     "decode": "#1f77b4",
     "speculative": "#2ca02c",
     "idle": "#d62728",

@@ -5,8 +5,9 @@ Called by ``sim/main.py`` and ``bench/sim_validate.py``. A run directory's ``met
 every answer's response length in request order, the prompt lengths and the mean accepted
 length of the step's speculative steps. :func:`read_run` loads the steps that carry lengths;
 :func:`replay` simulates each of them, baseline and Longtail, with that step's lengths, prompt
-lengths and (unless fixed by the caller) accepted lengths, and :func:`mean_results` sums
-the figures up per step. Pure Python (no torch).
+lengths and (unless fixed by the caller) accepted lengths and the drafter candidates its
+merge judged (a run's step 1 also pays the warm-ups of the profile's ``overheads``), and
+:func:`mean_results` sums the figures up per step. Pure Python (no torch).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def replay(
         lengths = [max(1, x) for x in row.response_lengths]
         per_answer = None if accepted_length else answer_accepted(row, step_shape.accepted_length)
         own = row.prompt_lengths if len(row.prompt_lengths) == shape.prompts else None
-        out.append(compare(step_shape, lengths, profile, per_answer, own))
+        merges = row.drafter_candidates  # None in a run recorded before: one per harvested
+        out.append(compare(step_shape, lengths, profile, per_answer, own, row.step == 1, merges))
     return out
 
 

@@ -15,7 +15,14 @@ Called by ``longtail simulate`` (and the projections in docs/performance.md) thr
 3. **Trainer.** The update's tokens (prompt + response of every answer) x the profile's trainer
    seconds per token, divided by the trainer replicas; then the weight sync: the shape's
    seconds (``longtail simulate`` charges the job's transport phase by phase, ``sim/sync.py``,
-   or takes ``--weight-sync-s``), or the profile's flat HTTP figure when the shape has none.
+   or takes ``--weight-sync-s``), or the profile's flat HTTP figure when the shape has none;
+   then the merge of the drafter candidates: one per harvested worker, or as many as the
+   replayed run's step merged (whether a window's training passes the worker's quality gate
+   and is submitted is the run's outcome, like its accepted length).
+4. **Overheads** (a profile's ``overheads``, measured through the real code paths; left out
+   when a profile has none): every worker's generate call costs ``call_s`` beyond its engine
+   steps and every engine step ``engine_step_s``; the first step of a run also pays the
+   engine's and the update's warm-up.
 
 GPU-seconds are worker seconds x GPUs per rollout worker. The accepted length is an input and
 stays fixed over the step (the drafter's improvement during harvest is not modelled).
@@ -32,7 +39,7 @@ from longtail_api.policies import HarvestSpec, SpeculativeSpec
 from longtail_api.profile import EngineProfile
 from longtail_workers.shards import shard_round_robin
 from longtail_workers.sim.latency import LatencyModel
-from longtail_workers.sim.worker import Segment, WorkerRun, simulate_worker
+from longtail_workers.sim.worker import CallOverhead, Segment, WorkerRun, simulate_worker
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,7 @@ class StepResult:
     source: str
     """The profile's source (``measured`` or ``roofline``): print it with every figure."""
     step_s: float
-    """Rollout + trainer + weight sync."""
+    """Rollout + trainer + weight sync + drafter merge."""
     rollout_s: float
     """Dispatch to the last answer."""
     first_done_s: float
@@ -106,6 +113,8 @@ class StepResult:
     """The policy update."""
     weight_sync_s: float
     """Publishing the weights."""
+    merge_s: float
+    """Merging the drafter candidates of the harvested workers after the update."""
     idle_gpu_s: float
     """GPU-seconds rollout workers spent without answers while others generated."""
     harvested_gpu_s: float
@@ -146,11 +155,15 @@ def simulate_step(
     profile: EngineProfile,
     accepted: Sequence[float] | None = None,
     prompts: Sequence[int] | None = None,
+    first: bool = False,
+    merges: int | None = None,
 ) -> StepResult:
     """Simulate one step; ``lengths``: response tokens of the ``prompts x group`` answers, in
     request order (the answers of prompt i are ``lengths[i*group:(i+1)*group]``);
     ``accepted``: each answer's own accepted length, in the same order (default: the shape's);
-    ``prompts``: each prompt's length, in order (default: the shape's ``prompt_tokens``)."""
+    ``prompts``: each prompt's length, in order (default: the shape's ``prompt_tokens``);
+    ``first``: the run's first step (it pays the warm-ups); ``merges``: drafter candidates
+    merged after the update (default: one per harvested worker)."""
     n = shape.prompts * shape.group
     if len(lengths) != n:
         raise ValueError(
@@ -167,6 +180,11 @@ def simulate_step(
         prompts[i // shape.group] for i in range(n)
     ]  # fmt: skip
     latency = LatencyModel(profile)
+    extra = profile.overheads
+    overhead = CallOverhead() if extra is None else CallOverhead(
+        call_s=extra.call_s, step_s=extra.engine_step_s,
+        warmup_s=extra.engine_warmup_s if first else 0.0,
+    )  # fmt: skip
     runs = [
         simulate_worker(
             w,
@@ -179,6 +197,7 @@ def simulate_step(
             kv_tokens=profile.kv_cache_tokens,
             accepted=None if accepted is None else [accepted[i] for i in shard],
             padded=profile.padded_context,
+            overhead=overhead,
         )
         for w, shard in enumerate(shard_round_robin(n, shape.rollout_workers, shape.group))
     ]
@@ -186,23 +205,32 @@ def simulate_step(
     first_done_s = min(r.done_s for r in runs)
     segments: list[Segment] = []
     idle_s = harvested_s = 0.0
+    candidates = 0
     for r in runs:
         tail, idle, harvested = _tail_segments(r, rollout_s, shape.harvest)
         segments += r.segments + tail
         idle_s += idle
         harvested_s += harvested
+        candidates += harvested > 0
     tokens = sum(r.tokens for r in runs)
     update_tokens = tokens + sum(per_answer)  # every sequence's prompt goes through too
     trainer_s = update_tokens * profile.trainer_seconds_per_token / shape.trainer_replicas
+    if first and extra is not None:
+        trainer_s += extra.trainer_warmup_s
     sync_s = profile.weight_sync_s if shape.weight_sync_s is None else shape.weight_sync_s
+    candidates = candidates if merges is None else merges
+    merge_s = 0.0
+    if candidates and extra is not None:
+        merge_s = extra.merge_s + (candidates - 1) * extra.merge_candidate_s
     return StepResult(
         source=profile.source,
-        step_s=rollout_s + trainer_s + sync_s,
+        step_s=rollout_s + trainer_s + sync_s + merge_s,
         rollout_s=rollout_s,
         first_done_s=first_done_s,
         tail_s=rollout_s - first_done_s,
         trainer_s=trainer_s,
         weight_sync_s=sync_s,
+        merge_s=merge_s,
         idle_gpu_s=idle_s * shape.gpus_per_worker,
         harvested_gpu_s=harvested_s * shape.gpus_per_worker,
         drafter_train_tokens=harvested_s * profile.drafter_train_tokens_per_s,
@@ -219,10 +247,13 @@ def compare(
     profile: EngineProfile,
     accepted: Sequence[float] | None = None,
     prompts: Sequence[int] | None = None,
+    first: bool = False,
+    merges: int | None = None,
 ) -> tuple[StepResult, StepResult]:
     """(baseline, Longtail): the same step without and with SD + harvest (``accepted``: per
-    answer, ``prompts``: per prompt, see :func:`simulate_step`)."""
+    answer, ``prompts``: per prompt, ``first``: a run's first step, ``merges``: the Longtail
+    arm's merged drafter candidates, see :func:`simulate_step`)."""
     return (
-        simulate_step(shape.baseline(), lengths, profile, prompts=prompts),
-        simulate_step(shape, lengths, profile, accepted, prompts),
+        simulate_step(shape.baseline(), lengths, profile, prompts=prompts, first=first),
+        simulate_step(shape, lengths, profile, accepted, prompts, first, merges),
     )

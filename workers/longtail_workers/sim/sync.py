@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass, field
 
 from longtail_api.profile import EngineProfile, SyncCosts
+from longtail_api.spec import RLJobSpec
 
 TRANSPORTS = ("http", "broadcast")
 
@@ -182,3 +183,22 @@ def _broadcast_rates(
         )
     notes.append(note)
     return pack, wire, notes
+
+
+def job_sync_charge(
+    spec: RLJobSpec,
+    profile: EngineProfile,
+    transport: str | None = None,
+    link_bytes_per_s: float | None = None,
+) -> SyncCharge:
+    """The weight sync ``spec``'s job pays for a version of ``profile``'s model: its transport
+    (``spec.weightSync``, ``auto`` resolved; ``transport`` overrides it), rollout workers,
+    trainer world and bucket size (``longtail simulate`` and ``bench/sim_validate.py``)."""
+    return sync_charge(
+        profile,
+        transport or spec.weight_sync_transport(),
+        workers=spec.rollout.replicas,
+        trainer_world=spec.trainer.replicas * max(1, spec.trainer.resources.gpus),
+        bucket_bytes=spec.weight_sync.bucket_mb * 2**20,
+        link_bytes_per_s=link_bytes_per_s,
+    )

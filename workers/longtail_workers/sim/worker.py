@@ -44,8 +44,22 @@ from longtail_api.policies import SpeculativeSpec
 from longtail_workers.engine.sd_policy import SpecDecodePolicy
 from longtail_workers.sim.latency import LatencyModel
 
-SegmentKind = Literal["prefill", "decode", "speculative", "idle", "harvest"]
-"""What a worker does in a timeline segment."""
+SegmentKind = Literal["overhead", "prefill", "decode", "speculative", "idle", "harvest"]
+"""What a worker does in a timeline segment (``overhead``: the generate call's transport,
+capture and the engine's warm-up, :class:`CallOverhead`)."""
+
+
+@dataclass(frozen=True)
+class CallOverhead:
+    """What one worker's generate call costs beyond its engine steps (the profile's
+    ``overheads``, ``sim/step.py`` fills it in; zero: not modelled)."""
+
+    call_s: float = 0.0
+    """Once per call, charged at its end: the reply's way back, capture, transport."""
+    step_s: float = 0.0
+    """Per engine step: the engine's work between the steps it times."""
+    warmup_s: float = 0.0
+    """Once, at the start: the first call of a fresh engine (the job's first step)."""
 
 
 @dataclass(frozen=True)
@@ -237,12 +251,14 @@ def simulate_worker(
     kv_tokens: int | None = None,
     accepted: Sequence[float] | None = None,
     padded: bool = False,
+    overhead: CallOverhead = CallOverhead(),
 ) -> WorkerRun:
     """Generate ``lengths`` (response tokens per answer, in dealt order) on one worker;
     ``prompts``: each answer's prompt length, same order; ``kv_tokens``: the KV
     cache's capacity in tokens (None: unbounded); ``accepted``: each answer's own accepted
     length (default: ``accepted_length`` for all); ``padded``: a step's context is the longest
-    running answer's, not the mean (``EngineProfile.padded_context``)."""
+    running answer's, not the mean (``EngineProfile.padded_context``); ``overhead``: what the
+    call costs beyond the engine's steps."""
     rates = list(accepted) if accepted is not None else [accepted_length] * len(lengths)
     if len(rates) != len(lengths) or len(prompts) != len(lengths):
         raise ValueError(
@@ -254,7 +270,8 @@ def simulate_worker(
     waiting = deque(_Queued(n, 0, r, p) for n, r, p in zip(lengths, rates, prompts, strict=True))
     running = _Running()
     run = WorkerRun(worker=worker, answers=len(lengths), done_s=0.0, tokens=0)
-    t = 0.0
+    t = overhead.warmup_s
+    _add(run.segments, worker, 0.0, t, "overhead")
     speculating = False  # the last decode step speculated (the drafter's cache is live)
 
     while waiting or running:
@@ -277,11 +294,12 @@ def simulate_worker(
                 dt += latency.catch_up_s(_catch_up_tokens(running, speculative))
             speculating = True
             emitted = running.advance(speculative_cap=depth + 1.0)
-            policy.record(choice, emitted, dt)
+            policy.record(choice, emitted, dt)  # the engine's own step time, as it records it
+            dt += overhead.step_s
             run.speculative_steps += 1
             kind: SegmentKind = "speculative"
         else:
-            dt = latency.decode_s(n, context)
+            dt = latency.decode_s(n, context) + overhead.step_s
             emitted = running.advance()
             speculating = False
             run.decode_steps += 1
@@ -292,7 +310,8 @@ def simulate_worker(
         while kv_tokens is not None and len(running) > 1 and running.kv_tokens() > kv_tokens:
             waiting.appendleft(running.preempt_newest())
             run.preempted += 1
-    run.done_s = t
+    _add(run.segments, worker, t, t + overhead.call_s, "overhead")
+    run.done_s = t + overhead.call_s
     return run
 
 

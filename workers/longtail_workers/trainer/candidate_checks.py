@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -168,6 +168,20 @@ def _answer_index(sample: SampleTokens) -> tuple[int, str]:
     return (int(group) if group.isdigit() else 0, rid)
 
 
+@dataclass(frozen=True)
+class _Judged:
+    """Scores one merge's :meth:`CandidateChecks.admit` computed, for its ``judge_merge``."""
+
+    current: EagleDrafter | None
+    """The current version it scored."""
+    current_top1: float | None
+    """Its held-out top-1."""
+    pairs: int
+    """Pairs of the sample."""
+    lone: float | None = None
+    """The score of the only candidate admitted (None: none, or several)."""
+
+
 class CandidateChecks:
     """The trainer's :class:`~.registry.MergeGate` (see the module text)."""
 
@@ -183,6 +197,17 @@ class CandidateChecks:
         """The held-out sample (None: a sharded trainer, candidates are not scored)."""
         self.initial = initial
         """The job's initial drafter: the current version before the first publish."""
+        self._pending: Callable[[], object] | None = None
+        self._judged: _Judged | None = None
+        """What the last :meth:`admit` scored."""
+
+    def refresh_when_needed(self, refresh: Callable[[], object]) -> None:
+        """Keep ``refresh`` (which rebuilds :attr:`sample` from the step just trained) and run
+        it the first time a candidate is scored; a later call replaces it unrun. The sample is
+        a forward pass of the policy over up to ``max_pairs`` answer tokens, a quarter of a
+        small model's step on CPU (docs/performance.md), and most steps of a job without
+        harvest bring no candidate to score."""
+        self._pending = refresh
 
     def initial_drafter(self) -> EagleDrafter | None:
         return self.initial
@@ -197,6 +222,7 @@ class CandidateChecks:
         """Verified weight and held-out score of each candidate; refuse those with no verified
         token or scoring below ``current``."""
         base_top1, pairs = self._score(current)
+        self._judged = _Judged(current, base_top1, pairs)
         admitted: list[Admitted] = []
         refused: list[Refusal] = []
         for cand, weights in usable:
@@ -221,13 +247,24 @@ class CandidateChecks:
                 log.info("drafter candidate of %s claims %d tokens, weighed by the %d %s",
                          cand.worker, cand.tokens, tokens, what)  # fmt: skip
             admitted.append(Admitted(cand, weights, tokens, top1))
+        if len(admitted) == 1:  # the merge of one candidate is its weights, bit for bit
+            self._judged = _Judged(current, base_top1, pairs, admitted[0].heldout_top1)
         return admitted, refused
 
     def judge_merge(
         self, merged: EagleDrafter, current: EagleDrafter | None
     ) -> tuple[float | None, str | None]:
-        top1, pairs = self._score(merged)
-        base_top1, _ = self._score(current)
+        """The merge's held-out score, and a refusal when it scores below ``current``. Scores
+        :meth:`admit` just computed are reused (the current version's; a lone candidate's,
+        whose merge is its own weights: the token-weighted average of one state dict, computed
+        in float64, casts back to the same values), so that a merge scores each drafter once."""
+        judged, self._judged = self._judged, None
+        if judged is None or judged.current is not current:
+            judged = _Judged(current, *self._score(current))
+        top1, pairs = judged.lone, judged.pairs
+        if top1 is None:
+            top1, pairs = self._score(merged)
+        base_top1 = judged.current_top1
         if not WindowVerdict(top1, base_top1, pairs).keep:
             return top1, (
                 f"the merge scores held-out top-1 {top1:.3f} on the trainer's sample ({pairs} "
@@ -239,4 +276,7 @@ class CandidateChecks:
     def _score(self, drafter: EagleDrafter | None) -> tuple[float | None, int]:
         if drafter is None or self.sample is None:
             return None, 0
+        refresh, self._pending = self._pending, None
+        if refresh is not None:
+            refresh()
         return self.sample.score(drafter)
