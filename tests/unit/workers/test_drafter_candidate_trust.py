@@ -253,6 +253,7 @@ def test_a_merge_scores_each_drafter_once(
         target, target_id=TID, gate=CandidateChecks(ledger, sample)
     )
     assert published is not None and len(calls) == scores
+    assert registry.last_merge_candidates == honest  # the step row's drafter_candidates
     drafter, got = registry.load(target, target_id=TID)
     assert got.meta.heldout_top1 == real(sample, drafter)[0]
 

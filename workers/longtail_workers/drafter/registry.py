@@ -192,6 +192,9 @@ class DrafterRegistry:
         self.on_rejected = on_rejected
         self.rejected: Counter[str] = Counter()
         """Candidates refused so far, by stage (``upload``, ``merge``)."""
+        self.last_merge_candidates = 0
+        """Candidates the last :meth:`merge_candidates` found (the step row's
+        ``drafter_candidates``; the simulator replays a run's merges with it)."""
         for sub in ("versions", "candidates", ".staging"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
@@ -438,7 +441,9 @@ class DrafterRegistry:
         candidates' self-reported tokens weigh them and ``heldout_top1`` is their weighted mean.
         """
         base = self.latest_version() if base_version is None else base_version
-        usable = self._usable(self.candidates(base), target, target_id)
+        found = self.candidates(base)
+        self.last_merge_candidates = len(found)
+        usable = self._usable(found, target, target_id)
         if not usable:
             return None
         merged = load_drafter(usable[0][0].path, target, target_id=target_id)

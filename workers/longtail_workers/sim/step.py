@@ -205,20 +205,20 @@ def simulate_step(
     first_done_s = min(r.done_s for r in runs)
     segments: list[Segment] = []
     idle_s = harvested_s = 0.0
-    candidates = 0
+    harvested_workers = 0
     for r in runs:
         tail, idle, harvested = _tail_segments(r, rollout_s, shape.harvest)
         segments += r.segments + tail
         idle_s += idle
         harvested_s += harvested
-        candidates += harvested > 0
+        harvested_workers += harvested > 0
     tokens = sum(r.tokens for r in runs)
     update_tokens = tokens + sum(per_answer)  # every sequence's prompt goes through too
     trainer_s = update_tokens * profile.trainer_seconds_per_token / shape.trainer_replicas
     if first and extra is not None:
         trainer_s += extra.trainer_warmup_s
     sync_s = profile.weight_sync_s if shape.weight_sync_s is None else shape.weight_sync_s
-    candidates = candidates if merges is None else merges
+    candidates = harvested_workers if merges is None else merges
     merge_s = 0.0
     if candidates and extra is not None:
         merge_s = extra.merge_s + (candidates - 1) * extra.merge_candidate_s

@@ -138,8 +138,6 @@ class StepDriver:
         self.latest_samples: StepSamples | None = None
         """The last completed step's answers and the policy version published after it."""
         self._rejections_seen = 0  # drafter candidates refused before the last row
-        self.merged_candidates = 0
-        """Candidates the last merge judged (the step row's ``drafter_candidates``)."""
         if policy is None:  # a lone trainer on ``model`` as given (world 1)
             policy = PolicyLeader(build_policy(spec, TrainerWorld(), model)[0])
         self.policy = policy
@@ -273,7 +271,9 @@ class StepDriver:
         # the drafter version just merged, so its candidate counts at the next step's merge.
         self.latest_samples = StepSamples.of(step, self.state.policy_version, out.samples)
         row = self._row(step, out, rewards, correct, stats.as_dict(), train_s, sync_s)
-        row.drafter_candidates = None if self.registry is None else self.merged_candidates
+        row.drafter_candidates = (
+            None if self.registry is None else self.registry.last_merge_candidates
+        )
         self.syncs.fill(row, used)
         self.state.accepted_lengths.append(row.mean_accepted_length or 0.0)
         row.acceptance_collapsed = acceptance_collapsed(self.state.accepted_lengths)
@@ -333,7 +333,6 @@ class StepDriver:
         if self.registry is None:
             return 0.0
         t0 = time.monotonic()
-        self.merged_candidates = len(self.registry.candidates(self.registry.latest_version()))
         checks = self.checks
         if checks is not None and checks.sample is not None:
             sample, version = checks.sample, self.state.policy_version
