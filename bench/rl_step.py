@@ -193,12 +193,19 @@ def compare_arms(args: argparse.Namespace, tmp: Path) -> int:
     job = tmp / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     load_before = os.getloadavg()[0]
-    longtail = run_job(job, tmp / "longtail", baseline=False)
-    baseline = run_job(job, tmp / "baseline", baseline=True)
-    for name, run in (("Longtail (adaptive SD + harvest)", longtail),
-                      ("baseline (--no-speculative --no-harvest)", baseline)):  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    runs = {}
+    for arm, name in (("longtail", "Longtail (adaptive SD + harvest)"),
+                      ("baseline", "baseline (--no-speculative --no-harvest)")):  # fmt: skip
+        runs[arm] = run = run_job(job, tmp / arm, baseline=arm == "baseline")
         print(f"\n{name}, per step (seconds; idle/harvested: worker-seconds)")
         print("\n".join(step_lines(run["rows"])))
+        # Each arm's figures as soon as it ends: a run cut short (a GPU session's time limit)
+        # still reports the arm it finished.
+        part = {"job": args.job, "arm": arm, "figures": figures(run),
+                "per_step": step_records(run["rows"])}  # fmt: skip
+        args.out.with_name(f"{args.out.stem}-{arm}.json").write_text(json.dumps(part, indent=2))
+    longtail, baseline = runs["longtail"], runs["baseline"]
     fl, fb = figures(longtail), figures(baseline)
     result = {
         "job": args.job,
@@ -221,7 +228,6 @@ def compare_arms(args: argparse.Namespace, tmp: Path) -> int:
         },
         "run_dirs": [longtail["dir"], baseline["dir"]] if args.keep_runs else None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "run_dirs"}, indent=2))
     return 0

@@ -337,3 +337,30 @@ def test_the_micro_batch_budget_is_the_job_setting_else_the_device_default() -> 
     assert micro_batch_budget(0, cpu) == CPU_MICRO_BATCH_TOKENS == 1024
     assert micro_batch_budget(None, gpu) == GPU_MICRO_BATCH_TOKENS == 16384
     assert micro_batch_budget(3000, cpu) == micro_batch_budget(3000, gpu) == 3000
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_train_step_moves_the_host_batch_to_the_policy_device() -> None:
+    # The driver builds the batch on the host; the first GPU sitting of #35 failed here
+    # (index on cpu) because no update had ever run on a GPU.
+    model = tiny_model()
+    host = rollout_batch(model, ref=True)  # built on the host, as the driver does
+    model = model.cuda()
+    cfg = TrainConfig(learning_rate=3e-3, kl_coef=0.01, micro_batch_tokens=24)
+    stats = train_step(model, build_optimizer(model, cfg), host, cfg)  # not moved by the caller
+    assert stats.tokens == host.num_tokens and math.isfinite(stats.loss)
+
+
+def test_a_batch_moves_whole_to_a_device() -> None:
+    batch = rollout_batch(tiny_model(), ref=True)
+    moved = batch.to(torch.device("cpu"))
+    for name in (
+        "input_ids",
+        "attention_mask",
+        "response_mask",
+        "old_logprobs",
+        "advantages",
+        "ref_logprobs",
+    ):
+        assert torch.equal(getattr(moved, name), getattr(batch, name)), name

@@ -59,6 +59,9 @@ def test_the_rl_step_stage_runs_both_arms_profiles_and_predicts(tmp_path: Path) 
     # Lossless SD: the step-0 greedy eval of the two arms is the same text.
     assert rl["eval_step0"]["greedy_items"] == 4
     assert rl["eval_step0"]["greedy_identical"] == 4
+    for arm in ("longtail", "baseline"):  # each arm also on its own, written when it ended
+        part = json.loads((out / f"rl_step-{arm}.json").read_text())
+        assert part["arm"] == arm and part["per_step"] == rl["per_step"][arm]
 
     rows = [json.loads(ln) for ln in (out / "runs" / "longtail" / "metrics.jsonl").open()]
     assert [r["step"] for r in rows] == [1, 2]

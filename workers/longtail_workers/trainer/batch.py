@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 
@@ -51,6 +52,19 @@ class GrpoBatch:
     def num_tokens(self) -> int:
         """Response tokens: the denominator of the token-mean loss."""
         return int(self.response_mask.bool().sum())
+
+    def to(self, device: torch.device) -> GrpoBatch:
+        """This batch on ``device`` (the policy's): the driver builds it on the host, each
+        micro-batch travels to the GPU just before its forward pass."""
+        ref = self.ref_logprobs
+        return GrpoBatch(
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            response_mask=self.response_mask.to(device),
+            old_logprobs=self.old_logprobs.to(device),
+            advantages=self.advantages.to(device),
+            ref_logprobs=None if ref is None else ref.to(device),
+        )
 
     def select(self, rows: list[int]) -> GrpoBatch:
         """Rows ``rows``, cut to the column span where any of them has a real token.

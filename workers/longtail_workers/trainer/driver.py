@@ -288,13 +288,15 @@ class StepDriver:
     def _ref_logprobs(self, batch: GrpoBatch, rows_per_pass: int = 32) -> torch.Tensor:
         """Reference-policy log-probs ``[B, T]`` of the batch, a few rows per forward pass."""
         assert self.reference is not None
+        device = next(self.reference.parameters()).device
         parts = []
         for lo in range(0, batch.num_sequences, rows_per_pass):
             sl = slice(lo, lo + rows_per_pass)
             parts.append(sequence_logprobs(
-                self.reference, batch.input_ids[sl], batch.attention_mask[sl],
-                batch.response_mask[sl], self.train_cfg.temperature,
-            ))  # fmt: skip
+                self.reference, batch.input_ids[sl].to(device),
+                batch.attention_mask[sl].to(device), batch.response_mask[sl].to(device),
+                self.train_cfg.temperature,
+            ).cpu())  # fmt: skip
         return torch.cat(parts)
 
     def _rollout(self, step: int, requests: list[GenerationRequest]) -> RolloutOutcome:

@@ -181,9 +181,10 @@ def train_step(
     passes = max(len(p) for p in plans)
     filler = micro_batches(batch, None, shard_rows(batch, 1)[0][:1])[0]
     sums = torch.zeros(1 + len(_STAT_FIELDS), dtype=torch.float64)  # [loss, token-weighted stats]
+    device = next(model.parameters()).device  # the batch is built on the host
     for k in range(passes):
         real = k < len(mine)
-        mb = mine[k] if real else filler
+        mb = (mine[k] if real else filler).to(device)
         logprobs = sequence_logprobs(
             model, mb.input_ids, mb.attention_mask, mb.response_mask, cfg.temperature
         )  # [b, t]
