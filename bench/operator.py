@@ -16,6 +16,13 @@ p95 < 2 s, operator RSS < 150 MB).
 3. Role switches. A :class:`Harvester` drives 64 loopback :class:`FakeWorker` s over HTTP: each
    round, half the workers go idle while the rest generate; decision -> acknowledged latency is
    recorded per switch (both directions), over ``--rounds`` rounds.
+4. Role switches from DCGM (``--dcgm``, on by default; ``--no-dcgm`` skips it): the idleness
+   read through a real Prometheus (Debian's 2.42) scraping the tests' dcgm-exporter double
+   (``tests/doubles/dcgmexporter.py``), at two settings: a 1 s scrape and exporter collection
+   (idleSeconds 2, pollPeriodSeconds 0.5) and dcgm-exporter's default 30 s (idleSeconds 30,
+   pollPeriodSeconds 5). Each round one worker's GPU goes idle while the other's stays busy and
+   the trainer reports a rollout; the latency is from the exporter's collection that first
+   showed the idle GPU to the worker's ``PUT /v1/role``.
 """
 
 from __future__ import annotations
@@ -36,17 +43,23 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 # tests/doubles: the loopback FakeWorker (a test double, not shipped in the operator package).
-sys.path[:0] = [str(REPO / p) for p in ("api", "operator", "tests/doubles")]
+sys.path[:0] = [str(REPO / p) for p in ("api", "operator", "helm", "tests/doubles")]
 
-from fakeworker import FakeWorker  # noqa: E402
+from dcgmexporter import DcgmExporter  # noqa: E402
+from fakeworker import FakeTrainer, FakeWorker  # noqa: E402
+from promserver import PrometheusServer  # noqa: E402
 
-from longtail_api.policies import HarvestSpec  # noqa: E402
+from longtail_api.policies import HarvestSpec, PrometheusSourceSpec  # noqa: E402
 from longtail_operator.clients import WorkerClient  # noqa: E402
 from longtail_operator.harvester import Harvester  # noqa: E402
 from longtail_operator.metrics import OperatorMetrics  # noqa: E402
 from longtail_operator.reconcile import JobRuntime, Reconciler  # noqa: E402
 from longtail_operator.settings import Settings  # noqa: E402
-from longtail_operator.sources import WorkerStatusSource, WorkerTarget  # noqa: E402
+from longtail_operator.sources import (  # noqa: E402
+    PrometheusSource,
+    WorkerStatusSource,
+    WorkerTarget,
+)
 
 SCRIPT = REPO / "e2e" / "controlplane.sh"
 OUT = REPO / "bench" / "results" / "operator.json"
@@ -233,6 +246,88 @@ def bench_switch(n: int, rounds: int) -> dict[str, Any]:
     }
 
 
+DCGM_SETTINGS = (
+    # (name, exporter collection and scrape interval s, idleSeconds, pollPeriodSeconds, rounds)
+    ("1s-scrape", 1.0, 2.0, 0.5, 8),
+    ("30s-scrape", 30.0, 30.0, 5.0, 3),
+)
+
+
+def bench_dcgm(setting: tuple[str, float, float, float, int], workdir: Path) -> dict[str, Any]:
+    """Exporter sample -> PUT /v1/role through a real Prometheus (see the module text)."""
+    name, interval, idle_s, poll_s, rounds = setting
+    ns = "bench"
+    exporter = DcgmExporter(collect_s=interval)
+    trainer = FakeTrainer()
+    workers = [FakeWorker(f"w{i}") for i in range(2)]
+    scrape = {"scrape_interval": f"{interval:g}s", "scrape_timeout": f"{min(interval, 10):g}s"}
+    job = {
+        "job_name": "dcgm",
+        "honor_labels": True,
+        "static_configs": [{"targets": [exporter.target]}],
+    }
+    prom = PrometheusServer({"global": scrape, "scrape_configs": [job]}, workdir).start()
+    targets = [WorkerTarget(w.name, "rollout", w.host, w.port, 1, uid=w.name) for w in workers]
+    tt = WorkerTarget("trainer-0", "trainer", trainer.host, trainer.port, 1, uid="t")
+    spec = HarvestSpec(
+        source="prometheus",
+        prometheus=PrometheusSourceSpec(url=prom.url),
+        idle_seconds=idle_s,
+        poll_period_seconds=poll_s,
+    )
+    h = Harvester("bench", WorkerClient(timeout=2.0))
+    reports = WorkerStatusSource(WorkerClient(timeout=2.0))
+    source = PrometheusSource(spec, ns, reports)
+    latencies: list[float] = []
+
+    def step_until(done: Any, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            h.step(spec, targets, source, tt)
+            if done():
+                return True
+            time.sleep(poll_s)
+        return False
+
+    try:
+        for r in range(rounds):
+            busy, idle = workers[1 - r % 2], workers[r % 2]
+            for w in workers:  # a rollout: both generate
+                exporter.set_util(ns, w.name, 0.97)
+            trainer.set_rollout(True)
+            time.sleep(2 * interval + idle_s)  # every window sees the busy GPUs
+            asked = len(idle.role_requests)
+            exporter.set_util(ns, idle.name, 0.0)  # idle answers done; `busy` is the tail
+            harvested = lambda w=idle, n=asked: len(w.role_requests) > n  # noqa: E731
+            if not step_until(harvested, 4 * interval + 3 * idle_s):
+                print(f"dcgm {name}: round {r}: {idle.name} never harvested")
+                continue
+            latencies.append(idle.role_times[-1] - exporter.last_change(idle.name, 0.0))
+            trainer.set_rollout(False)  # the rollout ends: both back to rollout
+            step_until(lambda w=idle: w.role_requests[-1] == "rollout", 30.0)
+            assert busy.role_requests[-1:] in ([], ["rollout"]), busy.role_requests
+    finally:
+        prom.stop()
+        exporter.close()
+        trainer.close()
+        for w in workers:
+            w.close()
+    lat = latencies or [float("nan")]
+    print(
+        f"DCGM role switch, {name} (idleSeconds {idle_s:g}, pollPeriodSeconds {poll_s:g}), "
+        f"{len(latencies)}/{rounds} rounds: exporter sample -> PUT /v1/role "
+        f"min {min(lat):.1f} s, median {statistics.median(lat):.1f} s, max {max(lat):.1f} s"
+    )
+    return {
+        "scrape_s": interval,
+        "collect_s": interval,
+        "idle_seconds": idle_s,
+        "poll_period_seconds": poll_s,
+        "rounds": rounds,
+        "latencies_s": latencies,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -242,9 +337,27 @@ def main() -> int:
         "--rounds", type=int, default=20, help="role-switch rounds (default %(default)s)"
     )
     ap.add_argument("--switch-workers", type=int, default=64)
+    ap.add_argument(
+        "--dcgm", action=argparse.BooleanOptionalAction, default=True,
+        help="role switches read from DCGM through Prometheus at 1 s and 30 s scrapes (~5 min)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--only-dcgm", action="store_true", help="only the DCGM role switches (no control plane)"
+    )
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     result: dict[str, Any] = {"machine": platform.platform(), "cpus": os.cpu_count()}
+    if args.dcgm or args.only_dcgm:
+        result["dcgm_role_switch"] = {}
+        for setting in DCGM_SETTINGS:
+            with tempfile.TemporaryDirectory(prefix="longtail-bench-prom-") as tmp:
+                result["dcgm_role_switch"][setting[0]] = bench_dcgm(setting, Path(tmp))
+    if args.only_dcgm:
+        out = OUT.with_name("operator-dcgm.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out.relative_to(REPO)}")
+        return 0
     result["role_switch"] = bench_switch(args.switch_workers, args.rounds)
     with tempfile.TemporaryDirectory(prefix="longtail-bench-cp-") as tmp:
         cluster = Cluster(Path(tmp))

@@ -390,6 +390,15 @@ OPERATOR_UNREACHABLE_WORKERS = MetricSpec(
     labels=(LABEL_NAMESPACE, LABEL_RLJOB),
 )
 
+OPERATOR_IDLENESS_SOURCE_UP = MetricSpec(
+    "longtail_operator_idleness_source_up",
+    "gauge",
+    "1 while a running RLJob's GPU idleness source answers, 0 while it fails (harvest.source "
+    "prometheus: the query errs or Prometheus is down; nothing is harvested then, the RLJob's "
+    "IdlenessUnavailable condition says why).",
+    labels=(LABEL_NAMESPACE, LABEL_RLJOB),
+)
+
 OPERATOR_METRICS: tuple[MetricSpec, ...] = (
     OPERATOR_RECONCILE_TOTAL,
     OPERATOR_RECONCILE_DURATION_SECONDS,
@@ -401,6 +410,7 @@ OPERATOR_METRICS: tuple[MetricSpec, ...] = (
     OPERATOR_ROLE_SWITCH_SECONDS,
     OPERATOR_STATUS_POLLS_TOTAL,
     OPERATOR_UNREACHABLE_WORKERS,
+    OPERATOR_IDLENESS_SOURCE_UP,
 )
 """Everything the operator exports on its metrics port."""
 

@@ -18,6 +18,8 @@ every role's replicas are ready, Initializing while any pod exists, Pending befo
 pod's termination message (its last log lines: the pods use ``FallbackToLogsOnError``) goes into
 a WorkerFailed event, which ``reconcile.py`` posts before it deletes the pod. With the harvest
 loop polling, ``WorkersUnreachable`` is True while some worker keeps failing its status polls.
+``IdlenessUnavailable`` (``harvest.source: prometheus``) is True while the Prometheus query
+fails: nothing is harvested then.
 The trainer pods are one group (``trainergroup.py``): one failed, exited or deleted trainer pod
 restarts all of them, counted once against ``backoffLimit``; ``TrainerReady`` says why
 (``TrainerGroupRestarting``) until the new group is ready, and ``status.trainer`` holds the
@@ -59,6 +61,7 @@ WARNING_REASONS = frozenset(
         "RoleSwitchUnacknowledged",
         "JobFailed",
         "WorkersUnreachable",
+        "IdlenessSourceFailing",
     }
 )
 """Event reasons posted as ``Warning``; every other reason is ``Normal``."""
@@ -275,6 +278,9 @@ def _conditions(
     reach = _reachability(obs, phase)
     if reach is not None:
         want["WorkersUnreachable"] = reach
+    idleness = _idleness(obs, phase)
+    if idleness is not None:
+        want["IdlenessUnavailable"] = idleness
     collapsed = _acceptance(obs, phase)
     if collapsed is not None:
         want["AcceptanceCollapsed"] = collapsed
@@ -372,6 +378,24 @@ def _reachability(obs: Observed, phase: str) -> tuple[str, str, str] | None:
         text = f"{len(h.unreachable)} worker(s) fail their status polls: {shown}{more}"
         return ("True", "WorkersUnreachable", text)
     return ("False", "WorkersAnswer", "every polled worker answers GET /v1/status")
+
+
+def _idleness(obs: Observed, phase: str) -> tuple[str, str, str] | None:
+    """``IdlenessUnavailable``: once a Prometheus source is polled (or it was shown before).
+    True while its query fails: nothing is harvested then (no fall-back to another source)."""
+    h = obs.harvest
+    shown = any(c.type == "IdlenessUnavailable" for c in obs.previous.conditions)
+    if not shown and (h is None or h.source != "prometheus"):
+        return None
+    if phase not in ("Running", "Initializing"):
+        return ("False", "JobNotRunning", f"job is {phase}")
+    if h is not None and h.source_error is not None:
+        text = f"{h.source_error[:900]}; no GPU is harvested until it answers"
+        return ("True", "IdlenessSourceFailing", text)
+    if h is None:  # not polled since (e.g. the operator restarted): keep what was shown
+        old = next(c for c in obs.previous.conditions if c.type == "IdlenessUnavailable")
+        return (old.status, old.reason, old.message)
+    return ("False", "IdlenessRead", f"the {h.source} source answers")
 
 
 def merge_conditions(

@@ -59,6 +59,10 @@ class HarvestSnapshot:
     """Mean accepted length reported by the workers (their current drafter version)."""
     unreachable: tuple[str, ...] = ()
     """``NAME: last error`` of each worker whose status polls keep failing, sorted."""
+    source: str = "workers"
+    """The idleness source (``spec.harvest.source``) of the last step."""
+    source_error: str | None = None
+    """Why the last read of the source gave nothing (Prometheus down or misconfigured)."""
 
 
 @dataclass
@@ -71,17 +75,17 @@ class _Cluster:
     client: WorkerClient
     token: str | None
     trainer: WorkerTarget | None = None
-    """Trainer pod 0 when it is not a target: polled for its rollout report only."""
+    """Trainer pod 0 read apart for its rollout report: when it is not a target, or always
+    with a source whose observations carry no report (Prometheus)."""
 
     def _observe(self) -> tuple[dict[str, Observation], Observation | None]:
         """The targets' observations and the trainer's report: its observation when it is a
-        target, else pod 0 read apart (``source: workers`` only; Prometheus cannot), else
-        None (the loop then derives the rollout state from the workers)."""
+        target, else pod 0 read apart, else None (the loop then derives the rollout state from
+        the workers)."""
         obs = self.source.observe(self.targets)
         report = trainer_report(self.targets, obs)
-        reader = self.source if isinstance(self.source, WorkerStatusSource) else None
-        if report is None and self.trainer is not None and reader is not None:
-            report = reader.trainer_report(self.trainer)
+        if report is None and self.trainer is not None:
+            report = self.source.trainer_report(self.trainer)
         return obs, report
 
     def read(self) -> Reports:
@@ -125,6 +129,7 @@ class Harvester:
     _last_obs: dict[str, Observation] = field(default_factory=dict)
     _targets: dict[str, WorkerTarget] = field(default_factory=dict)
     _unreachable: dict[str, str] = field(default_factory=dict)
+    _source: tuple[str, str | None] = ("workers", None)
 
     def __post_init__(self) -> None:
         self.loop = HarvestLoop(self.retry_initial_s, self.retry_max_s, self.clock)
@@ -151,9 +156,19 @@ class Harvester:
             old = previous.get(name)
             if old is not None and old.uid != cur.uid:
                 self.loop.forget(name)  # pod recreated: starts in its own role
+        # The trainer's report comes with the workers' status polls when it is a target; a
+        # Prometheus source has no report in its observations, so pod 0 is read apart always.
         apart = trainer if trainer is not None and trainer.name not in self._targets else None
+        if not isinstance(source, WorkerStatusSource):
+            apart = trainer
         cluster = _Cluster(spec, targets, source, self.client, self.token, apart)
         result = self.loop.step(spec, cluster)
+        was, self._source = self._source[1], (spec.source, source.last_error)
+        if source.last_error is not None and was is None:  # logged when it starts and ends
+            log.warning("%s/%s: %s; nothing is harvested until it answers", self.namespace,
+                        self.job, source.last_error)  # fmt: skip
+        elif source.last_error is None and was is not None:
+            log.info("%s/%s: the %s source answers again", self.namespace, self.job, spec.source)
         self._last_obs = dict(result.reports.workers)
         if isinstance(source, WorkerStatusSource):  # Prometheus cannot tell who is unreachable
             self._track_unreachable(source.unreachable())
@@ -224,4 +239,6 @@ class Harvester:
             unacknowledged=tuple(unacked),
             accepted_length=sum(lengths) / len(lengths) if lengths else None,
             unreachable=tuple(f"{n}: {e}" for n, e in sorted(self._unreachable.items())),
+            source=self._source[0],
+            source_error=self._source[1],
         )

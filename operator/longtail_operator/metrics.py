@@ -66,6 +66,7 @@ class OperatorMetrics:
         self._switch_seconds = _histogram(names.OPERATOR_ROLE_SWITCH_SECONDS, r)
         self._polls = _counter(names.OPERATOR_STATUS_POLLS_TOTAL, r)
         self._unreachable = _gauge(names.OPERATOR_UNREACHABLE_WORKERS, r)
+        self._source_up = _gauge(names.OPERATOR_IDLENESS_SOURCE_UP, r)
         for phase in PHASES:
             self._jobs.labels(phase=phase).set(0)
 
@@ -94,9 +95,14 @@ class OperatorMetrics:
                 self._gpus.remove(namespace, job, state)
         with contextlib.suppress(KeyError):
             self._unreachable.remove(namespace, job)
+        with contextlib.suppress(KeyError):
+            self._source_up.remove(namespace, job)
 
     def unreachable_workers(self, namespace: str, job: str, count: int) -> None:
         self._unreachable.labels(namespace=namespace, rljob=job).set(count)
+
+    def idleness_source_up(self, namespace: str, job: str, up: bool) -> None:
+        self._source_up.labels(namespace=namespace, rljob=job).set(1 if up else 0)
 
     def harvested(self, namespace: str, job: str, gpu_seconds: float) -> None:
         self._harvested.labels(namespace=namespace, rljob=job).inc(gpu_seconds)

@@ -184,6 +184,8 @@ class Reconciler:
             h, running = obs.harvest, plan.status.phase in ("Running", "Initializing")
             lost = len(h.unreachable) if h is not None and running else 0
             self.metrics.unreachable_workers(job.namespace, job.name, lost)
+            if h is not None and running:
+                self.metrics.idleness_source_up(job.namespace, job.name, h.source_error is None)
         return rt.phase
 
     def _ensure_token(self, rt: JobRuntime, job: JobRef, phase: str | None) -> None:

@@ -162,8 +162,9 @@ class Operator:
         key = repr(spec.harvest)
         if cache.get("key") != key:
             source: IdlenessSource
-            if spec.harvest.source == "prometheus":
-                source = PrometheusSource(spec.harvest, rt.namespace)
+            if spec.harvest.source == "prometheus":  # the trainer's report read over HTTP
+                reports = WorkerStatusSource(self.workers, self.metrics, 1)
+                source = PrometheusSource(spec.harvest, rt.namespace, reports)
             else:
                 source = WorkerStatusSource(
                     self.workers, self.metrics, self.settings.harvest_workers

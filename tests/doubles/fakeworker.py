@@ -94,6 +94,8 @@ class _Served:
         self.lock = threading.Lock()
         self.role_requests: list[str] = []
         """Every role a PUT /v1/role asked for, in order (refused ones too)."""
+        self.role_times: list[float] = []
+        """The wall time of each of :attr:`role_requests`."""
         self.token: str | None = None
         """The job's token its writes require (None: open)."""
         self.unauthorized = 0
@@ -116,6 +118,7 @@ class _Served:
                 return int(HTTPStatus.BAD_REQUEST), {"error": str(exc)}
             with self.lock:
                 self.role_requests.append(role)
+                self.role_times.append(time.time())
                 return self.switch_role(role)
         return 404, {"error": f"no route {method} {path}"}
 

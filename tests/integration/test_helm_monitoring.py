@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -37,12 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from promserver import PrometheusServer
 
 from longtail_api.steprow import StepRow
 from longtail_chart import metricrefs
 from longtail_chart.dashpanels import DCGM_METRICS
-from longtail_chart.monitoring import binaries_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -73,12 +71,6 @@ def http_json(url: str, body: Any = None, method: str = "GET", token: str = "") 
         req.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +160,7 @@ def operator_metrics() -> Iterator[str]:
     metrics.role_switch("drafter-train", "acknowledged", 0.08)
     metrics.role_switch("rollout", "acknowledged", 0.05)
     metrics.status_poll("worker", ok=True)
+    metrics.idleness_source_up(JOB_LABELS["namespace"], JOB_LABELS["rljob"], up=True)
     server = HealthServer(metrics, Health(), "127.0.0.1", 0).start()
     try:
         yield f"http://127.0.0.1:{server.port}"
@@ -223,10 +216,6 @@ def _target(url: str) -> str:
 def prometheus(
     tmp_path_factory, rollout_worker, verifier, operator_metrics, trainer
 ) -> Iterator[str]:
-    try:
-        binary = binaries_dir() / "prometheus"
-    except RuntimeError as exc:
-        pytest.fail(str(exc))
     workdir = tmp_path_factory.mktemp("prometheus")
     pod = {"namespace": "ml", "rljob": "tiny"}
     workers = [
@@ -253,43 +242,20 @@ def prometheus(
             },
         ],
     }
-    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (workdir / "prometheus.log").open("w")
-    server = subprocess.Popen(
-        [
-            str(binary),
-            f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server = PrometheusServer(config, workdir).start()
+    url = server.url
     try:
 
         def all_up() -> bool:
-            if server.poll() is not None:
-                raise AssertionError(f"prometheus exited {server.returncode}; see {log.name}")
-            try:
-                targets = http_json(url + "/api/v1/targets")["data"]["activeTargets"]
-            except (urllib.error.URLError, ConnectionError):
-                return False
             want = 1 + sum(url is not None for url, _, _ in workers)
+            targets = server.targets()
             return len(targets) == want and all(t["health"] == "up" for t in targets)
 
         wait_for(all_up, timeout=60, what="prometheus to scrape every target")
         time.sleep(4)  # a few more scrapes, so rate() over the window has two samples
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=5)
-        log.close()
+        server.stop()
 
 
 def live_names(prometheus: str) -> set[str]:

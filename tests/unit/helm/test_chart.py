@@ -236,8 +236,10 @@ def test_aggregated_rljob_roles(render) -> None:
 
 def test_optional_monitoring_objects(render) -> None:
     docs = render("ci/all-features-values.yaml")
-    sm, pm = one(docs, "ServiceMonitor"), one(docs, "PodMonitor")
-    for obj in (sm, pm, one(docs, "PrometheusRule")):
+    monitors = {m["metadata"]["name"]: m for m in kinds(docs, "ServiceMonitor")}
+    assert set(monitors) == {"t-longtail-operator", "t-longtail-dcgm-exporter"}
+    sm, pm = monitors["t-longtail-operator"], one(docs, "PodMonitor")
+    for obj in (*monitors.values(), pm, one(docs, "PrometheusRule")):
         assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True
@@ -309,7 +311,7 @@ def test_rendered_prometheusrule_passes_promtool(render, promtool, tmp_path) -> 
         [str(promtool), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 5 rules found" in proc.stdout
+    assert "SUCCESS: 6 rules found" in proc.stdout
 
 
 BAD_VALUES = """

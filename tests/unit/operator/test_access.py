@@ -191,6 +191,11 @@ def test_the_reconciler_derives_the_token_and_never_reads_a_secret() -> None:
 class Idleness:
     """w0 idle for a minute, w1 still generating (the long tail)."""
 
+    last_error: str | None = None
+
+    def trainer_report(self, t: Any) -> Observation | None:
+        return None
+
     def observe(self, targets: Any) -> dict[str, Observation]:
         return {
             "w0": Observation(busy=False, idle_seconds=60.0, observed="rollout"),

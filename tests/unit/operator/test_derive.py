@@ -265,6 +265,26 @@ def test_unreachable_workers_condition_follows_the_harvest_snapshot() -> None:
     assert "WorkersUnreachable" not in conds(quiet)
 
 
+def test_idleness_unavailable_condition_follows_the_prometheus_source() -> None:
+    manifest = example()
+    spec = spec_of(manifest)
+    down = HarvestSnapshot(
+        source="prometheus", source_error="Prometheus query failed: <urlopen error refused>"
+    )
+    p = plan(observed(manifest, all_pods(spec), harvest=down), SETTINGS)
+    [c] = [c for c in p.status.conditions if c.type == "IdlenessUnavailable"]
+    assert (c.status, c.reason) == ("True", "IdlenessSourceFailing")
+    assert "refused" in c.message and "no GPU is harvested" in c.message
+    [event] = [e for e in p.events if e.reason == "IdlenessSourceFailing"]
+    assert event.type == "Warning"
+    back = HarvestSnapshot(source="prometheus")
+    again = plan(observed(manifest, all_pods(spec), harvest=back, previous=p.status), SETTINGS)
+    assert conds(again)["IdlenessUnavailable"] == ("False", "IdlenessRead")
+    # The workers' own reports: no such condition (they fail one by one: WorkersUnreachable).
+    workers = plan(observed(manifest, all_pods(spec), harvest=HarvestSnapshot()), SETTINGS)
+    assert "IdlenessUnavailable" not in conds(workers)
+
+
 def test_a_restarted_operator_changes_nothing_and_loses_nothing() -> None:
     """Operator killed and restarted: its memory (counted failures, the harvester) is gone; the
     plan from the stored status and the live pods creates and deletes nothing, keeps the failure

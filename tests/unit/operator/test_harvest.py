@@ -24,6 +24,7 @@ from longtail_operator.sources import (
     PrometheusSource,
     WorkerStatusSource,
     WorkerTarget,
+    parse_samples,
 )
 
 SPEC = HarvestSpec(idle_seconds=1.0)
@@ -34,6 +35,10 @@ class FakeSource:
 
     def __init__(self) -> None:
         self.obs: dict[str, Observation] = {}
+        self.last_error: str | None = None
+
+    def trainer_report(self, t: WorkerTarget) -> Observation | None:
+        return None
 
     def observe(self, targets: Sequence[WorkerTarget]) -> dict[str, Observation]:
         return {t.name: self.obs[t.name] for t in targets if t.name in self.obs}
@@ -159,6 +164,8 @@ class _Prom(BaseHTTPRequestHandler):
                 "result": [
                     {"metric": {"pod": "w0"}, "value": [0, "93.5"]},
                     {"metric": {"pod": "w1"}, "value": [0, "2.0"]},
+                    {"metric": {"pod": "w3", "pod_uid": "old"}, "value": [0, "0.0"]},
+                    {"metric": {"pod": "w4", "pod_uid": "u4"}, "value": [0, "0.0"]},
                 ],
             },
         }
@@ -172,7 +179,7 @@ class _Prom(BaseHTTPRequestHandler):
         pass
 
 
-def test_prometheus_source_reads_dcgm_busy_percent() -> None:
+def test_prometheus_source_reads_dcgm_busy_percent_and_trusts_a_series_only_for_its_pod() -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Prom)
     server.queries = []  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -184,18 +191,50 @@ def test_prometheus_source_reads_dcgm_busy_percent() -> None:
         )
         clock = Clock()
         src = PrometheusSource(spec, "team-a", clock=clock)
-        ts = [WorkerTarget(n, "rollout", None, 0, 1) for n in ("w0", "w1", "w2")]
+        ts = [
+            WorkerTarget(n, "rollout", None, 0, 1, uid=f"u{n[1]}")
+            for n in ("w0", "w1", "w2", "w3", "w4")
+        ]
         first = src.observe(ts)
-        assert first["w0"].busy and not first["w1"].busy and first["w1"].idle_seconds == 0.0
-        assert "w2" not in first
+        assert first["w0"].busy and not first["w1"].busy
+        # w1's series has no pod UID: its window (30 s) may still hold an earlier pod's
+        # samples under the same name, so its idleness counts only once the pod was a target
+        # that long. w4's series names its UID: trusted at once. w3's names another pod (the
+        # one deleted before): no sample. w2: no series.
+        assert first["w1"].idle_seconds is None and first["w4"].idle_seconds == 0.0
+        assert "w2" not in first and "w3" not in first
         clock.t += 12.0
-        assert src.observe(ts)["w1"].idle_seconds == 12.0
+        assert src.observe(ts)["w1"].idle_seconds is None
+        clock.t += 30.0
+        later = src.observe(ts)
+        assert later["w1"].idle_seconds == 12.0 and later["w4"].idle_seconds == 42.0
+        # w1 recreated (same name, new UID): it starts over.
+        ts[1] = WorkerTarget("w1", "rollout", None, 0, 1, uid="u1-new")
+        assert src.observe(ts)["w1"].idle_seconds is None
         query = server.queries[0]  # type: ignore[attr-defined]
         assert "team-a" in query and "%5B30s%5D" in query  # $namespace and $window substituted
+        assert src.last_error is None
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_prometheus_source_down_or_misconfigured_observes_nothing_and_says_why() -> None:
+    spec = HarvestSpec(
+        source="prometheus", prometheus=PrometheusSourceSpec(url="http://127.0.0.1:9")
+    )
+    src = PrometheusSource(spec, "team-a", timeout=1.0)
+    assert src.observe([WorkerTarget("w0", "rollout", None, 0, 1)]) == {}
+    assert src.last_error is not None and src.last_error.startswith("Prometheus query failed")
+    exported = {
+        "status": "success",
+        "data": {"result": [{"metric": {"exported_pod": "w0", "pod": ""}, "value": [0, "1"]}]},
+    }
+    with pytest.raises(ValueError, match=r"exported_pod.*honorLabels.*docs/observability.md"):
+        parse_samples(exported)
+    with pytest.raises(ValueError, match=r"Prometheus answered error: bad query"):
+        parse_samples({"status": "error", "error": "bad query"})
 
 
 def test_trainer_pod_is_a_target_only_when_eligible() -> None:

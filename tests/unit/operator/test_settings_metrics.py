@@ -52,6 +52,7 @@ def test_health_server_serves_every_operator_metric() -> None:
     metrics.role_switch("drafter-train", "acknowledged", 0.02)
     metrics.status_poll("worker", True)
     metrics.unreachable_workers("ns", "job", 1)
+    metrics.idleness_source_up("ns", "job", up=False)
     server = HealthServer(metrics, health, "127.0.0.1", 0).start()
     try:
         base = f"http://127.0.0.1:{server.port}"
@@ -65,6 +66,7 @@ def test_health_server_serves_every_operator_metric() -> None:
         for spec in names.OPERATOR_METRICS:
             assert f"# HELP {spec.name} " in text, spec.name
         assert 'longtail_operator_jobs{phase="Running"} 2.0' in text
+        assert 'longtail_operator_idleness_source_up{namespace="ns",rljob="job"} 0.0' in text
         assert (
             'longtail_operator_harvested_gpu_seconds_total{namespace="ns",rljob="job"} 3.0' in text
         )
