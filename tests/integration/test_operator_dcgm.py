@@ -58,18 +58,21 @@ BUSY, IDLE, TRAINING = 0.97, 0.0, 0.95
 
 # The scripted traces and the role sequence each expects (PUT /v1/role per worker, in order).
 # A trace step: (what happens, {pod: ratio}, the trainer's rollout report).
-HARVEST_AND_RETURN = (
-    ("both generate", {R0: BUSY, R1: BUSY}, "rollout"),
-    ("R0 finished its answers, R1 is the long tail", {R0: IDLE, R1: BUSY}, "rollout"),
-    ("R0 harvested: drafter training keeps its GPU busy", {R0: TRAINING, R1: BUSY}, "rollout"),
-    ("the next rollout lists R0's requests", {R0: TRAINING, R1: BUSY}, "rollout, R0 pending"),
-)
-HARVEST_AND_RETURN_ROLES = {R0: ["drafter-train", "rollout"], R1: []}
 IDLE_HARVESTED = (
     ("both generate", {R0: BUSY, R1: BUSY}, "rollout"),
-    ("R0 idle", {R0: IDLE, R1: BUSY}, "rollout"),
+    ("R0 finished its answers, R1 is the long tail", {R0: IDLE, R1: BUSY}, "rollout"),
 )
 IDLE_HARVESTED_ROLES = {R0: ["drafter-train"], R1: []}
+KEPT_WHILE_TRAINING = (
+    *IDLE_HARVESTED,
+    ("R0 harvested: drafter training keeps its GPU busy", {R0: TRAINING, R1: BUSY}, "rollout"),
+)
+KEPT_WHILE_TRAINING_ROLES = {R0: ["drafter-train"], R1: []}
+RETURNED_FOR_NEXT_ROLLOUT = (
+    *KEPT_WHILE_TRAINING,
+    ("the next rollout lists R0's requests", {R0: TRAINING, R1: BUSY}, "rollout, R0 pending"),
+)
+RETURNED_FOR_NEXT_ROLLOUT_ROLES = {R0: ["drafter-train", "rollout"], R1: []}
 NO_SERIES_ROLES = {R0: [], R1: []}
 """The exported convention read with the default query: no series, a condition, no switch."""
 STALE_SERIES = (
@@ -212,56 +215,67 @@ def operator_metric(settings: Settings, line_start: str) -> float | None:
     return None
 
 
-def test_an_idle_gpu_is_harvested_kept_while_it_trains_and_returned_for_the_next_rollout(
-    control_plane: ControlPlane, ns: str, kubelet: Any, settings: Settings,
-    prometheus: PrometheusServer, exporters: dict[str, DcgmExporter],
-) -> None:  # fmt: skip
-    cp, exp = control_plane, exporters["honor"]
-    steps = HARVEST_AND_RETURN
-    script(exp, ns, steps[0][1])
-    with running_job(cp, ns, kubelet, settings, harvest_spec(prometheus, QUERIES["honor"])) as j:
-        j.rollout(True)
-        hold(j, NO_SERIES_ROLES, 4.0)  # both generate: nothing to harvest
-        script(exp, ns, steps[1][1])
-        wait_roles(cp, j, {R0: ["drafter-train"], R1: []})
-        latency = j.workers[R0].role_times[0] - exp.last_change(R0, IDLE)
-        print(f"\nrole-switch latency, exporter sample -> PUT /v1/role (1 s scrape, idleSeconds 2,"
-              f" pollPeriodSeconds 0.5): {latency:.2f} s", file=sys.__stderr__)  # fmt: skip
-        cp.wait_for(
-            lambda: worker_row(cp, ns, R0).get("observedRole") == "drafter-train",
-            timeout=30, what="R0 acknowledged in drafter-train",
-        )  # fmt: skip
-        assert cond(job(cp, ns), "IdlenessUnavailable") == ("False", "IdlenessRead")
-        # Drafter training makes R0's GPU as busy as generating: it stays harvested.
-        script(exp, ns, steps[2][1])
-        hold(j, {R0: ["drafter-train"], R1: []}, 6.0)
-        assert worker_row(cp, ns, R0)["assignedRole"] == "drafter-train"
-        # The next rollout needs R0: the trainer lists its requests; R0 goes back.
-        j.rollout(True, pending=(R0,))
-        wait_roles(cp, j, HARVEST_AND_RETURN_ROLES)
-        cp.wait_for(
-            lambda: worker_row(cp, ns, R0).get("observedRole") == "rollout",
-            timeout=30, what="R0 back in rollout",
-        )  # fmt: skip
+def harvest_r0(cp: ControlPlane, j: Job, exp: DcgmExporter) -> float:
+    """Play :data:`IDLE_HARVESTED`: R0 harvested and acknowledged; the latency from the
+    exporter's sample of the idle GPU to R0's ``PUT /v1/role``."""
+    script(exp, j.ns, IDLE_HARVESTED[0][1])
+    j.rollout(True)
+    hold(j, NO_SERIES_ROLES, 4.0)  # both generate: nothing to harvest
+    script(exp, j.ns, IDLE_HARVESTED[1][1])
+    wait_roles(cp, j, IDLE_HARVESTED_ROLES)
+    cp.wait_for(
+        lambda: worker_row(cp, j.ns, R0).get("observedRole") == "drafter-train",
+        timeout=30, what="R0 acknowledged in drafter-train",
+    )  # fmt: skip
+    assert cond(job(cp, j.ns), "IdlenessUnavailable") == ("False", "IdlenessRead")
+    return j.workers[R0].role_times[0] - exp.last_change(R0, IDLE)
 
 
-@pytest.mark.parametrize("convention", ["relabel", "exported"])
-def test_both_label_conventions_work_with_the_documented_settings(
+@pytest.mark.parametrize("convention", ["honor", "relabel", "exported"])
+def test_an_idle_gpu_is_harvested_and_acknowledged_in_each_label_convention(
     control_plane: ControlPlane, ns: str, kubelet: Any, settings: Settings,
     prometheus: PrometheusServer, exporters: dict[str, DcgmExporter], convention: str,
 ) -> None:  # fmt: skip
     cp, exp = control_plane, exporters[convention]
-    script(exp, ns, IDLE_HARVESTED[0][1])
     with running_job(cp, ns, kubelet, settings, harvest_spec(prometheus, QUERIES[convention])) as j:
-        j.rollout(True)
-        script(exp, ns, IDLE_HARVESTED[1][1])
-        wait_roles(cp, j, IDLE_HARVESTED_ROLES)
+        latency = harvest_r0(cp, j, exp)
+    settings_text = "1 s scrape, idleSeconds 2, pollPeriodSeconds 0.5"
+    print(f"\n{convention}: role-switch latency, exporter sample -> PUT /v1/role "
+          f"({settings_text}): {latency:.2f} s", file=sys.__stderr__)  # fmt: skip
     raw = prometheus.query(f'DCGM_FI_DEV_GPU_UTIL{{pod="{R0}"}}')
     exported = prometheus.query(f'DCGM_FI_DEV_GPU_UTIL{{exported_pod="{R0}"}}')
-    if convention == "relabel":  # the chart's relabelling puts the workload back in `pod`
-        assert any(s["metric"].get("namespace") == ns for s in raw)
-    else:  # the workload is only in exported_pod; `pod` is the exporter's own
+    if convention == "exported":  # the workload is only in exported_pod; `pod` is the exporter's
         assert any(s["metric"]["pod"] == EXPORTER_POD["pod"] for s in exported)
+    else:  # honorLabels, or the chart's relabelling, keeps the workload in `pod`/`namespace`
+        assert any(s["metric"].get("namespace") == ns for s in raw)
+
+
+def test_a_harvested_gpu_busy_with_its_drafter_training_is_not_switched_back(
+    control_plane: ControlPlane, ns: str, kubelet: Any, settings: Settings,
+    prometheus: PrometheusServer, exporters: dict[str, DcgmExporter],
+) -> None:  # fmt: skip
+    cp, exp = control_plane, exporters["honor"]
+    with running_job(cp, ns, kubelet, settings, harvest_spec(prometheus, QUERIES["honor"])) as j:
+        harvest_r0(cp, j, exp)
+        script(exp, ns, KEPT_WHILE_TRAINING[-1][1])  # as busy as generating
+        hold(j, KEPT_WHILE_TRAINING_ROLES, 6.0)  # > window + idleSeconds + polls
+        assert worker_row(cp, ns, R0)["assignedRole"] == "drafter-train"
+
+
+def test_a_harvested_worker_goes_back_when_the_next_rollout_needs_it(
+    control_plane: ControlPlane, ns: str, kubelet: Any, settings: Settings,
+    prometheus: PrometheusServer, exporters: dict[str, DcgmExporter],
+) -> None:  # fmt: skip
+    cp, exp = control_plane, exporters["honor"]
+    with running_job(cp, ns, kubelet, settings, harvest_spec(prometheus, QUERIES["honor"])) as j:
+        harvest_r0(cp, j, exp)
+        script(exp, ns, RETURNED_FOR_NEXT_ROLLOUT[-1][1])
+        j.rollout(True, pending=(R0,))  # the trainer lists R0's requests
+        wait_roles(cp, j, RETURNED_FOR_NEXT_ROLLOUT_ROLES)
+        cp.wait_for(
+            lambda: worker_row(cp, ns, R0).get("observedRole") == "rollout",
+            timeout=30, what="R0 back in rollout",
+        )  # fmt: skip
 
 
 def test_the_wrong_query_for_the_convention_is_a_condition_not_a_silent_no_harvest(
