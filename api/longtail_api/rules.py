@@ -186,7 +186,38 @@ def _roles(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
         )
 
 
-RULES: tuple[Rule, ...] = (_drafter_source, _builtin_drafter, _strategies, _harvest, _roles)
+def _gang(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    gang = s.scheduling.gang
+    if gang is None:
+        return
+    if gang.backend == "kai" and not gang.queue:
+        yield (
+            FieldError(
+                "spec.scheduling.gang.queue",
+                "the KAI scheduler places a PodGroup only in a queue, and none is set",
+                fix="set scheduling.gang.queue to one of the cluster's KAI queues",
+            ),
+            ("spec.scheduling.gang",),
+        )
+    if gang.backend == "coscheduling" and gang.queue:
+        yield (
+            FieldError(
+                "spec.scheduling.gang.queue",
+                f"coscheduling has no queues, but queue is {gang.queue!r}",
+                fix="remove scheduling.gang.queue, or use backend volcano or kai",
+            ),
+            ("spec.scheduling.gang",),
+        )
+
+
+RULES: tuple[Rule, ...] = (
+    _drafter_source,
+    _builtin_drafter,
+    _strategies,
+    _harvest,
+    _roles,
+    _gang,
+)
 
 
 def check(spec: RLJobSpec, field_errors: list[FieldError]) -> list[FieldError]:

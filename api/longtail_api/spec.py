@@ -24,6 +24,7 @@ from longtail_api.policies import (
     WeightSyncSpec,
     resolved_transport,
 )
+from longtail_api.scheduling import SchedulingSpec
 
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -245,6 +246,8 @@ class RLJobSpec:
     """Checkpointing and resume."""
     weight_sync: WeightSyncSpec = spec_field(default_factory=WeightSyncSpec)
     """How policy versions reach the rollout workers (HTTP pieces or a bucketed broadcast)."""
+    scheduling: SchedulingSpec = spec_field(default_factory=SchedulingSpec)
+    """How the pods are placed: gang placement by Volcano, coscheduling or KAI."""
     suspend: bool = spec_field(False)
     """When true, the trainer checkpoints and the worker pods are deleted; setting it back to
     false resumes from the last checkpoint."""

@@ -29,6 +29,7 @@ from longtail_api.auth import TOKEN_ENV, TOKEN_KEY
 from longtail_api.podenv import FIELD_REFS, WEIGHT_SPOOL_DIR, Peer, PodEnv
 from longtail_api.rendezvous import DEFAULT_PORT, TrainerRendezvous
 from longtail_api.spec import RLJobSpec, RoleSpec
+from longtail_operator import gang as gangs
 from longtail_operator.merge import deep_merge
 from longtail_operator.settings import Settings
 
@@ -384,7 +385,23 @@ def worker_pod(
         owned = [token_env(job.name)]
         owned += [e for e in env if role == "trainer" and e["name"] in rdzv_names]
         _keep_owned_env(pod["spec"], owned)
+    placement = spec.scheduling.gang
+    if placement is not None:  # joins its job's group (gang.py), whatever a template says
+        joins = gangs.pod_gang(job.name, placement, role)
+        pod["metadata"]["labels"].update(joins.labels)
+        pod["metadata"].setdefault("annotations", {}).update(joins.annotations)
+        pod["spec"]["schedulerName"] = joins.scheduler_name
     return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def gang_group(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
+    """The job's gang group object (``spec.scheduling.gang`` set): every pod of every role."""
+    placement = spec.scheduling.gang
+    if placement is None:
+        raise ValueError(f"RLJob {job.namespace}/{job.name} has no spec.scheduling.gang")
+    minimums = {role: rs.replicas for role, rs in role_specs(spec).items()}
+    meta = _metadata(job, gangs.group_name(job.name), labels(job.name))
+    return gangs.group_object(placement, minimums, meta)
 
 
 def _keep_owned_env(pod_spec: dict[str, Any], owned: list[dict[str, Any]]) -> None:

@@ -103,6 +103,8 @@ class Observed:
     operator manages none (or did not look)."""
     gate: SpecGate | None = None
     """Why ``spec`` is or is not the spec as written (``SpecAccepted``); None: accepted."""
+    gang_group: bool | None = None
+    """Whether the job's gang group object exists (None: not read, the job has no gang)."""
 
 
 @dataclass
@@ -207,6 +209,19 @@ def _workers(
                 trainer_group=group.status.restarts,
             )
         )
+
+
+def _gang_group(obs: Observed, spec: RLJobSpec, p: Plan, running: bool) -> None:
+    """The gang group exists exactly while the job's pods are wanted: made in the pass that
+    makes them (``Reconciler._execute`` creates it before any pod), deleted with them on
+    suspend or finish, made again on resume; a trainer-group restart keeps it (gang.py)."""
+    if spec.scheduling.gang is None or obs.gang_group is None:
+        return
+    if running and not obs.gang_group:
+        p.create.append(builders.gang_group(obs.job, spec))
+    elif not running and obs.gang_group:
+        group = builders.gang_group(obs.job, spec)
+        p.delete_objects.append((f"{group['apiVersion']}/{group['kind']}", obs.job.name))
 
 
 def _support_objects(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan) -> None:
@@ -469,6 +484,7 @@ def plan(obs: Observed, settings: Settings) -> Plan:
     phase, reason, message = _phase(obs, spec, st.roles)
     running = phase == ""
     _workers(obs, spec, settings, p, group if running else None)
+    _gang_group(obs, spec, p, running)
     st.trainer = trainergroup.group_status(spec, prev.trainer)
     if group is not None:  # a restart is recorded even when it exceeds backoffLimit
         st.trainer = group.status

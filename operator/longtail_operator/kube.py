@@ -28,6 +28,8 @@ from longtail_operator.builders import LABEL_JOB, JobRef
 from longtail_operator.derive import Event
 
 COMPONENT = "longtail-operator"
+BUILTIN_APIS = ("networking.k8s.io/v1",)
+"""``group/version`` APIs :meth:`Kube.create` calls through the typed clients."""
 _SEQ = itertools.count()  # unique Event names within one process
 TIMEOUT_S = 30.0
 """Default limit of one API call (connect + read); the longest we make is a LIST of a job's pods."""
@@ -138,8 +140,32 @@ class Kube:
         fn = self.networking.read_namespaced_network_policy
         return self._call(what, fn, name, namespace, ok=(404,))  # type: ignore[no-any-return]
 
+    def get_custom(self, api_version: str, plural: str, namespace: str, name: str) -> bool:
+        """Whether the namespaced custom object exists (False also when its API is not served:
+        creating it then fails naming the API)."""
+        group, version = api_version.split("/")
+        what = f"get {plural}.{group} {namespace}/{name}"
+        fn = self.custom.get_namespaced_custom_object
+        return self._call(what, fn, group, version, namespace, plural, name, ok=(404,)) is not None
+
+    def _create_custom(self, obj: dict[str, Any]) -> None:
+        group, version = obj["apiVersion"].split("/")
+        meta, plural = obj["metadata"], obj["kind"].lower() + "s"
+        what = f"create {obj['kind']} {obj['apiVersion']} {meta['namespace']}/{meta['name']}"
+        fn = self.custom.create_namespaced_custom_object
+        try:
+            self._call(what, fn, group, version, meta["namespace"], plural, obj, ok=(409,))
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+            raise KubeError(what, 404, f"the API {obj['apiVersion']} ({plural}) is not served "
+                            "on this cluster: install its scheduler, or change "
+                            "spec.scheduling.gang.backend") from exc  # fmt: skip
+
     def create(self, obj: dict[str, Any]) -> None:
         kind, meta = obj["kind"], obj["metadata"]
+        if "/" in obj.get("apiVersion", "") and obj["apiVersion"] not in BUILTIN_APIS:
+            return self._create_custom(obj)
         fns = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
@@ -157,6 +183,14 @@ class Kube:
         self._call(what, fn, meta["name"], meta["namespace"], obj)
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
+        """``kind``: a core or networking kind, or ``group/version/Kind`` of a custom object."""
+        if kind.count("/") == 2:
+            group, version, custom = kind.split("/")
+            what = f"delete {custom} {group}/{version} {namespace}/{name}"
+            fn = self.custom.delete_namespaced_custom_object
+            plural = custom.lower() + "s"
+            self._call(what, fn, group, version, namespace, plural, name, ok=(404,))
+            return
         fns = {
             "Pod": self.core.delete_namespaced_pod,
             "Service": self.core.delete_namespaced_service,

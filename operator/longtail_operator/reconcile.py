@@ -24,7 +24,7 @@ import kopf
 from longtail_api.manifest import validate_manifest
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator import access, builders, derive, specgate, trainergroup
+from longtail_operator import access, builders, derive, gang, specgate, trainergroup
 from longtail_operator.builders import JobRef
 from longtail_operator.clients import TrainerClient
 from longtail_operator.derive import Event, Observed, Plan
@@ -157,6 +157,7 @@ class Reconciler:
             network_policy=self._network_policy(job, access.network_policy_name(job.name)),
             trainer_policy=self._network_policy(job, access.trainer_policy_name(job.name)),
             weight_sync_policy=self._network_policy(job, access.weight_sync_policy_name(job.name)),
+            gang_group=self._gang_group(job, rt.spec),
         )
         plan = derive.plan(obs, self.settings)
         self._checkpoint(rt, plan, pods)
@@ -275,6 +276,14 @@ class Reconciler:
         list(self.pool.map(self.kube.create, pods))
         deletes = [("Pod", name) for name in plan.delete_pods] + plan.delete_objects
         list(self.pool.map(lambda kn: self.kube.delete(kn[0], job.namespace, kn[1]), deletes))
+
+    def _gang_group(self, job: JobRef, spec: RLJobSpec | None) -> bool | None:
+        """Whether the job's gang group object exists (None: the job has no gang)."""
+        if spec is None or spec.scheduling.gang is None:
+            return None
+        api_version = gang.GROUP_APIS[spec.scheduling.gang.backend]
+        name = gang.group_name(job.name)
+        return self.kube.get_custom("/".join(api_version), gang.PLURAL, job.namespace, name)
 
     def _targets(
         self, spec: RLJobSpec | None, pods: list[PodView], plan: Plan

@@ -1,0 +1,186 @@
+"""Gang placement on the real v1.20 control plane: the operator's PodGroup of each backend.
+
+The three gang schedulers' PodGroup APIs are installed as CRDs (``crds/podgroups.yaml``: the
+real group, version, kind and plural with a structural schema of the spec, so a field the
+operator misspells is pruned and missing here). The operator (``opharness.py``) runs as its
+limited identity bound to exactly ``operator/rbac/clusterrole.yaml``. No real Volcano, coscheduling
+or KAI runs: the pods name a scheduler that does not exist, so kube-scheduler leaves them, and
+:func:`gang_bind` plays the gang scheduler where a test needs running pods: once every member
+of the group exists it binds them all to the fake GPU node, which the fake kubelet then runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from opharness import REPO, apply, get, job_manifest, live_pods, pods, trainer_at, wait_phase
+
+from longtail_operator.settings import Settings
+
+if TYPE_CHECKING:
+    from conftest import ControlPlane
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+
+CRDS = REPO / "tests" / "integration" / "crds" / "podgroups.yaml"
+GROUPS = {
+    "volcano": "podgroups.scheduling.volcano.sh",
+    "coscheduling": "podgroups.scheduling.x-k8s.io",
+    "kai": "podgroups.scheduling.run.ai",
+}
+GANGS = {
+    "volcano": {"backend": "volcano", "queue": "research"},
+    "coscheduling": {"backend": "coscheduling", "scheduleTimeoutSeconds": 90},
+    "kai": {"backend": "kai", "queue": "team-a"},
+}
+MEMBERS = 5  # 2 trainer pods (one group), 2 rollout, 1 verifier
+
+
+@pytest.fixture(scope="module")
+def podgroup_crds(control_plane: ControlPlane) -> Iterator[None]:
+    cp = control_plane
+    cp.kubectl("apply", "-f", str(CRDS))
+    for crd in GROUPS.values():
+        cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+
+    def discovered() -> bool:
+        out = cp.kubectl("api-resources", check=False).stdout
+        return all(g.split(".", 1)[1] in out for g in GROUPS.values())
+
+    cp.wait_for(discovered, timeout=60, what="the PodGroup APIs in discovery")
+    yield
+
+
+def gang_job(ns: str, gang: dict[str, Any]) -> dict[str, Any]:
+    m = job_manifest(ns)
+    m["spec"]["trainer"]["replicas"] = 2
+    m["spec"]["scheduling"] = {"gang": gang}
+    return m
+
+
+def podgroup(cp: ControlPlane, ns: str, backend: str) -> dict[str, Any] | None:
+    out = cp.kubectl("-n", ns, "get", GROUPS[backend], "tiny", "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def gang_bind(cp: ControlPlane, ns: str) -> int:
+    """The gang scheduler's part: bind every unbound pod once all members exist."""
+    unbound = [
+        p for p in pods(cp, ns).values()
+        if not p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+    ]  # fmt: skip
+    bound = len(live_pods(cp, ns)) - len(unbound)
+    if not unbound or bound + len(unbound) < MEMBERS:
+        return 0
+    done = 0
+    for p in unbound:
+        name = p["metadata"]["name"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "fake-gpu-node"},
+        }
+        # A pod deleted meanwhile (a restarting trainer group) cannot be bound: next round.
+        out = cp.kubectl("-n", ns, "create", "-f", "-", input=json.dumps(body), check=False)
+        done += out.returncode == 0
+    return done
+
+
+def suspend(cp: ControlPlane, ns: str, value: bool) -> None:
+    patch = json.dumps({"spec": {"suspend": value}})
+    cp.kubectl("-n", ns, "patch", "rljob", "tiny", "--type=merge", "-p", patch)
+
+
+@pytest.mark.parametrize("backend", ["volcano", "coscheduling", "kai"])
+def test_the_group_comes_before_the_pods_and_every_pod_joins_it(
+    control_plane: ControlPlane, ns: str, podgroup_crds: None, backend: str
+) -> None:
+    cp = control_plane
+    apply(cp, gang_job(ns, GANGS[backend]))
+    cp.wait_for(lambda: len(live_pods(cp, ns)) == MEMBERS, timeout=60, what="the 5 pods")
+    group = podgroup(cp, ns, backend)
+    assert group is not None
+    spec = group["spec"]
+    assert spec["minMember"] == MEMBERS
+    if backend == "volcano":
+        assert spec["minTaskMember"] == {"trainer": 2, "rollout": 2, "verifier": 1}
+        assert spec["queue"] == "research"
+    elif backend == "coscheduling":
+        assert spec["scheduleTimeoutSeconds"] == 90
+    else:
+        assert spec["queue"] == "team-a"
+        assert {g["name"]: g["minMember"] for g in spec["subGroups"]} == {
+            "trainer": 2, "rollout": 2, "verifier": 1,
+        }  # fmt: skip
+    [owner] = group["metadata"]["ownerReferences"]
+    assert owner["kind"] == "RLJob" and owner["name"] == "tiny" and owner["controller"]
+    made = group["metadata"]["creationTimestamp"]
+    scheduler = {"volcano": "volcano", "coscheduling": "scheduler-plugins-scheduler"}
+    for name, p in pods(cp, ns).items():
+        assert p["metadata"]["creationTimestamp"] >= made, name  # never a pod without its group
+        assert p["spec"]["schedulerName"] == scheduler.get(backend, "kai-scheduler")
+        assert not p["spec"].get("nodeName")  # kube-scheduler leaves another scheduler's pods
+        meta, role = p["metadata"], p["metadata"]["labels"]["longtail.dev/role"]
+        if backend == "volcano":
+            assert meta["annotations"]["scheduling.k8s.io/group-name"] == "tiny"
+            assert meta["annotations"]["volcano.sh/task-spec"] == role
+        elif backend == "coscheduling":
+            assert meta["labels"]["scheduling.x-k8s.io/pod-group"] == "tiny"
+        else:
+            assert meta["annotations"]["pod-group-name"] == "tiny"
+            assert meta["annotations"]["kai.scheduler/skip-podgrouper"] == "true"
+            assert meta["labels"]["kai.scheduler/subgroup-name"] == role
+
+
+def test_suspend_deletes_the_group_with_the_pods_and_resume_makes_it_again(
+    control_plane: ControlPlane, ns: str, podgroup_crds: None
+) -> None:
+    cp = control_plane
+    apply(cp, gang_job(ns, GANGS["volcano"]))
+    cp.wait_for(lambda: podgroup(cp, ns, "volcano"), timeout=60, what="the PodGroup")
+    first = podgroup(cp, ns, "volcano")
+    assert first is not None
+    suspend(cp, ns, True)
+    wait_phase(cp, ns, "Suspended", timeout=90)
+    cp.wait_for(lambda: podgroup(cp, ns, "volcano") is None, timeout=60, what="group deleted")
+    cp.wait_for(lambda: not live_pods(cp, ns), timeout=60, what="pods deleted")
+    spec = get(cp, ns, "rljob", "tiny")["spec"]
+    assert spec["suspend"] is True  # the user's suspend stays
+    suspend(cp, ns, False)
+    cp.wait_for(lambda: podgroup(cp, ns, "volcano"), timeout=60, what="group made again")
+    again = podgroup(cp, ns, "volcano")
+    assert again is not None and again["metadata"]["uid"] != first["metadata"]["uid"]
+    cp.wait_for(lambda: len(live_pods(cp, ns)) == MEMBERS, timeout=60, what="pods made again")
+
+
+def test_a_trainer_group_restart_keeps_one_group(
+    control_plane: ControlPlane, ns: str, podgroup_crds: None, kubelet: Any, settings: Settings
+) -> None:
+    cp = control_plane
+    trainer = trainer_at(kubelet, settings, ns)
+    try:
+        apply(cp, gang_job(ns, GANGS["coscheduling"]))
+        cp.wait_for(lambda: gang_bind(cp, ns) or None, timeout=60, what="the gang bound")
+        wait_phase(cp, ns, "Running", timeout=90)
+        group = podgroup(cp, ns, "coscheduling")
+        assert group is not None
+        before = {n: p["metadata"]["uid"] for n, p in pods(cp, ns).items()}
+        kubelet.fail(ns, "tiny-trainer-1", "NCCL error: unhandled system error")
+
+        def restarted() -> bool:
+            gang_bind(cp, ns)  # the new trainer pods, placed against the running members
+            now = {n: p["metadata"]["uid"] for n, p in pods(cp, ns).items()}
+            new = [n for n in ("tiny-trainer-0", "tiny-trainer-1") if now.get(n) != before[n]]
+            return len(new) == 2 and len(live_pods(cp, ns)) == MEMBERS
+
+        cp.wait_for(restarted, timeout=120, what="the trainer group replaced")
+        after = podgroup(cp, ns, "coscheduling")
+        assert after is not None and after["metadata"]["uid"] == group["metadata"]["uid"]
+        listed = cp.kubectl("-n", ns, "get", GROUPS["coscheduling"], "-o", "json").stdout
+        assert [g["metadata"]["name"] for g in json.loads(listed)["items"]] == ["tiny"]
+    finally:
+        trainer.close()

@@ -1,0 +1,154 @@
+"""Gang placement (``spec.scheduling.gang``, operator/longtail_operator/gang.py): the group
+object of each backend, what every pod carries, and when the plan makes and deletes the group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from optest import JOB, NOW, all_pods, example, observed, spec_of
+
+from longtail_api.manifest import validate_manifest
+from longtail_api.status import RLJobStatus, TrainerGroupStatus
+from longtail_operator import builders
+from longtail_operator.derive import plan
+from longtail_operator.observe import rfc3339
+from longtail_operator.settings import Settings
+
+SETTINGS = Settings()
+
+
+def gang_job(**gang: Any) -> dict[str, Any]:
+    """examples/01 with 2 trainer pods (a group of 2) and ``gang``."""
+    return example(scheduling={"gang": gang}, trainer__replicas=2)
+
+
+def pods_of(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = spec_of(manifest)
+    return {
+        f"{role}-{i}": builders.worker_pod(JOB, spec, SETTINGS, role, i)
+        for role, i in builders.desired_pods(spec).values()
+    }
+
+
+def test_volcano_group_counts_every_pod_and_each_pod_names_its_group_and_task() -> None:
+    manifest = gang_job(backend="volcano", queue="research")
+    group = builders.gang_group(JOB, spec_of(manifest))
+    assert (group["apiVersion"], group["kind"]) == ("scheduling.volcano.sh/v1beta1", "PodGroup")
+    assert group["metadata"]["name"] == JOB.name and group["metadata"]["namespace"] == "ns"
+    [owner] = group["metadata"]["ownerReferences"]
+    assert owner["uid"] == JOB.uid and owner["controller"]
+    # examples/01: 2 rollout, 1 verifier; the trainer group of 2 counts whole.
+    assert group["spec"] == {
+        "minMember": 5,
+        "minTaskMember": {"trainer": 2, "rollout": 2, "verifier": 1},
+        "queue": "research",
+    }
+    for key, p in pods_of(manifest).items():
+        assert p["spec"]["schedulerName"] == "volcano", key
+        notes = p["metadata"]["annotations"]
+        assert notes["scheduling.k8s.io/group-name"] == JOB.name
+        assert notes["volcano.sh/task-spec"] == key.split("-")[0]
+    default_queue = builders.gang_group(JOB, spec_of(gang_job(backend="volcano")))
+    assert default_queue["spec"]["queue"] == "default"
+
+
+def test_coscheduling_group_and_pod_label() -> None:
+    manifest = gang_job(backend="coscheduling", scheduleTimeoutSeconds=120)
+    group = builders.gang_group(JOB, spec_of(manifest))
+    assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+    assert group["spec"] == {"minMember": 5, "scheduleTimeoutSeconds": 120}
+    for p in pods_of(manifest).values():
+        assert p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == JOB.name
+        assert p["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+
+
+def test_kai_group_has_a_subgroup_per_role_and_pods_skip_the_podgrouper() -> None:
+    manifest = gang_job(backend="kai", queue="team-a", schedulerName="my-kai")
+    group = builders.gang_group(JOB, spec_of(manifest))
+    assert group["apiVersion"] == "scheduling.run.ai/v2alpha2"
+    assert group["spec"]["minMember"] == 5 and group["spec"]["queue"] == "team-a"
+    assert {g["name"]: g["minMember"] for g in group["spec"]["subGroups"]} == {
+        "trainer": 2,
+        "rollout": 2,
+        "verifier": 1,
+    }
+    for key, p in pods_of(manifest).items():
+        meta = p["metadata"]
+        assert meta["annotations"]["pod-group-name"] == JOB.name
+        assert meta["annotations"]["kai.scheduler/skip-podgrouper"] == "true"
+        assert meta["labels"]["kai.scheduler/subgroup-name"] == key.split("-")[0]
+        assert meta["labels"]["kai.scheduler/queue"] == "team-a"
+        assert p["spec"]["schedulerName"] == "my-kai"
+
+
+def test_a_pod_template_cannot_take_a_pod_out_of_its_gang() -> None:
+    manifest = gang_job(backend="volcano")
+    manifest["spec"]["rollout"]["template"] = {
+        "metadata": {"annotations": {"scheduling.k8s.io/group-name": "other", "team": "x"}},
+        "spec": {"schedulerName": "default-scheduler"},
+    }
+    p = pods_of(manifest)["rollout-0"]
+    assert p["spec"]["schedulerName"] == "volcano"
+    assert p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == JOB.name
+    assert p["metadata"]["annotations"]["team"] == "x"
+
+
+def test_no_gang_changes_nothing() -> None:
+    for p in pods_of(example()).values():
+        assert "schedulerName" not in p["spec"]
+        assert not any("scheduling" in k for k in p["metadata"]["annotations"])
+
+
+def _group_actions(p: Any) -> tuple[list[str], list[tuple[str, str]]]:
+    made = [m["kind"] for m in p.create if m["kind"] == "PodGroup"]
+    gone = [o for o in p.delete_objects if o[0].endswith("/PodGroup")]
+    return made, gone
+
+
+def test_the_group_is_made_with_the_pods_deleted_on_suspend_and_made_again_on_resume() -> None:
+    manifest = gang_job(backend="volcano")
+    spec = spec_of(manifest)
+    new = plan(observed(manifest, [], gang_group=False), SETTINGS)
+    assert _group_actions(new) == (["PodGroup"], [])
+    assert sum(1 for m in new.create if m["kind"] == "Pod") == 5
+    running = RLJobStatus(phase="Running", start_time=rfc3339(NOW))
+    steady = plan(observed(manifest, all_pods(spec), previous=running, gang_group=True), SETTINGS)
+    assert _group_actions(steady) == ([], [])
+    suspended = gang_job(backend="volcano")
+    suspended["spec"]["suspend"] = True
+    down = plan(observed(suspended, all_pods(spec), previous=running, gang_group=True), SETTINGS)
+    assert _group_actions(down) == ([], [("scheduling.volcano.sh/v1beta1/PodGroup", JOB.name)])
+    resumed = plan(observed(manifest, [], previous=down.status, gang_group=False), SETTINGS)
+    assert _group_actions(resumed) == (["PodGroup"], [])
+
+
+def test_a_trainer_group_restart_keeps_the_one_group() -> None:
+    manifest = gang_job(backend="coscheduling")
+    spec = spec_of(manifest)
+    pods = [q for q in all_pods(spec) if q.name != "tiny-trainer-1"]  # one trainer pod lost
+    running = RLJobStatus(
+        phase="Running", start_time=rfc3339(NOW), trainer=TrainerGroupStatus(formed=True)
+    )
+    p = plan(observed(manifest, pods, previous=running, gang_group=True), SETTINGS)
+    assert "tiny-trainer-0" in p.delete_pods  # the whole group is replaced ...
+    assert _group_actions(p) == ([], [])  # ... under the same gang
+
+
+@pytest.mark.parametrize(
+    ("gang", "path", "words"),
+    [
+        ({"backend": "slurm"}, "spec.scheduling.gang.backend", "volcano, coscheduling or kai"),
+        ({"backend": "kai"}, "spec.scheduling.gang.queue", "KAI queues"),
+        ({"backend": "coscheduling", "queue": "q"}, "spec.scheduling.gang.queue", "no queues"),
+        ({"backend": "volcano", "queue": "Q_1"}, "spec.scheduling.gang.queue", "'Q_1'"),
+        ({"queue": "q"}, "spec.scheduling.gang.backend", "volcano"),
+    ],
+)
+def test_a_bad_gang_names_the_field_the_value_and_the_fix(
+    gang: dict[str, Any], path: str, words: str
+) -> None:
+    result = validate_manifest(example(scheduling={"gang": gang}))
+    assert not result.ok
+    [err] = [e for e in result.errors if e.path == path]
+    assert words in str(err), str(err)
