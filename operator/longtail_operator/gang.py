@@ -1,13 +1,15 @@
 """Gang placement (``spec.scheduling.gang``): an RLJob's group object and what its pods carry.
 
 Pure builders, called by ``builders.worker_pod`` (each pod's labels, annotations and
-``schedulerName``) and ``builders.gang_group`` for ``derive.plan`` (the group object, created in the same pass as the pods
-and before them: ``Reconciler._execute`` creates every other object first; deleted with the pods
-on suspend or finish, made again on resume). One group per RLJob, named after it and owned by it,
-whose minimum is every pod the job runs: the whole trainer group and each role's replicas (no
-role is elastic yet, so its minimum is its count). A trainer-group restart replaces the trainer
-pods under the same group: the gang scheduler places the new ones against the members already
-running. The backends, as their projects define them:
+``schedulerName``) and by ``builders.gang_group`` for ``derive.plan`` (the group object, made
+in the same pass as the pods and before them: ``Reconciler._execute`` creates every other
+object first; deleted with the pods on suspend or finish, made again on resume). One group per
+RLJob, named after it and owned by it, whose minimum is every pod the job runs: the whole
+trainer group and each role's replicas (no role is elastic yet, so its minimum is its count).
+A trainer-group restart replaces the trainer pods under the same group: the gang scheduler
+places the new ones against the members already running.
+
+The backends, as their projects define them:
 
 - ``volcano``: ``scheduling.volcano.sh/v1beta1`` ``PodGroup`` (``minMember``, ``minTaskMember``
   per role, ``queue``); pods annotated ``scheduling.k8s.io/group-name`` and
