@@ -12,9 +12,10 @@ from typing import Literal
 
 from longtail_api.fields import spec_field
 
-Phase = Literal["Pending", "Initializing", "Running", "Suspended", "Succeeded", "Failed"]
+Phase = Literal["Pending", "Queued", "Initializing", "Running", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = (
     "Pending",
+    "Queued",
     "Initializing",
     "Running",
     "Suspended",
@@ -33,6 +34,7 @@ CONDITION_TYPES: tuple[str, ...] = (
     "Failed",
     "ValidationFailed",
     "SpecAccepted",
+    "Queued",
 )
 """Condition types the operator sets (``<Role>Ready`` per role). ``SpecAccepted``: whether the
 job runs the spec as written (True ``Accepted``), or, False, still the last accepted one:

@@ -45,6 +45,8 @@ from longtail_operator.specgate import SpecGate
 from longtail_operator.trainergroup import GroupPlan
 
 TERMINAL = ("Succeeded", "Failed")
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
 CHECKPOINT_BEFORE = {"BackoffLimitExceeded": "backoff-limit", "DeadlineExceeded": "deadline"}
 """Failures the operator decides (not the trainer): the running trainer is asked for a last
 checkpoint before its pods go, so the run can be continued from it (checkpoint reason)."""
@@ -62,6 +64,7 @@ WARNING_REASONS = frozenset(
         "JobFailed",
         "WorkersUnreachable",
         "IdlenessSourceFailing",
+        "KueueNotInstalled",
     }
 )
 """Event reasons posted as ``Warning``; every other reason is ``Normal``."""
@@ -105,6 +108,10 @@ class Observed:
     """Why ``spec`` is or is not the spec as written (``SpecAccepted``); None: accepted."""
     gang_group: bool | None = None
     """Whether the job's gang group object exists (None: not read, the job has no gang)."""
+    queue: str | None = None
+    """The RLJob's ``kueue.x-k8s.io/queue-name`` label: it asks for admission by Kueue."""
+    kueue_served: bool | None = None
+    """Whether the cluster serves Kueue's Workload API (None: not known, or not asked)."""
 
 
 @dataclass
@@ -151,9 +158,28 @@ def _phase(obs: Observed, spec: RLJobSpec, roles: dict[str, RoleStatus]) -> tupl
             what = "trainer group restarts" if role == "trainer" else f"{role} pods failed"
             msg = f"{rs.failed} {what}, over backoffLimit={spec.backoff_limit}"
             return "Failed", "BackoffLimitExceeded", msg
+    if obs.queue is not None:
+        return ("Queued", *_queue_wait(obs))
     if spec.suspend:
         return "Suspended", "JobSuspended", "spec.suspend is true"
     return "", "", ""
+
+
+def _queue_wait(obs: Observed) -> tuple[str, str]:
+    """Why a job labelled for Kueue waits: it never starts around the queue's quota."""
+    ask = f"label {QUEUE_LABEL}={obs.queue} asks for admission by Kueue"
+    remove = "or remove the label to start the job without admission"
+    if obs.kueue_served is False:
+        return "KueueNotInstalled", (
+            f"{ask}, but this cluster serves no Kueue Workload API ({KUEUE_API}); no pod is "
+            f"created: install Kueue, {remove}"
+        )
+    if obs.kueue_served is None:
+        return "KueueUnknown", f"{ask}; whether Kueue is installed could not be read: retrying"
+    return "KueueAdmissionNotSupported", (
+        f"{ask}; this operator version does not write Kueue Workloads yet (issue #37), so the "
+        f"job waits instead of running around the queue's quota: {remove[3:]}"
+    )
 
 
 def _roles(
@@ -277,6 +303,8 @@ def _conditions(
             want[condition_type(role)] = ("False", "JobFinished", f"job {phase.lower()}")
         elif phase == "Suspended":
             want[condition_type(role)] = ("False", "JobSuspended", "worker pods deleted")
+        elif phase == "Queued":
+            want[condition_type(role)] = ("False", "JobQueued", "waiting for admission")
         elif rs.ready >= rs.total:
             want[condition_type(role)] = (
                 "True",
@@ -293,6 +321,10 @@ def _conditions(
     reach = _reachability(obs, phase)
     if reach is not None:
         want["WorkersUnreachable"] = reach
+    if phase == "Queued":
+        want["Queued"] = ("True", reason, message)
+    elif any(c.type == "Queued" for c in obs.previous.conditions):
+        want["Queued"] = ("False", "NotQueued", f"no {QUEUE_LABEL} label: no admission asked")
     idleness = _idleness(obs, phase)
     if idleness is not None:
         want["IdlenessUnavailable"] = idleness
@@ -494,9 +526,9 @@ def plan(obs: Observed, settings: Settings) -> Plan:
             p.checkpoint, p.checkpoint_reason = True, "resize"
     if not running:
         st.trainer.formed = False  # every pod goes: the next group is made from scratch
-    if running or phase == "Suspended":
+    if running or phase in ("Suspended", "Queued"):
         _support_objects(obs, spec, settings, p)
-    if phase == "Suspended":
+    if phase in ("Suspended", "Queued"):  # a queue label on a running job stops it, safely
         p.checkpoint, p.checkpoint_reason = _last_checkpoint(obs, p), "suspend"
         st.start_time = None  # the deadline restarts on resume, as for Kubernetes Jobs
     if phase == "Failed" and reason in CHECKPOINT_BEFORE:  # also while the Failed job's pods go

@@ -101,6 +101,12 @@ class Kube:
             return str(exc)
         return None
 
+    def served_apis(self) -> set[str]:
+        """Every ``group/version`` the API server serves (discovery: ``GET /apis``, readable by
+        every authenticated identity)."""
+        body = self._call("GET /apis", client.ApisApi(self.api_client).get_api_versions) or {}
+        return {v["groupVersion"] for g in body.get("groups", []) for v in g.get("versions", [])}
+
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._call(  # type: ignore[no-any-return]
             f"get rljob {namespace}/{name}",

@@ -12,6 +12,7 @@ for the operator's own write calls (checkpoint, role switches) and never logged.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,11 @@ from longtail_operator.metrics import OperatorMetrics
 from longtail_operator.observe import PodView, now_utc, parse_status, to_json
 from longtail_operator.settings import Settings
 from longtail_operator.sources import WorkerTarget
+
+log = logging.getLogger(__name__)
+KUEUE_RECHECK_S = 30.0
+"""How often a reconcile of a job labelled for Kueue asks API discovery again whether Kueue's
+Workload API is served (installing Kueue then takes effect within this)."""
 
 
 @dataclass
@@ -97,6 +103,8 @@ class Reconciler:
         self.kube, self.settings, self.metrics, self.clock = kube, settings, metrics, clock
         self.trainer = TrainerClient(timeout=settings.http_timeout_s)
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="reconcile-io")
+        self._kueue: tuple[float, bool | None] | None = None
+        """When Kueue's presence was last read, and what was found."""
 
     def reconcile(self, rt: JobRuntime) -> str | None:
         """Reconcile one job; returns its phase (None once the RLJob is gone)."""
@@ -123,6 +131,7 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
         meta = body["metadata"]
+        labels = meta.get("labels") or {}
         job = JobRef(rt.name, rt.namespace, meta["uid"], int(meta.get("generation", 1)))
         checked = validate_manifest({k: v for k, v in body.items() if k != "status"})
         previous = parse_status(body.get("status"))
@@ -158,6 +167,8 @@ class Reconciler:
             trainer_policy=self._network_policy(job, access.trainer_policy_name(job.name)),
             weight_sync_policy=self._network_policy(job, access.weight_sync_policy_name(job.name)),
             gang_group=self._gang_group(job, rt.spec),
+            queue=labels.get(derive.QUEUE_LABEL),
+            kueue_served=self._kueue_served() if derive.QUEUE_LABEL in labels else None,
         )
         plan = derive.plan(obs, self.settings)
         self._checkpoint(rt, plan, pods)
@@ -276,6 +287,19 @@ class Reconciler:
         list(self.pool.map(self.kube.create, pods))
         deletes = [("Pod", name) for name in plan.delete_pods] + plan.delete_objects
         list(self.pool.map(lambda kn: self.kube.delete(kn[0], job.namespace, kn[1]), deletes))
+
+    def _kueue_served(self) -> bool | None:
+        """Whether Kueue's Workload API is served, read at most every ``KUEUE_RECHECK_S`` (None
+        when discovery fails: the job waits, it never starts around a queue)."""
+        now = time.monotonic()
+        if self._kueue is None or now - self._kueue[0] >= KUEUE_RECHECK_S:
+            try:
+                served: bool | None = derive.KUEUE_API in self.kube.served_apis()
+            except KubeError as exc:
+                log.warning("API discovery failed, Kueue's presence unknown: %s", exc)
+                served = None
+            self._kueue = (now, served)
+        return self._kueue[1]
 
     def _gang_group(self, job: JobRef, spec: RLJobSpec | None) -> bool | None:
         """Whether the job's gang group object exists (None: the job has no gang)."""

@@ -1,5 +1,6 @@
-"""Gang placement (``spec.scheduling.gang``, operator/longtail_operator/gang.py): the group
-object of each backend, what every pod carries, and when the plan makes and deletes the group."""
+"""Placement on shared clusters: gang placement (``spec.scheduling.gang``, gang.py: the group
+object of each backend, what every pod carries, when the plan makes and deletes the group) and
+a job labelled for Kueue (it waits, ``Queued``, never starting around the queue)."""
 
 from __future__ import annotations
 
@@ -152,3 +153,37 @@ def test_a_bad_gang_names_the_field_the_value_and_the_fix(
     assert not result.ok
     [err] = [e for e in result.errors if e.path == path]
     assert words in str(err), str(err)
+
+
+@pytest.mark.parametrize(
+    ("served", "reason"),
+    [
+        (False, "KueueNotInstalled"),
+        (None, "KueueUnknown"),
+        (True, "KueueAdmissionNotSupported"),
+    ],
+)
+def test_a_job_labelled_for_kueue_never_starts_around_the_queue(
+    served: bool | None, reason: str
+) -> None:
+    manifest = example()
+    p = plan(observed(manifest, [], queue="team-a", kueue_served=served), SETTINGS)
+    assert p.status.phase == "Queued"
+    assert not [m for m in p.create if m["kind"] == "Pod"]
+    queued = next(c for c in p.status.conditions if c.type == "Queued")
+    assert (queued.status, queued.reason) == ("True", reason)
+    assert "kueue.x-k8s.io/queue-name=team-a" in queued.message
+    if reason != "KueueUnknown":
+        assert "remove the label" in queued.message
+    # A queue label put on a running job stops it the safe way: checkpoint, then pods go.
+    spec = spec_of(manifest)
+    running = RLJobStatus(phase="Running", start_time=rfc3339(NOW))
+    stopped = plan(
+        observed(manifest, all_pods(spec), previous=running, queue="q", kueue_served=served),
+        SETTINGS,
+    )
+    assert stopped.checkpoint and len(stopped.delete_pods) == 4
+    # The label removed: the job starts, and Queued says why it no longer waits.
+    free = plan(observed(manifest, [], previous=p.status), SETTINGS)
+    assert sum(1 for m in free.create if m["kind"] == "Pod") == 4
+    assert {c.type: c.reason for c in free.status.conditions}["Queued"] == "NotQueued"

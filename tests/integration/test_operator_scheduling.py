@@ -1,4 +1,5 @@
-"""Gang placement on the real v1.20 control plane: the operator's PodGroup of each backend.
+"""Placement on shared clusters, on the real v1.20 control plane: the operator's PodGroup of
+each gang backend, and an RLJob labelled for Kueue on a cluster without Kueue.
 
 The three gang schedulers' PodGroup APIs are installed as CRDs (``crds/podgroups.yaml``: the
 real group, version, kind and plural with a structural schema of the spec, so a field the
@@ -184,3 +185,19 @@ def test_a_trainer_group_restart_keeps_one_group(
         assert [g["metadata"]["name"] for g in json.loads(listed)["items"]] == ["tiny"]
     finally:
         trainer.close()
+
+
+def test_a_job_labelled_for_kueue_on_a_cluster_without_kueue_waits_and_says_why(
+    control_plane: ControlPlane, ns: str
+) -> None:
+    cp = control_plane
+    m = job_manifest(ns)
+    m["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    apply(cp, m)
+    j = wait_phase(cp, ns, "Queued", timeout=60)
+    queued = next(c for c in j["status"]["conditions"] if c["type"] == "Queued")
+    assert (queued["status"], queued["reason"]) == ("True", "KueueNotInstalled")
+    assert "install Kueue" in queued["message"] and "remove the label" in queued["message"]
+    assert not live_pods(cp, ns)  # never started around the queue
+    cp.kubectl("-n", ns, "label", "rljob", "tiny", "kueue.x-k8s.io/queue-name-")
+    cp.wait_for(lambda: len(live_pods(cp, ns)) == 4, timeout=60, what="the pods, label removed")
