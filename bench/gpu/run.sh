@@ -278,7 +278,7 @@ stage_rl_step() {
     else
         # shellcheck disable=SC2086  # RL_STEP_ARGS: a shorter run for a session short of time
         "$PYTHON" bench/gpu/rl_step_gpu.py --out "$OUT/rl-step" \
-            ${RL_STEP_ARGS:---steps 2 --eval-size 8 --profile-deadline 60}
+            ${RL_STEP_ARGS:---steps 2 --eval-size 4 --profile-deadline 30}
     fi
 }
 
