@@ -159,6 +159,21 @@ class TrainerApp(BackgroundHTTPServer):
         self.harvest: TrainerHarvest | None = None
         """The trainer's own drafter training (set when the job makes it a harvest target)."""
         self.started = time.time()
+        self.stop_requested: threading.Event | None = None
+        """Set when the trainer is asked to stop (SIGTERM, Ctrl-C): it is no longer ready."""
+
+    def unready(self) -> str | None:
+        """Why ``/readyz`` says 503 (None: ready). Ready once the policy is loaded and the
+        weight server serves (both happen in ``build_driver``, before :attr:`driver` is set),
+        until it fails or is asked to stop."""
+        if self.failed is not None:
+            return f"training failed: {self.failed}"
+        asked = self.stop_requested is not None and self.stop_requested.is_set()
+        if asked or self.stopping:  # a stop asked for, or the server shutting down
+            return "stopping"
+        if self.driver is None:
+            return "starting: loading the policy and starting its weight server"
+        return None
 
     def role(self) -> RoleState:
         if self.harvest is not None:
@@ -238,8 +253,14 @@ class TrainerApp(BackgroundHTTPServer):
             try:
                 if DrafterEndpoints.owns(path):
                     self._drafters(app, method, path, query)
-                elif path in ("/healthz", "/readyz") and method in ("GET", "HEAD"):
+                elif path == "/healthz" and method in ("GET", "HEAD"):
                     self.send_text(HTTPStatus.OK, "ok\n")
+                elif path == "/readyz" and method in ("GET", "HEAD"):
+                    why = app.unready()
+                    if why is None:
+                        self.send_text(HTTPStatus.OK, "ready\n")
+                    else:
+                        self.send_text(HTTPStatus.SERVICE_UNAVAILABLE, why + "\n")
                 elif path == "/v1/status" and method == "GET":
                     self.send_json(HTTPStatus.OK, app.status().to_dict())
                 elif path == ROLE_PATH and method == "PUT":
@@ -364,6 +385,7 @@ def main(argv: list[str]) -> int:
     restore = install_stop_signals(stop)
     app = TrainerApp(args.host, args.port)
     app.auth_token = token
+    app.stop_requested = stop
     app.start()
     print(f"{LISTENING_PREFIX}{app.url}", flush=True)
     try:
