@@ -144,6 +144,11 @@ def _metadata(job: JobRef, name: str, lbls: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def job_metadata(job: JobRef, name: str) -> dict[str, Any]:
+    """Metadata of an object of the job's own (name, namespace, the job's label, owner)."""
+    return _metadata(job, name, labels(job.name))
+
+
 def role_port(settings: Settings, role: str) -> int:
     """The HTTP port a role's worker listens on (status, control, health, metrics)."""
     if role == "trainer":

@@ -36,7 +36,7 @@ from typing import Any
 from longtail_api.spec import RLJobSpec
 from longtail_api.status import SPEC_ACCEPTED, Condition, RLJobStatus, RoleStatus
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator import access, builders, trainergroup
+from longtail_operator import access, builders, kueue, placement, trainergroup
 from longtail_operator.builders import JobRef
 from longtail_operator.harvester import HarvestSnapshot
 from longtail_operator.observe import PodView, parse_time, rfc3339
@@ -45,8 +45,7 @@ from longtail_operator.specgate import SpecGate
 from longtail_operator.trainergroup import GroupPlan
 
 TERMINAL = ("Succeeded", "Failed")
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-KUEUE_API = "kueue.x-k8s.io/v1beta2"
+QUEUE_LABEL = kueue.QUEUE_LABEL
 CHECKPOINT_BEFORE = {"BackoffLimitExceeded": "backoff-limit", "DeadlineExceeded": "deadline"}
 """Failures the operator decides (not the trainer): the running trainer is asked for a last
 checkpoint before its pods go, so the run can be continued from it (checkpoint reason)."""
@@ -110,8 +109,12 @@ class Observed:
     """Whether the job's gang group object exists (None: not read, the job has no gang)."""
     queue: str | None = None
     """The RLJob's ``kueue.x-k8s.io/queue-name`` label: it asks for admission by Kueue."""
+    priority: str | None = None
+    """The RLJob's ``kueue.x-k8s.io/priority-class`` label (a WorkloadPriorityClass)."""
     kueue_served: bool | None = None
     """Whether the cluster serves Kueue's Workload API (None: not known, or not asked)."""
+    workload: kueue.View | None = None
+    """The job's Kueue Workload (None: none, or no queue label)."""
 
 
 @dataclass
@@ -129,6 +132,8 @@ class Plan:
     """Why, as the checkpoint request says it (``suspend``, ``resize``, or a
     :data:`CHECKPOINT_BEFORE` value)."""
     counted: list[str] = field(default_factory=list)
+    patches: list[tuple[str, str, str, dict[str, Any], bool]] = field(default_factory=list)
+    """Merge patches of custom objects: (apiVersion, plural, name, patch, of its status)."""
 
 
 def condition_type(role: str) -> str:
@@ -158,28 +163,11 @@ def _phase(obs: Observed, spec: RLJobSpec, roles: dict[str, RoleStatus]) -> tupl
             what = "trainer group restarts" if role == "trainer" else f"{role} pods failed"
             msg = f"{rs.failed} {what}, over backoffLimit={spec.backoff_limit}"
             return "Failed", "BackoffLimitExceeded", msg
-    if obs.queue is not None:
-        return ("Queued", *_queue_wait(obs))
+    if obs.queue is not None and obs.kueue_served is not True:
+        return ("Queued", *placement.queue_wait(obs))
     if spec.suspend:
         return "Suspended", "JobSuspended", "spec.suspend is true"
     return "", "", ""
-
-
-def _queue_wait(obs: Observed) -> tuple[str, str]:
-    """Why a job labelled for Kueue waits: it never starts around the queue's quota."""
-    ask = f"label {QUEUE_LABEL}={obs.queue} asks for admission by Kueue"
-    remove = "or remove the label to start the job without admission"
-    if obs.kueue_served is False:
-        return "KueueNotInstalled", (
-            f"{ask}, but this cluster serves no Kueue Workload API ({KUEUE_API}); no pod is "
-            f"created: install Kueue, {remove}"
-        )
-    if obs.kueue_served is None:
-        return "KueueUnknown", f"{ask}; whether Kueue is installed could not be read: retrying"
-    return "KueueAdmissionNotSupported", (
-        f"{ask}; this operator version does not write Kueue Workloads yet (issue #37), so the "
-        f"job waits instead of running around the queue's quota: {remove[3:]}"
-    )
 
 
 def _roles(
@@ -235,19 +223,6 @@ def _workers(
                 trainer_group=group.status.restarts,
             )
         )
-
-
-def _gang_group(obs: Observed, spec: RLJobSpec, p: Plan, running: bool) -> None:
-    """The gang group exists exactly while the job's pods are wanted: made in the pass that
-    makes them (``Reconciler._execute`` creates it before any pod), deleted with them on
-    suspend or finish, made again on resume; a trainer-group restart keeps it (gang.py)."""
-    if spec.scheduling.gang is None or obs.gang_group is None:
-        return
-    if running and not obs.gang_group:
-        p.create.append(builders.gang_group(obs.job, spec))
-    elif not running and obs.gang_group:
-        group = builders.gang_group(obs.job, spec)
-        p.delete_objects.append((f"{group['apiVersion']}/{group['kind']}", obs.job.name))
 
 
 def _support_objects(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan) -> None:
@@ -514,9 +489,18 @@ def plan(obs: Observed, settings: Settings) -> Plan:
     ready = sum(r.ready for r in st.roles.values())
     st.ready = f"{ready}/{sum(r.total for r in st.roles.values())}"
     phase, reason, message = _phase(obs, spec, st.roles)
+    want_workload = placement.workload(obs, spec, settings)
+    wait = placement.admission_wait(obs, want_workload) if phase == "" else None
+    if wait is not None:
+        phase, (reason, message) = "Queued", wait
     running = phase == ""
     _workers(obs, spec, settings, p, group if running else None)
-    _gang_group(obs, spec, p, running)
+    placement.gang_group(obs, spec, p, running)
+    if running and obs.workload is not None:  # admitted: where Kueue placed each podSet
+        for m in p.create:
+            role = m["metadata"]["labels"].get(builders.LABEL_ROLE)
+            if m["kind"] == "Pod" and role in obs.workload.placements:
+                kueue.place(m, role, obs.workload.placements[role])
     st.trainer = trainergroup.group_status(spec, prev.trainer)
     if group is not None:  # a restart is recorded even when it exceeds backoffLimit
         st.trainer = group.status
@@ -546,6 +530,7 @@ def plan(obs: Observed, settings: Settings) -> Plan:
     if phase in TERMINAL:
         st.completion_time = st.completion_time or rfc3339(obs.now)
         _ttl(obs, spec, p)
+    placement.workload_actions(obs, spec, p, phase, message, want_workload)
     _copy_progress(obs, spec, st)
     _accounting(obs, spec, st, p)
     if phase != prev.phase:

@@ -154,6 +154,41 @@ class Kube:
         fn = self.custom.get_namespaced_custom_object
         return self._call(what, fn, group, version, namespace, plural, name, ok=(404,)) is not None
 
+    def read_custom(
+        self, api_version: str, plural: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        """A custom object (namespaced, or cluster-scoped with ``namespace`` None); None when
+        absent."""
+        group, version = api_version.split("/")
+        fn: Any
+        if namespace is None:
+            fn = self.custom.get_cluster_custom_object
+            args: tuple[Any, ...] = (group, version, plural, name)
+        else:
+            fn = self.custom.get_namespaced_custom_object
+            args = (group, version, namespace, plural, name)
+        what = f"get {plural}.{group} {namespace or ''}/{name}"
+        return self._call(what, fn, *args, ok=(404,))  # type: ignore[no-any-return]
+
+    def patch_custom(
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        status: bool = False,
+    ) -> None:
+        """A JSON merge patch of a namespaced custom object (of its status subresource)."""
+        group, version = api_version.split("/")
+        fn = (
+            self.custom.patch_namespaced_custom_object_status
+            if status
+            else self.custom.patch_namespaced_custom_object
+        )
+        what = f"patch {plural}.{group} {namespace}/{name}{' status' if status else ''}"
+        self._call(what, fn, group, version, namespace, plural, name, patch, ok=(404,))
+
     def _create_custom(self, obj: dict[str, Any]) -> None:
         group, version = obj["apiVersion"].split("/")
         meta, plural = obj["metadata"], obj["kind"].lower() + "s"
@@ -164,9 +199,12 @@ class Kube:
         except KubeError as exc:
             if exc.status != 404:
                 raise
-            raise KubeError(what, 404, f"the API {obj['apiVersion']} ({plural}) is not served "
-                            "on this cluster: install its scheduler, or change "
-                            "spec.scheduling.gang.backend") from exc  # fmt: skip
+            why = (
+                f"the API {obj['apiVersion']} ({plural}) is not served on this cluster: install "
+                "it (its scheduler, or Kueue), or change the job (spec.scheduling.gang.backend, "
+                "or its queue label)"
+            )
+            raise KubeError(what, 404, why) from exc
 
     def create(self, obj: dict[str, Any]) -> None:
         kind, meta = obj["kind"], obj["metadata"]

@@ -25,7 +25,7 @@ import kopf
 from longtail_api.manifest import validate_manifest
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator import access, builders, derive, gang, specgate, trainergroup
+from longtail_operator import access, builders, derive, gang, kueue, specgate, trainergroup
 from longtail_operator.builders import JobRef
 from longtail_operator.clients import TrainerClient
 from longtail_operator.derive import Event, Observed, Plan
@@ -128,10 +128,14 @@ class Reconciler:
 
     def _reconcile(self, rt: JobRuntime) -> str | None:
         body = self.kube.get_job(rt.namespace, rt.name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
+        if body is None:
+            return None
+        if body["metadata"].get("deletionTimestamp"):
+            self._release_workload(body)
             return None
         meta = body["metadata"]
         labels = meta.get("labels") or {}
+        kueue_served = self._kueue_served() if derive.QUEUE_LABEL in labels else None
         job = JobRef(rt.name, rt.namespace, meta["uid"], int(meta.get("generation", 1)))
         checked = validate_manifest({k: v for k, v in body.items() if k != "status"})
         previous = parse_status(body.get("status"))
@@ -168,7 +172,9 @@ class Reconciler:
             weight_sync_policy=self._network_policy(job, access.weight_sync_policy_name(job.name)),
             gang_group=self._gang_group(job, rt.spec),
             queue=labels.get(derive.QUEUE_LABEL),
-            kueue_served=self._kueue_served() if derive.QUEUE_LABEL in labels else None,
+            priority=labels.get(kueue.PRIORITY_LABEL),
+            kueue_served=kueue_served,
+            workload=self._workload(job) if kueue_served else None,
         )
         plan = derive.plan(obs, self.settings)
         self._checkpoint(rt, plan, pods)
@@ -285,8 +291,34 @@ class Reconciler:
         for cm in plan.update:
             self.kube.replace_configmap(cm)
         list(self.pool.map(self.kube.create, pods))
+        for api_version, plural, name, patch, status in plan.patches:
+            self.kube.patch_custom(api_version, plural, job.namespace, name, patch, status)
         deletes = [("Pod", name) for name in plan.delete_pods] + plan.delete_objects
         list(self.pool.map(lambda kn: self.kube.delete(kn[0], job.namespace, kn[1]), deletes))
+
+    def _workload(self, job: JobRef) -> kueue.View | None:
+        """The job's Workload with the ResourceFlavors its admission names (None: none)."""
+        name = kueue.workload_name(job.name, job.uid)
+        obj = self.kube.read_custom(kueue.API_VERSION, kueue.WORKLOADS, job.namespace, name)
+        if obj is None:
+            return None
+        flavors = {}
+        for f in sorted(kueue.flavors_of(obj)):
+            found = self.kube.read_custom(kueue.API_VERSION, kueue.FLAVORS, None, f)
+            if found is None:
+                raise KubeError(f"get resourceflavor {f}", 404, "admitted with a missing flavor")
+            flavors[f] = found
+        return kueue.view(obj, flavors)
+
+    def _release_workload(self, body: dict[str, Any]) -> None:
+        """An RLJob being deleted: take Kueue's finalizer off its Workload (the garbage
+        collector deletes it with the job), as Kueue's job framework does."""
+        meta = body["metadata"]
+        if derive.QUEUE_LABEL not in (meta.get("labels") or {}) or not self._kueue_served():
+            return
+        name = kueue.workload_name(meta["name"], meta["uid"])
+        drop = {"metadata": {"finalizers": None}}
+        self.kube.patch_custom(kueue.API_VERSION, kueue.WORKLOADS, meta["namespace"], name, drop)
 
     def _kueue_served(self) -> bool | None:
         """Whether Kueue's Workload API is served, read at most every ``KUEUE_RECHECK_S`` (None
@@ -294,7 +326,7 @@ class Reconciler:
         now = time.monotonic()
         if self._kueue is None or now - self._kueue[0] >= KUEUE_RECHECK_S:
             try:
-                served: bool | None = derive.KUEUE_API in self.kube.served_apis()
+                served: bool | None = kueue.API_VERSION in self.kube.served_apis()
             except KubeError as exc:
                 log.warning("API discovery failed, Kueue's presence unknown: %s", exc)
                 served = None

@@ -37,6 +37,8 @@ class FakeKubelet:
         self.gpus = gpus
         self.ips: dict[tuple[str, str], str] = {}
         self.not_ready: set[tuple[str, str]] = set()
+        self.linger: set[tuple[str, str]] = set()
+        """Pods whose graceful deletion is not finished yet (a container slow to stop)."""
         self._pool = (
             f"127.0.{a}.{b}" for a, b in itertools.product(range(100, 200), range(1, 255))
         )
@@ -122,6 +124,9 @@ class FakeKubelet:
 
     def _delete(self, key: tuple[str, str]) -> None:
         from kubernetes.client.exceptions import ApiException
+
+        if key in self.linger:
+            return
 
         try:
             self.core.delete_namespaced_pod(key[1], key[0], grace_period_seconds=0)

@@ -162,3 +162,17 @@ def trainer_at(kubelet: Any, settings: Settings, ns: str, name: str = "tiny") ->
     ip = next(IPS)
     kubelet.ips[(ns, f"{name}-trainer-0")] = ip
     return FakeTrainer(ip, settings.trainer_port)
+
+
+def install_crds(cp: ControlPlane, path: Path, crds: list[str], groups: list[str]) -> None:
+    """Apply the CRDs in ``path``; return once each is Established and every API group of
+    ``groups`` is in discovery (the garbage collector and kubectl map kinds through it)."""
+    cp.kubectl("apply", "-f", str(path))
+    for crd in crds:
+        cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+
+    def discovered() -> bool:
+        served = cp.kubectl("api-versions", check=False).stdout
+        return all(f"{g}/" in served for g in groups)
+
+    cp.wait_for(discovered, timeout=60, what=f"{', '.join(groups)} in API discovery")

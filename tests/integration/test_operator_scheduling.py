@@ -17,7 +17,17 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from opharness import REPO, apply, get, job_manifest, live_pods, pods, trainer_at, wait_phase
+from opharness import (
+    REPO,
+    apply,
+    get,
+    install_crds,
+    job_manifest,
+    live_pods,
+    pods,
+    trainer_at,
+    wait_phase,
+)
 
 from longtail_operator.settings import Settings
 
@@ -42,16 +52,8 @@ MEMBERS = 5  # 2 trainer pods (one group), 2 rollout, 1 verifier
 
 @pytest.fixture(scope="module")
 def podgroup_crds(control_plane: ControlPlane) -> Iterator[None]:
-    cp = control_plane
-    cp.kubectl("apply", "-f", str(CRDS))
-    for crd in GROUPS.values():
-        cp.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
-
-    def discovered() -> bool:
-        out = cp.kubectl("api-resources", check=False).stdout
-        return all(g.split(".", 1)[1] in out for g in GROUPS.values())
-
-    cp.wait_for(discovered, timeout=60, what="the PodGroup APIs in discovery")
+    groups = [crd.split(".", 1)[1] for crd in GROUPS.values()]
+    install_crds(control_plane, CRDS, list(GROUPS.values()), groups)
     yield
 
 

@@ -4,6 +4,7 @@ a job labelled for Kueue (it waits, ``Queued``, never starting around the queue)
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -160,7 +161,6 @@ def test_a_bad_gang_names_the_field_the_value_and_the_fix(
     [
         (False, "KueueNotInstalled"),
         (None, "KueueUnknown"),
-        (True, "KueueAdmissionNotSupported"),
     ],
 )
 def test_a_job_labelled_for_kueue_never_starts_around_the_queue(
@@ -173,7 +173,7 @@ def test_a_job_labelled_for_kueue_never_starts_around_the_queue(
     queued = next(c for c in p.status.conditions if c.type == "Queued")
     assert (queued.status, queued.reason) == ("True", reason)
     assert "kueue.x-k8s.io/queue-name=team-a" in queued.message
-    if reason != "KueueUnknown":
+    if reason == "KueueNotInstalled":
         assert "remove the label" in queued.message
     # A queue label put on a running job stops it the safe way: checkpoint, then pods go.
     spec = spec_of(manifest)
@@ -187,3 +187,109 @@ def test_a_job_labelled_for_kueue_never_starts_around_the_queue(
     free = plan(observed(manifest, [], previous=p.status), SETTINGS)
     assert sum(1 for m in free.create if m["kind"] == "Pod") == 4
     assert {c.type: c.reason for c in free.status.conditions}["Queued"] == "NotQueued"
+
+
+# --- Kueue installed: the Workload, admission, eviction ---------------------------------------
+
+FLAVOR = {
+    "spec": {"nodeLabels": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}]}
+}
+
+
+def queued(manifest: dict[str, Any], pods: list[Any], workload: Any = None, **kw: Any) -> Any:
+    return observed(manifest, pods, queue="team-a", kueue_served=True, workload=workload, **kw)
+
+
+def admitted(raw: dict[str, Any], *, evicted: bool = False) -> Any:
+    """``raw`` as Kueue leaves it once it admitted (or then evicted) it."""
+    from longtail_operator import kueue
+
+    obj = copy.deepcopy(raw)
+    obj["status"] = {
+        "admission": {
+            "clusterQueue": "cq",
+            "podSetAssignments": [
+                {"name": ps["name"], "flavors": {"cpu": "h100"}, "count": ps["count"]}
+                for ps in obj["spec"]["podSets"]
+            ],
+        },
+        "conditions": [
+            {"type": "QuotaReserved", "status": "True"},
+            {"type": "Admitted", "status": "True"},
+            *([{"type": "Evicted", "status": "True", "reason": "Preempted"}] if evicted else []),
+        ],
+    }
+    return kueue.view(obj, {"h100": FLAVOR})
+
+
+def test_kueue_gets_one_workload_and_no_pod_runs_before_admission() -> None:
+    manifest = example()
+    p = plan(queued(manifest, []), SETTINGS)
+    [w] = [m for m in p.create if m["kind"] == "Workload"]
+    assert not [m for m in p.create if m["kind"] == "Pod"]
+    assert p.status.phase == "Queued"
+    assert (
+        next(c for c in p.status.conditions if c.type == "Queued").reason == "WaitingForAdmission"
+    )
+    assert w["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    assert w["metadata"]["name"].startswith("rljob-tiny-") and len(w["metadata"]["name"]) == 16
+    assert w["metadata"]["labels"]["kueue.x-k8s.io/job-uid"] == JOB.uid
+    assert w["metadata"]["finalizers"] == ["kueue.x-k8s.io/resource-in-use"]
+    assert w["metadata"]["ownerReferences"][0]["uid"] == JOB.uid
+    assert w["spec"]["queueName"] == "team-a" and w["spec"]["active"] is True
+    sets = {ps["name"]: ps for ps in w["spec"]["podSets"]}
+    assert {n: ps["count"] for n, ps in sets.items()} == {"trainer": 1, "rollout": 2, "verifier": 1}
+    assert sets["rollout"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+
+
+def test_admitted_pods_go_where_kueue_put_them_and_eviction_stops_then_releases() -> None:
+    manifest = example()
+    spec = spec_of(manifest)
+    raw = next(m for m in plan(queued(manifest, []), SETTINGS).create if m["kind"] == "Workload")
+    go = plan(queued(manifest, [], admitted(raw)), SETTINGS)
+    made = [m for m in go.create if m["kind"] == "Pod"]
+    assert len(made) == 4 and go.status.phase == "Initializing"
+    for m in made:
+        assert m["spec"]["nodeSelector"]["gpu"] == "h100"
+        assert {"key": "gpu", "operator": "Exists"} in m["spec"]["tolerations"]
+        assert (
+            m["metadata"]["labels"]["kueue.x-k8s.io/podset"]
+            == m["metadata"]["labels"]["longtail.dev/role"]
+        )
+    running = RLJobStatus(phase="Running", start_time=rfc3339(NOW))
+    evicted = admitted(raw, evicted=True)
+    stop = plan(queued(manifest, all_pods(spec), evicted, previous=running), SETTINGS)
+    assert stop.status.phase == "Queued" and stop.checkpoint and len(stop.delete_pods) == 4
+    assert not stop.patches  # quota held while the trainer checkpoints and the pods go
+    gone = plan(queued(manifest, [], evicted, previous=stop.status), SETTINGS)
+    [(_, plural, _, patch, status)] = gone.patches
+    assert (plural, status) == ("workloads", True) and patch["status"]["admission"] is None
+    kinds = {c["type"]: c["status"] for c in patch["status"]["conditions"]}
+    assert kinds["QuotaReserved"] == "False" and kinds["Evicted"] == "True"
+
+
+def test_the_users_suspend_maps_to_active_and_a_new_shape_replaces_the_workload() -> None:
+    manifest = example(suspend=True)
+    raw = next(m for m in plan(queued(example(), []), SETTINGS).create if m["kind"] == "Workload")
+    w = admitted(raw)
+    p = plan(queued(manifest, [], w), SETTINGS)
+    assert (p.patches[0][3], p.status.phase) == ({"spec": {"active": False}}, "Suspended")
+    bigger = example(rollout__replicas=3)
+    q = plan(queued(bigger, [], w), SETTINGS)
+    assert q.status.phase == "Queued"
+    assert next(c for c in q.status.conditions if c.type == "Queued").reason == "WorkloadReplaced"
+    assert ("kueue.x-k8s.io/v1beta2/Workload", w.name) in q.delete_objects
+    assert any(patch == {"metadata": {"finalizers": None}} for *_, patch, _ in q.patches)
+
+
+def test_a_finished_job_finishes_its_workload_and_lets_it_go() -> None:
+    manifest = example()
+    raw = next(m for m in plan(queued(manifest, []), SETTINGS).create if m["kind"] == "Workload")
+    done = RLJobStatus(phase="Succeeded")
+    p = plan(queued(manifest, [], admitted(raw), previous=done), SETTINGS)
+    patches = [patch for *_, patch, _ in p.patches]
+    finished = next(x for x in patches if "status" in x)["status"]["conditions"]
+    assert {"type": "Finished", "status": "True", "reason": "Succeeded"}.items() <= finished[
+        -1
+    ].items()
+    assert {"metadata": {"finalizers": None}} in patches
