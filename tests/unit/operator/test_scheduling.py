@@ -293,3 +293,10 @@ def test_a_finished_job_finishes_its_workload_and_lets_it_go() -> None:
         -1
     ].items()
     assert {"metadata": {"finalizers": None}} in patches
+
+
+def test_the_priority_class_label_goes_to_the_workload() -> None:
+    p = plan(queued(example(), [], priority="high"), SETTINGS)
+    [w] = [m for m in p.create if m["kind"] == "Workload"]
+    assert w["spec"]["priorityClassName"] == "high"
+    assert w["spec"]["priorityClassSource"] == "kueue.x-k8s.io/workloadpriorityclass"
