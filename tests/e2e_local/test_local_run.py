@@ -134,6 +134,19 @@ def processes_written(run_dir: Path) -> bool:
         return False
 
 
+def assert_harvested_candidates_arrived(run_dir: Path) -> None:
+    """A harvested worker's drafter candidate reached the trainer over its HTTP port and was
+    merged into a published version. A candidate comes only from a harvest window, and on a
+    fast, idle machine both workers may finish each of the two steps within one poll of each
+    other (tails of 15 ms were seen): then nothing was harvested and there is no candidate to
+    check (the run's summary says so; examples/05's run checks candidates deterministically)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary["harvested_s_total"] == 0:
+        return
+    assert "drafter candidate from rollout-" in (run_dir / "logs" / "trainer.log").read_text()
+    assert (run_dir / "drafters" / "LATEST").read_text().strip().isdigit()
+
+
 def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     code, out = finish(longtail_run(str(JOB), "--output", str(run_dir)))
@@ -167,9 +180,8 @@ def test_two_step_run_writes_a_complete_run_dir(tmp_path: Path) -> None:
         "step-000002",
     ]
     assert json.loads((run_dir / "checkpoints/step-000002/state.json").read_text())["step"] == 2
-    assert (run_dir / "drafters" / "LATEST").read_text().strip().isdigit()
     # Only the trainer opens drafters/: the workers' candidates arrived over its HTTP port.
-    assert "drafter candidate from rollout-" in (run_dir / "logs" / "trainer.log").read_text()
+    assert_harvested_candidates_arrived(run_dir)
     evals = sorted(p.name for p in (run_dir / "eval").iterdir())
     assert evals == ["step-000000.jsonl", "step-000002.jsonl"]
     for name in ("reward_accuracy.png", "step_time.png", "accepted_length.png", "summary.md"):
@@ -477,8 +489,7 @@ def test_two_trainer_ranks_complete_a_run_and_resume(tmp_path: Path) -> None:
     assert "trainer rank 1 of 2 joined" in (run_dir / "logs" / "trainer-1.log").read_text()
     assert "policy sharded over 2 ranks" in (run_dir / "logs" / "trainer.log").read_text()
     # The workers' drafter candidates are checked against (and merged onto) the sharded policy.
-    assert "drafter candidate from rollout-" in (run_dir / "logs" / "trainer.log").read_text()
-    assert (run_dir / "drafters" / "LATEST").read_text().strip().isdigit()
+    assert_harvested_candidates_arrived(run_dir)
     state = json.loads((run_dir / "checkpoints/step-000002/state.json").read_text())
     assert state["step"] == 2 and state["world_size"] == 2
     assert (run_dir / "checkpoints/step-000002/dcp/.metadata").is_file()
