@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 
+from longtail_api.scheduling import gang_problems
 from longtail_api.spec import RLJobSpec
 from longtail_api.validation import FieldError
 
@@ -188,26 +189,8 @@ def _roles(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
 
 def _gang(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
     gang = s.scheduling.gang
-    if gang is None:
-        return
-    if gang.backend == "kai" and not gang.queue:
-        yield (
-            FieldError(
-                "spec.scheduling.gang.queue",
-                "the KAI scheduler places a PodGroup only in a queue, and none is set",
-                fix="set scheduling.gang.queue to one of the cluster's KAI queues",
-            ),
-            ("spec.scheduling.gang",),
-        )
-    if gang.backend == "coscheduling" and gang.queue:
-        yield (
-            FieldError(
-                "spec.scheduling.gang.queue",
-                f"coscheduling has no queues, but queue is {gang.queue!r}",
-                fix="remove scheduling.gang.queue, or use backend volcano or kai",
-            ),
-            ("spec.scheduling.gang",),
-        )
+    for field, why, fix in gang_problems(gang) if gang is not None else []:
+        yield FieldError(f"spec.scheduling.gang.{field}", why, fix=fix), ("spec.scheduling.gang",)
 
 
 RULES: tuple[Rule, ...] = (

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from longtail_api.scheduling import GROUP_APIS
 from longtail_chart.dashgen import render_all
 from longtail_chart.obsdoc import alerts_table, metrics_reference, replace_section
 
@@ -43,6 +44,9 @@ RBAC_ROLES = {
     "jobRules": "longtail-operator",
     "clusterRules": "longtail-operator-discovery",
     "homeRules": "longtail-operator-home",
+    "kueueRules": "longtail-operator-kueue",
+    "kueueClusterRules": "longtail-operator-kueue-flavors",
+    "gangRules": "longtail-operator-gang",
 }
 """Chart rule list -> name of the ClusterRole in operator/rbac/clusterrole.yaml it comes from."""
 RBAC_HEADER = """\
@@ -52,8 +56,10 @@ RBAC_HEADER = """\
 # templates/rbac.yaml renders these lists: clusterRules always cluster-wide (kopf discovers the
 # CRD and namespaces); jobRules cluster-wide in `rbac.scope: cluster`, or as a Role in each
 # watched namespace in `rbac.scope: namespaced`; homeRules as a Role in the release namespace
-# (the operator's Lease and job-token key). tests/integration/test_helm_install.py checks
-# every verb with `kubectl auth can-i` as the operator's ServiceAccount.
+# (the operator's Lease and job-token key). With `scheduling.kueue`: kueueRules next to jobRules,
+# kueueClusterRules cluster-wide; gangRules: the rule of each backend in
+# `scheduling.gangBackends`, next to jobRules. tests/integration/test_helm_install.py checks
+# every verb with a SubjectAccessReview as the operator's ServiceAccount.
 """
 CRD_COPY = CHART / "crds" / "rljob.yaml"
 DASHBOARD_DIR = CHART / "dashboards"
@@ -186,8 +192,27 @@ def render_rbac() -> str:
         if name not in roles:
             raise ValueError(f"{RBAC_SOURCE.relative_to(REPO)} has no ClusterRole {name!r}")
         lists[key] = roles[name]["rules"]
+    lists["gangRules"] = _per_backend(lists["gangRules"])
     body = yaml.safe_dump(lists, sort_keys=False, default_flow_style=None, width=100)
     return RBAC_HEADER + body
+
+
+def _per_backend(rules: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The gang role's rules keyed by backend (each rule names one backend's API group)."""
+    groups = {group: backend for backend, (group, _) in GROUP_APIS.items()}
+    keyed: dict[str, list[dict[str, Any]]] = {}
+    for rule in rules:
+        backend = [groups.get(g) for g in rule["apiGroups"]]
+        if len(backend) != 1 or backend[0] is None:
+            raise ValueError(
+                f"{RBAC_SOURCE.relative_to(REPO)}: each longtail-operator-gang rule names one "
+                f"gang backend's API group ({', '.join(groups)}), not {rule['apiGroups']}"
+            )
+        keyed.setdefault(backend[0], []).append(rule)
+    missing = set(GROUP_APIS) - set(keyed)
+    if missing:
+        raise ValueError(f"longtail-operator-gang has no rule for {', '.join(sorted(missing))}")
+    return keyed
 
 
 def expected_files() -> dict[Path, str]:

@@ -28,6 +28,7 @@ from longtail_api import API_VERSION, KIND
 from longtail_api.auth import TOKEN_ENV, TOKEN_KEY
 from longtail_api.podenv import FIELD_REFS, WEIGHT_SPOOL_DIR, Peer, PodEnv
 from longtail_api.rendezvous import DEFAULT_PORT, TrainerRendezvous
+from longtail_api.scheduling import GangSpec, effective_gang
 from longtail_api.spec import RLJobSpec, RoleSpec
 from longtail_operator import gang as gangs
 from longtail_operator.merge import deep_merge
@@ -390,20 +391,26 @@ def worker_pod(
         owned = [token_env(job.name)]
         owned += [e for e in env if role == "trainer" and e["name"] in rdzv_names]
         _keep_owned_env(pod["spec"], owned)
-    placement = spec.scheduling.gang
+    placement = job_gang(spec, settings)
     if placement is not None:  # joins its job's group (gang.py), whatever a template says
         joins = gangs.pod_gang(job.name, placement, role)
         pod["metadata"]["labels"].update(joins.labels)
         pod["metadata"].setdefault("annotations", {}).update(joins.annotations)
-        pod["spec"]["schedulerName"] = joins.scheduler_name
+        pod["spec"].update(joins.pod_spec, schedulerName=joins.scheduler_name)
     return {"apiVersion": "v1", "kind": "Pod", **pod}
 
 
-def gang_group(job: JobRef, spec: RLJobSpec) -> dict[str, Any]:
-    """The job's gang group object (``spec.scheduling.gang`` set): every pod of every role."""
-    placement = spec.scheduling.gang
+def job_gang(spec: RLJobSpec, settings: Settings) -> GangSpec | None:
+    """The gang the job is placed by: its own ``spec.scheduling.gang``, else the install's
+    default (``backend: none`` opts out of it)."""
+    return effective_gang(spec.scheduling.gang, settings.default_gang)
+
+
+def gang_group(job: JobRef, spec: RLJobSpec, settings: Settings) -> dict[str, Any]:
+    """The job's gang group object (it has a gang, :func:`job_gang`): every pod of every role."""
+    placement = job_gang(spec, settings)
     if placement is None:
-        raise ValueError(f"RLJob {job.namespace}/{job.name} has no spec.scheduling.gang")
+        raise ValueError(f"RLJob {job.namespace}/{job.name} has no gang")
     minimums = {role: rs.replicas for role, rs in role_specs(spec).items()}
     meta = _metadata(job, gangs.group_name(job.name), labels(job.name))
     return gangs.group_object(placement, minimums, meta)

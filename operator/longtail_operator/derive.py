@@ -113,6 +113,9 @@ class Observed:
     """The RLJob's ``kueue.x-k8s.io/priority-class`` label (a WorkloadPriorityClass)."""
     kueue_served: bool | None = None
     """Whether the cluster serves Kueue's Workload API (None: not known, or not asked)."""
+    kueue_enabled: bool = True
+    """Whether this install does Kueue admission (``Settings.kueue``); False: a labelled job
+    waits, told so."""
     workload: kueue.View | None = None
     """The job's Kueue Workload (None: none, or no queue label)."""
 
@@ -163,7 +166,7 @@ def _phase(obs: Observed, spec: RLJobSpec, roles: dict[str, RoleStatus]) -> tupl
             what = "trainer group restarts" if role == "trainer" else f"{role} pods failed"
             msg = f"{rs.failed} {what}, over backoffLimit={spec.backoff_limit}"
             return "Failed", "BackoffLimitExceeded", msg
-    if obs.queue is not None and obs.kueue_served is not True:
+    if obs.queue is not None and (obs.kueue_served is not True or not obs.kueue_enabled):
         return ("Queued", *placement.queue_wait(obs))
     if spec.suspend:
         return "Suspended", "JobSuspended", "spec.suspend is true"
@@ -300,6 +303,7 @@ def _conditions(
         want["Queued"] = ("True", reason, message)
     elif any(c.type == "Queued" for c in obs.previous.conditions):
         want["Queued"] = ("False", "NotQueued", f"no {QUEUE_LABEL} label: no admission asked")
+    want.update(placement.kueue_conditions(obs))
     idleness = _idleness(obs, phase)
     if idleness is not None:
         want["IdlenessUnavailable"] = idleness
@@ -495,7 +499,7 @@ def plan(obs: Observed, settings: Settings) -> Plan:
         phase, (reason, message) = "Queued", wait
     running = phase == ""
     _workers(obs, spec, settings, p, group if running else None)
-    placement.gang_group(obs, spec, p, running)
+    placement.gang_group(obs, spec, settings, p, running)
     if running and obs.workload is not None:  # admitted: where Kueue placed each podSet
         for m in p.create:
             role = m["metadata"]["labels"].get(builders.LABEL_ROLE)

@@ -19,7 +19,15 @@ The backends, as their projects define them:
 - ``kai``: ``scheduling.run.ai/v2alpha2`` ``PodGroup`` (``minMember``, ``queue``, a subgroup per
   role); pods annotated ``pod-group-name`` and ``kai.scheduler/skip-podgrouper`` (the operator
   makes the group, KAI's pod-grouper must not make another), labelled
-  ``kai.scheduler/subgroup-name`` and ``kai.scheduler/queue``.
+  ``kai.scheduler/subgroup-name`` and ``kai.scheduler/queue``;
+- ``kubernetes``: core ``scheduling.k8s.io/v1alpha2`` ``PodGroup`` standing alone (a
+  ``schedulingPolicy.gang.minCount``; no ``Workload``: that API holds templates for controllers
+  that stamp out many groups, and an RLJob has one); pods name it in ``spec.schedulingGroup``.
+  Not servable by the tests' v1.20 control plane: the manifests are checked against the 1.36
+  schema (``tests/unit/operator/test_scheduling.py``).
+
+Which gang a job gets, its own or the install's default, is
+:func:`longtail_api.scheduling.effective_gang` (``builders.job_gang``).
 """
 
 from __future__ import annotations
@@ -27,14 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from longtail_api.scheduling import GangSpec
+from longtail_api.scheduling import GROUP_APIS, GangSpec
 
-GROUP_APIS = {
-    "volcano": ("scheduling.volcano.sh", "v1beta1"),
-    "coscheduling": ("scheduling.x-k8s.io", "v1alpha1"),
-    "kai": ("scheduling.run.ai", "v2alpha2"),
-}
-"""``(group, version)`` of each backend's ``PodGroup`` (plural ``podgroups``, namespaced)."""
 KIND, PLURAL = "PodGroup", "podgroups"
 VOLCANO_DEFAULT_QUEUE = "default"
 
@@ -46,6 +48,8 @@ class PodGang:
     scheduler_name: str
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    pod_spec: dict[str, Any] = field(default_factory=dict)
+    """Fields set on the pod's spec besides ``schedulerName`` (core ``schedulingGroup``)."""
 
 
 def group_name(job: str) -> str:
@@ -61,6 +65,8 @@ def pod_gang(job: str, gang: GangSpec, role: str) -> PodGang:
         return PodGang(scheduler, annotations=notes)
     if gang.backend == "coscheduling":
         return PodGang(scheduler, labels={"scheduling.x-k8s.io/pod-group": name})
+    if gang.backend == "kubernetes":
+        return PodGang(scheduler, pod_spec={"schedulingGroup": {"podGroupName": name}})
     labels = {"kai.scheduler/subgroup-name": role, "kai.scheduler/queue": gang.queue or ""}
     notes = {"pod-group-name": name, "kai.scheduler/skip-podgrouper": "true"}
     return PodGang(scheduler, labels=labels, annotations=notes)
@@ -73,7 +79,9 @@ def group_object(
     name, namespace, labels, owner reference; ``builders.gang_group`` fills both)."""
     group, version = GROUP_APIS[gang.backend]
     body: dict[str, Any] = {"minMember": sum(minimums.values())}
-    if gang.backend == "volcano":
+    if gang.backend == "kubernetes":
+        body = {"schedulingPolicy": {"gang": {"minCount": body["minMember"]}}}
+    elif gang.backend == "volcano":
         body["minTaskMember"] = dict(minimums)
         body["queue"] = gang.queue or VOLCANO_DEFAULT_QUEUE
     elif gang.backend == "coscheduling":

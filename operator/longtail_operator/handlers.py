@@ -3,9 +3,9 @@
 Run it with ``python -m longtail_operator`` (which calls ``kopf.run`` with the namespaces from
 ``LONGTAIL_OPERATOR_NAMESPACES``) or ``kopf run --standalone -m longtail_operator.handlers``.
 Everything here is thin: each RLJob gets two daemons (``runtime.Operator.run_job`` reconciles,
-``run_harvest`` reassigns idle GPUs), and watch events of the RLJob or of its pods only wake
-the job's reconcile loop. The decisions live in pure modules (``builders``, ``derive``,
-``longtail_api.harvestloop``).
+``run_harvest`` reassigns idle GPUs), watch events of the RLJob or of its pods only wake
+the job's reconcile loop, and deleting a job queued by Kueue releases its Workload. The
+decisions live in pure modules (``builders``, ``derive``, ``longtail_api.harvestloop``).
 
 Start-up, in order: the metrics/health server (so ``/healthz`` answers on a standby too); with
 ``LONGTAIL_OPERATOR_LEADER_ELECTION`` the wait for the Lease (``leader.py``: kopf watches and
@@ -38,7 +38,7 @@ import kopf
 from kubernetes import client, config
 
 from longtail_api import GROUP, PLURAL, VERSION
-from longtail_operator import access
+from longtail_operator import access, kueue
 from longtail_operator.builders import LABEL_JOB
 from longtail_operator.kube import Kube, KubeError
 from longtail_operator.leader import LeaderElector, LeaseConfig
@@ -331,6 +331,15 @@ async def harvest_daemon(
     stopped: kopf.DaemonStopped, namespace: str | None, name: str, **_: Any
 ) -> None:
     await in_thread(stopped, lambda fenced: operator().run_harvest(fenced, namespace or "", name))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, labels={kueue.QUEUE_LABEL: kopf.PRESENT})
+async def release_admission(body: kopf.Body, **_: Any) -> None:
+    """A deleted RLJob labelled for Kueue: Kueue's finalizer comes off its Workload (as Kueue's
+    job framework does), so the garbage collector can take it. A handler, not the reconcile
+    daemon: the daemon is cancelled by the deletion; kopf holds the RLJob (its finalizer) until
+    this succeeds, retrying a failed call."""
+    await asyncio.to_thread(operator().reconciler.release_workload, dict(body))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

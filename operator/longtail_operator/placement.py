@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from longtail_api.spec import RLJobSpec
+from longtail_api.validation import FieldError
 from longtail_operator import builders, kueue
 from longtail_operator.observe import rfc3339
 from longtail_operator.settings import Settings
@@ -28,6 +29,11 @@ def queue_wait(obs: Observed) -> tuple[str, str]:
     """Why a job labelled for Kueue waits: it never starts around the queue's quota."""
     ask = f"label {QUEUE_LABEL}={obs.queue} asks for admission by Kueue"
     remove = "or remove the label to start the job without admission"
+    if not obs.kueue_enabled:
+        return "KueueDisabled", (
+            f"{ask}, but this operator's install does not do Kueue admission (chart value "
+            f"scheduling.kueue: false); no pod is created: enable it, {remove}"
+        )
     if obs.kueue_served is False:
         return "KueueNotInstalled", (
             f"{ask}, but this cluster serves no Kueue Workload API ({KUEUE_API}); no pod is "
@@ -57,9 +63,43 @@ def admission_wait(obs: Observed, want: dict[str, Any] | None) -> tuple[str, str
     return None
 
 
+MIRRORED = ("QuotaReserved", "Admitted", "Evicted")
+"""The Workload conditions an RLJob shows as ``Kueue<type>`` (Kueue's status, reason, message)."""
+
+
+def kueue_conditions(obs: Observed) -> dict[str, tuple[str, str, str]]:
+    """The job's Workload's admission conditions, mirrored: what Kueue says, where the user
+    looks (``kubectl describe rljob``); none while Kueue has not written them."""
+    if obs.workload is None:
+        return {}
+    found = (obs.workload.raw.get("status") or {}).get("conditions") or []
+    by_type = {c.get("type"): c for c in found}
+    return {
+        f"Kueue{t}": (
+            str(c.get("status", "Unknown")),
+            str(c.get("reason") or t),
+            str(c.get("message") or f"Workload {obs.workload.name}: {t}={c.get('status')}"),
+        )
+        for t in MIRRORED
+        if (c := by_type.get(t)) is not None
+    }
+
+
+def refusals(spec: RLJobSpec | None, settings: Settings) -> list[FieldError]:
+    """A gang backend this install may not manage (its RBAC lacks the API): refused like a
+    bad field, so a running job keeps its last accepted spec (``specgate``)."""
+    gang = spec.scheduling.gang if spec is not None else None
+    if gang is None or gang.backend == "none" or gang.backend in settings.gang_backends:
+        return []
+    allowed = ", ".join(settings.gang_backends) or "none"
+    why = f"this operator's install manages the gang backends {allowed} only"
+    fix = "use one of them, or ask for it in the chart value scheduling.gangBackends"
+    return [FieldError("spec.scheduling.gang.backend", why, gang.backend, fix=fix)]
+
+
 def workload(obs: Observed, spec: RLJobSpec, settings: Settings) -> dict[str, Any] | None:
     """The Workload the job should have (None: Kueue does not manage it)."""
-    if obs.queue is None or obs.kueue_served is not True:
+    if obs.queue is None or obs.kueue_served is not True or not obs.kueue_enabled:
         return None
     podsets = [
         kueue.podset(role, rs.replicas, builders.worker_pod(obs.job, spec, settings, role, 0))
@@ -106,14 +146,14 @@ def workload_actions(
         p.patches.append((*patch, kueue.release_patch(w.raw, why, now), True))
 
 
-def gang_group(obs: Observed, spec: RLJobSpec, p: Plan, running: bool) -> None:
+def gang_group(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan, running: bool) -> None:
     """The gang group exists exactly while the job's pods are wanted: made in the pass that
     makes them (``Reconciler._execute`` creates it before any pod), deleted with them on
     suspend or finish, made again on resume; a trainer-group restart keeps it (gang.py)."""
-    if spec.scheduling.gang is None or obs.gang_group is None:
+    if builders.job_gang(spec, settings) is None or obs.gang_group is None:
         return
     if running and not obs.gang_group:
-        p.create.append(builders.gang_group(obs.job, spec))
+        p.create.append(builders.gang_group(obs.job, spec, settings))
     elif not running and obs.gang_group:
-        group = builders.gang_group(obs.job, spec)
+        group = builders.gang_group(obs.job, spec, settings)
         p.delete_objects.append((f"{group['apiVersion']}/{group['kind']}", obs.job.name))

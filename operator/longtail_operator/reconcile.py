@@ -23,9 +23,19 @@ from typing import Any
 import kopf
 
 from longtail_api.manifest import validate_manifest
+from longtail_api.scheduling import GROUP_APIS
 from longtail_api.spec import RLJobSpec
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator import access, builders, derive, gang, kueue, specgate, trainergroup
+from longtail_operator import (
+    access,
+    builders,
+    derive,
+    gang,
+    kueue,
+    placement,
+    specgate,
+    trainergroup,
+)
 from longtail_operator.builders import JobRef
 from longtail_operator.clients import TrainerClient
 from longtail_operator.derive import Event, Observed, Plan
@@ -131,18 +141,20 @@ class Reconciler:
         if body is None:
             return None
         if body["metadata"].get("deletionTimestamp"):
-            self._release_workload(body)
+            self.release_workload(body)
             return None
         meta = body["metadata"]
         labels = meta.get("labels") or {}
-        kueue_served = self._kueue_served() if derive.QUEUE_LABEL in labels else None
+        admits = self.settings.kueue and derive.QUEUE_LABEL in labels
+        kueue_served = self._kueue_served() if admits else None
         job = JobRef(rt.name, rt.namespace, meta["uid"], int(meta.get("generation", 1)))
         checked = validate_manifest({k: v for k, v in body.items() if k != "status"})
         previous = parse_status(body.get("status"))
         pods_raw, services, configmaps = self.kube.list_children(job.namespace, job.name)
         pods = [v for v in (PodView.from_pod(p) for p in _owned(pods_raw, job.uid)) if v]
         cm = next(iter(_owned(configmaps, job.uid)), None)
-        errors = tuple(str(e) for e in checked.errors)
+        refused = placement.refusals(checked.spec, self.settings)
+        errors = tuple(str(e) for e in (*checked.errors, *refused))
         gate = specgate.decide(
             checked.spec,
             body.get("spec") or {},
@@ -174,6 +186,7 @@ class Reconciler:
             queue=labels.get(derive.QUEUE_LABEL),
             priority=labels.get(kueue.PRIORITY_LABEL),
             kueue_served=kueue_served,
+            kueue_enabled=self.settings.kueue,
             workload=self._workload(job) if kueue_served else None,
         )
         plan = derive.plan(obs, self.settings)
@@ -310,11 +323,12 @@ class Reconciler:
             flavors[f] = found
         return kueue.view(obj, flavors)
 
-    def _release_workload(self, body: dict[str, Any]) -> None:
+    def release_workload(self, body: dict[str, Any]) -> None:
         """An RLJob being deleted: take Kueue's finalizer off its Workload (the garbage
         collector deletes it with the job), as Kueue's job framework does."""
         meta = body["metadata"]
-        if derive.QUEUE_LABEL not in (meta.get("labels") or {}) or not self._kueue_served():
+        labelled = derive.QUEUE_LABEL in (meta.get("labels") or {})
+        if not (self.settings.kueue and labelled and self._kueue_served()):
             return
         name = kueue.workload_name(meta["name"], meta["uid"])
         drop = {"metadata": {"finalizers": None}}
@@ -335,9 +349,10 @@ class Reconciler:
 
     def _gang_group(self, job: JobRef, spec: RLJobSpec | None) -> bool | None:
         """Whether the job's gang group object exists (None: the job has no gang)."""
-        if spec is None or spec.scheduling.gang is None:
+        placed = builders.job_gang(spec, self.settings) if spec is not None else None
+        if placed is None:
             return None
-        api_version = gang.GROUP_APIS[spec.scheduling.gang.backend]
+        api_version = GROUP_APIS[placed.backend]
         name = gang.group_name(job.name)
         return self.kube.get_custom("/".join(api_version), gang.PLURAL, job.namespace, name)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from longtail_api.rendezvous import DEFAULT_PORT, WEIGHT_SYNC_PORT
+from longtail_api.scheduling import BACKENDS, DefaultGang
 from longtail_api.workerapi import ROLLOUT_PORT, TRAINER_PORT, VERIFIER_PORT, WEIGHTS_PORT
 
 PREFIX = "LONGTAIL_OPERATOR_"
@@ -82,9 +83,28 @@ class Settings:
     """How long the leader keeps trying to renew before it stops acting (< lease duration)."""
     retry_period_s: float = 2.0
     """Time between two tries to acquire or renew the Lease."""
+    kueue: bool = True
+    """Admit RLJobs labelled ``kueue.x-k8s.io/queue-name`` through Kueue (the chart's
+    ``scheduling.kueue``, which also grants Kueue's RBAC); false: such a job waits with a
+    condition saying this install does not do Kueue admission."""
+    gang_backends: tuple[str, ...] = BACKENDS
+    """Gang backends whose PodGroups this install may manage (the chart's
+    ``scheduling.gangBackends``, which grants exactly their RBAC); a job asking for another is
+    refused, naming them."""
+    default_gang_backend: str = ""
+    """Gang of jobs without ``spec.scheduling.gang`` (empty: none); ``backend: none`` in a
+    job opts out."""
+    default_gang_queue: str = ""
+    default_gang_scheduler_name: str = ""
     token_key: bytes = field(default=b"", repr=False, compare=False)
     """The key itself, loaded from :attr:`token_key_secret` at start-up (``handlers.py``);
     never from the environment, never logged."""
+
+    @property
+    def default_gang(self) -> DefaultGang:
+        return DefaultGang(
+            self.default_gang_backend, self.default_gang_queue, self.default_gang_scheduler_name
+        )
 
 
 ENV_DOCS: dict[str, str] = {
@@ -126,6 +146,14 @@ ENV_DOCS: dict[str, str] = {
     "lease_duration_s": "seconds a standby waits after the leader's last renewal",
     "renew_deadline_s": "seconds the leader retries renewing before it stops acting",
     "retry_period_s": "seconds between tries to acquire or renew the Lease",
+    "kueue": "admit RLJobs labelled kueue.x-k8s.io/queue-name through Kueue (true/false)",
+    "gang_backends": (
+        "comma-separated gang backends the operator may use (volcano, coscheduling, kai, "
+        "kubernetes)"
+    ),
+    "default_gang_backend": "gang backend of RLJobs without spec.scheduling.gang (empty: none)",
+    "default_gang_queue": "queue of the default gang (Volcano, KAI)",
+    "default_gang_scheduler_name": "schedulerName of the default gang (empty: the backend's)",
 }
 """Help text per setting; the variable is ``LONGTAIL_OPERATOR_`` + the upper-cased name."""
 
@@ -187,7 +215,26 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
     _check_weight_sync_port(settings)
     _check_labels(settings)
     _check_lease(settings)
+    _check_gang(settings)
     return settings
+
+
+def _check_gang(settings: Settings) -> None:
+    unknown = [b for b in settings.gang_backends if b not in BACKENDS]
+    if unknown:
+        raise SettingsError(
+            f"{env_name('gang_backends')}: {', '.join(unknown)} not a gang backend; use any of "
+            f"{', '.join(BACKENDS)}"
+        )
+    default = settings.default_gang
+    for problem in default.problems():
+        raise SettingsError(f"{env_name('default_gang_backend')} and the rest: {problem}")
+    if default.backend and default.backend not in settings.gang_backends:
+        raise SettingsError(
+            f"{env_name('default_gang_backend')}: {default.backend!r} is not among "
+            f"{env_name('gang_backends')} ({', '.join(settings.gang_backends) or 'none'}); add "
+            "it there (the chart's scheduling.gangBackends) or pick one of them"
+        )
 
 
 def own_namespace(env: Mapping[str, str]) -> str:

@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC = REPO / "operator" / "rbac" / "clusterrole.yaml"
+CLUSTER_BOUND = (
+    "longtail-operator",
+    "longtail-operator-discovery",
+    "longtail-operator-kueue",
+    "longtail-operator-kueue-flavors",
+    "longtail-operator-gang",
+)
+"""The ClusterRoles bound cluster-wide to the operator's identity (every one but -home)."""
 EXAMPLE = REPO / "examples" / "01-tiny-arith.yaml"
 USER = "longtail-operator"
 IPS = (f"127.0.50.{i}" for i in itertools.count(1))
@@ -61,7 +69,7 @@ def settings() -> Settings:
 def rbac(control_plane: ControlPlane, rljob_crd: str) -> Iterator[None]:
     cp = control_plane
     cp.kubectl("apply", "-f", str(RBAC))
-    for role in ("longtail-operator", "longtail-operator-discovery"):
+    for role in CLUSTER_BOUND:
         cp.kubectl(
             "create", "clusterrolebinding", f"it-{role}", f"--clusterrole={role}", f"--user={USER}"
         )
@@ -69,7 +77,7 @@ def rbac(control_plane: ControlPlane, rljob_crd: str) -> Iterator[None]:
     home = ("-n", "default", "rolebinding", "it-longtail-operator-home")
     cp.kubectl("create", *home, "--clusterrole=longtail-operator-home", f"--user={USER}")
     yield
-    for role in ("longtail-operator", "longtail-operator-discovery"):
+    for role in CLUSTER_BOUND:
         cp.kubectl("delete", "clusterrolebinding", f"it-{role}", check=False)
     cp.kubectl("delete", *home, check=False)
 

@@ -268,3 +268,22 @@ def test_suspend_is_the_users_and_a_replicas_change_replaces_the_workload(
     assert w is not None
     assert {ps["name"]: ps["count"] for ps in w["spec"]["podSets"]}["rollout"] == 3
     cp.wait_for(lambda: len(live_pods(cp, ns)) == 5, timeout=90, what="5 pods after admission")
+
+
+def test_deleting_a_queued_job_lets_its_workload_go(
+    control_plane: ControlPlane, ns: str, kueue: FakeKueue
+) -> None:
+    """Kueue's finalizer keeps a Workload until its job controller takes it off: a deleted
+    RLJob, still queued or admitted and running, must not leave its Workload stuck."""
+    cp = control_plane
+    for admitted in (False, True):
+        kueue.hold = not admitted
+        apply(cp, queued_job(ns))
+        cp.wait_for(lambda: the_workload(kueue), timeout=60, what="the Workload")
+        if admitted:
+            cp.wait_for(lambda: live_pods(cp, ns) == ALL_PODS, timeout=60, what="pods")
+        else:
+            wait_phase(cp, ns, "Queued")
+        cp.kubectl("-n", ns, "delete", "rljob", "tiny", "--wait=false")
+        cp.wait_for(lambda: not kueue.workloads(), timeout=90, what="the Workload gone")
+        cp.wait_for(lambda: not pods(cp, ns), timeout=90, what="the pods gone")

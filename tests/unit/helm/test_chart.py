@@ -17,6 +17,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from longtail_api.scheduling import BACKENDS, GROUP_APIS
+from longtail_operator.settings import from_env
+
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "longtail"
 
@@ -138,6 +141,54 @@ def test_chart_rbac_lists_are_the_operators_cluster_roles() -> None:
     assert rules["jobRules"] == roles["longtail-operator"]
     assert rules["clusterRules"] == roles["longtail-operator-discovery"]
     assert rules["homeRules"] == roles["longtail-operator-home"]
+    assert rules["kueueRules"] == roles["longtail-operator-kueue"]
+    assert rules["kueueClusterRules"] == roles["longtail-operator-kueue-flavors"]
+    gang = rules["gangRules"]
+    assert [r for b in BACKENDS for r in gang[b]] == roles["longtail-operator-gang"]
+    assert {b: gang[b][0]["apiGroups"] for b in BACKENDS} == {
+        b: [group] for b, (group, _) in GROUP_APIS.items()
+    }
+
+
+def _job_rules(rules: dict[str, Any], backends: tuple[str, ...] = BACKENDS) -> list[Any]:
+    """jobRules as the chart extends them: Kueue's, then each gang backend's rule."""
+    gang = [r for b in backends for r in rules["gangRules"][b]]
+    return rules["jobRules"] + rules["kueueRules"] + gang
+
+
+def test_scheduling_rbac_follows_the_values(render) -> None:
+    """Issue #37: Kueue's and each gang backend's permissions are granted only when the values
+    ask for them; ResourceFlavors (cluster-scoped) through the ClusterRole in both scopes."""
+    rules = _rules_file()
+    docs = render(set=("scheduling.kueue=false", "scheduling.gangBackends={volcano,kubernetes}"))
+    (role,) = [d for d in kinds(docs, "ClusterRole") if d["metadata"]["name"].endswith("-operator")]
+    gang = rules["gangRules"]["volcano"] + rules["gangRules"]["kubernetes"]
+    assert role["rules"] == rules["clusterRules"] + rules["jobRules"] + gang
+    env = _env(docs)
+    assert env["LONGTAIL_OPERATOR_KUEUE"] == "false"
+    assert env["LONGTAIL_OPERATOR_GANG_BACKENDS"] == "volcano,kubernetes"
+    assert "LONGTAIL_OPERATOR_DEFAULT_GANG_BACKEND" not in env
+    docs = render("ci/namespaced-values.yaml", set=("scheduling.gangBackends={kai}",))
+    (cluster_role,) = kinds(docs, "ClusterRole")
+    assert cluster_role["rules"] == rules["clusterRules"] + rules["kueueClusterRules"]
+    jobs = [r for r in kinds(docs, "Role") if not _home(r)]
+    assert jobs and all(r["rules"] == _job_rules(rules, ("kai",)) for r in jobs)
+
+
+def test_default_gang_values_reach_the_operator_and_bad_ones_are_refused(render, helm) -> None:
+    sets = ("scheduling.defaultGang.backend=kai", "scheduling.defaultGang.queue=team-a")
+    env = _env(render(set=sets))
+    assert env["LONGTAIL_OPERATOR_DEFAULT_GANG_BACKEND"] == "kai"
+    assert env["LONGTAIL_OPERATOR_DEFAULT_GANG_QUEUE"] == "team-a"
+    assert from_env(env).default_gang.backend == "kai"
+    bad = {
+        "scheduling.defaultGang.backend=kai": "queue",  # KAI needs a queue
+        "scheduling.defaultGang.backend=slurm": "backend",
+        "scheduling.gangBackends={volcano,yarn}": "gangBackends",
+    }
+    for value, field in bad.items():
+        proc = helm("template", "t", str(CHART), "--set", value, check=False)
+        assert proc.returncode != 0 and field in proc.stderr, (value, proc.stderr)
 
 
 def test_cluster_scope_rbac_is_exactly_the_rules_file(render) -> None:
@@ -146,7 +197,7 @@ def test_cluster_scope_rbac_is_exactly_the_rules_file(render) -> None:
     role = next(
         d for d in kinds(docs, "ClusterRole") if d["metadata"]["name"].endswith("-operator")
     )
-    assert role["rules"] == rules["clusterRules"] + rules["jobRules"]
+    assert role["rules"] == rules["clusterRules"] + rules["kueueClusterRules"] + _job_rules(rules)
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
@@ -163,10 +214,10 @@ def test_namespaced_scope_has_a_role_per_watched_namespace(render) -> None:
     docs = render("ci/namespaced-values.yaml")
     rules = _rules_file()
     (cluster_role,) = kinds(docs, "ClusterRole")  # aggregation roles are off in this file
-    assert cluster_role["rules"] == rules["clusterRules"]
+    assert cluster_role["rules"] == rules["clusterRules"] + rules["kueueClusterRules"]
     roles = {r["metadata"]["namespace"]: r for r in kinds(docs, "Role") if not _home(r)}
     assert set(roles) == {"ml-team-a", "ml-team-b"}
-    assert all(r["rules"] == rules["jobRules"] for r in roles.values())
+    assert all(r["rules"] == _job_rules(rules) for r in roles.values())
     bindings = {b["metadata"]["namespace"]: b for b in kinds(docs, "RoleBinding") if not _home(b)}
     assert set(bindings) == set(roles)
     for b in bindings.values():

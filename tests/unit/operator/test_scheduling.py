@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import kubernetes_validate
 import pytest
 from optest import JOB, NOW, all_pods, example, observed, spec_of
 
@@ -15,7 +16,8 @@ from longtail_api.status import RLJobStatus, TrainerGroupStatus
 from longtail_operator import builders
 from longtail_operator.derive import plan
 from longtail_operator.observe import rfc3339
-from longtail_operator.settings import Settings
+from longtail_operator.placement import refusals
+from longtail_operator.settings import Settings, SettingsError, from_env
 
 SETTINGS = Settings()
 
@@ -25,17 +27,17 @@ def gang_job(**gang: Any) -> dict[str, Any]:
     return example(scheduling={"gang": gang}, trainer__replicas=2)
 
 
-def pods_of(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def pods_of(manifest: dict[str, Any], settings: Settings = SETTINGS) -> dict[str, dict[str, Any]]:
     spec = spec_of(manifest)
     return {
-        f"{role}-{i}": builders.worker_pod(JOB, spec, SETTINGS, role, i)
+        f"{role}-{i}": builders.worker_pod(JOB, spec, settings, role, i)
         for role, i in builders.desired_pods(spec).values()
     }
 
 
 def test_volcano_group_counts_every_pod_and_each_pod_names_its_group_and_task() -> None:
     manifest = gang_job(backend="volcano", queue="research")
-    group = builders.gang_group(JOB, spec_of(manifest))
+    group = builders.gang_group(JOB, spec_of(manifest), SETTINGS)
     assert (group["apiVersion"], group["kind"]) == ("scheduling.volcano.sh/v1beta1", "PodGroup")
     assert group["metadata"]["name"] == JOB.name and group["metadata"]["namespace"] == "ns"
     [owner] = group["metadata"]["ownerReferences"]
@@ -51,13 +53,13 @@ def test_volcano_group_counts_every_pod_and_each_pod_names_its_group_and_task() 
         notes = p["metadata"]["annotations"]
         assert notes["scheduling.k8s.io/group-name"] == JOB.name
         assert notes["volcano.sh/task-spec"] == key.split("-")[0]
-    default_queue = builders.gang_group(JOB, spec_of(gang_job(backend="volcano")))
+    default_queue = builders.gang_group(JOB, spec_of(gang_job(backend="volcano")), SETTINGS)
     assert default_queue["spec"]["queue"] == "default"
 
 
 def test_coscheduling_group_and_pod_label() -> None:
     manifest = gang_job(backend="coscheduling", scheduleTimeoutSeconds=120)
-    group = builders.gang_group(JOB, spec_of(manifest))
+    group = builders.gang_group(JOB, spec_of(manifest), SETTINGS)
     assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
     assert group["spec"] == {"minMember": 5, "scheduleTimeoutSeconds": 120}
     for p in pods_of(manifest).values():
@@ -67,7 +69,7 @@ def test_coscheduling_group_and_pod_label() -> None:
 
 def test_kai_group_has_a_subgroup_per_role_and_pods_skip_the_podgrouper() -> None:
     manifest = gang_job(backend="kai", queue="team-a", schedulerName="my-kai")
-    group = builders.gang_group(JOB, spec_of(manifest))
+    group = builders.gang_group(JOB, spec_of(manifest), SETTINGS)
     assert group["apiVersion"] == "scheduling.run.ai/v2alpha2"
     assert group["spec"]["minMember"] == 5 and group["spec"]["queue"] == "team-a"
     assert {g["name"]: g["minMember"] for g in group["spec"]["subGroups"]} == {
@@ -82,6 +84,70 @@ def test_kai_group_has_a_subgroup_per_role_and_pods_skip_the_podgrouper() -> Non
         assert meta["labels"]["kai.scheduler/subgroup-name"] == key.split("-")[0]
         assert meta["labels"]["kai.scheduler/queue"] == "team-a"
         assert p["spec"]["schedulerName"] == "my-kai"
+
+
+def test_kubernetes_group_and_pods_are_valid_for_kubernetes_1_36() -> None:
+    """Core gang scheduling (``scheduling.k8s.io/v1alpha2``) is not servable by the tests'
+    v1.20 control plane: the group and every pod are checked against the 1.36 schema
+    (kubernetes-validate, strict: an unknown or misplaced field fails)."""
+    manifest = gang_job(backend="kubernetes")
+    group = builders.gang_group(JOB, spec_of(manifest), SETTINGS)
+    assert (group["apiVersion"], group["kind"]) == ("scheduling.k8s.io/v1alpha2", "PodGroup")
+    assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 5}}}
+    kubernetes_validate.validate(group, "1.36.0", strict=True)
+    for key, p in pods_of(manifest).items():
+        assert p["spec"]["schedulingGroup"] == {"podGroupName": JOB.name}, key
+        assert p["spec"]["schedulerName"] == "default-scheduler"
+        kubernetes_validate.validate(p, "1.36.0", strict=True)
+    # The check has teeth: 1.35's shape of the same link (spec.workloadRef) is refused.
+    old = pods_of(manifest)["rollout-0"]
+    old["spec"]["workloadRef"] = old["spec"].pop("schedulingGroup")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(old, "1.36.0", strict=True)
+
+
+def test_the_installs_default_gang_applies_unless_a_job_names_its_own_or_none() -> None:
+    settings = Settings(default_gang_backend="volcano", default_gang_queue="shared")
+    plain = example(trainer__replicas=2)
+    group = builders.gang_group(JOB, spec_of(plain), settings)
+    assert group["apiVersion"].startswith("scheduling.volcano.sh/")
+    assert group["spec"]["queue"] == "shared"
+    assert all(p["spec"]["schedulerName"] == "volcano" for p in pods_of(plain, settings).values())
+    new = plan(observed(plain, [], gang_group=False), settings)
+    assert _group_actions(new) == (["PodGroup"], [])
+    own = gang_job(backend="coscheduling")
+    assert builders.gang_group(JOB, spec_of(own), settings)["apiVersion"].startswith(
+        "scheduling.x-k8s.io/"
+    )
+    opted_out = gang_job(backend="none")
+    assert builders.job_gang(spec_of(opted_out), settings) is None
+    assert all("schedulerName" not in p["spec"] for p in pods_of(opted_out, settings).values())
+
+
+def test_the_operators_gang_settings_are_checked_at_start() -> None:
+    env = {"LONGTAIL_OPERATOR_GANG_BACKENDS": "volcano,kai"}
+    assert from_env(env).gang_backends == ("volcano", "kai")
+    bad = {
+        "LONGTAIL_OPERATOR_GANG_BACKENDS": "volcano,yarn",
+        "LONGTAIL_OPERATOR_DEFAULT_GANG_BACKEND": "kai",  # without a queue
+    }
+    for var, value in bad.items():
+        with pytest.raises(SettingsError, match=var.removeprefix("LONGTAIL_OPERATOR_")):
+            from_env({var: value})
+    not_granted = {**env, "LONGTAIL_OPERATOR_DEFAULT_GANG_BACKEND": "coscheduling"}
+    with pytest.raises(SettingsError, match="not among"):
+        from_env(not_granted)
+
+
+def test_a_gang_backend_the_install_does_not_grant_is_refused_naming_them() -> None:
+    settings = Settings(gang_backends=("volcano",))
+    manifest = gang_job(backend="kai", queue="q")
+    [err] = refusals(spec_of(manifest), settings)
+    text = str(err)
+    assert err.path == "spec.scheduling.gang.backend" and "'kai'" in text
+    assert "volcano" in text and "scheduling.gangBackends" in text
+    assert refusals(spec_of(gang_job(backend="volcano")), settings) == []
+    assert refusals(spec_of(gang_job(backend="none")), settings) == []
 
 
 def test_a_pod_template_cannot_take_a_pod_out_of_its_gang() -> None:
@@ -140,7 +206,8 @@ def test_a_trainer_group_restart_keeps_the_one_group() -> None:
 @pytest.mark.parametrize(
     ("gang", "path", "words"),
     [
-        ({"backend": "slurm"}, "spec.scheduling.gang.backend", "volcano, coscheduling or kai"),
+        ({"backend": "slurm"}, "spec.scheduling.gang.backend", "coscheduling, kai, kubernetes"),
+        ({"backend": "kubernetes", "queue": "q"}, "spec.scheduling.gang.queue", "no queues"),
         ({"backend": "kai"}, "spec.scheduling.gang.queue", "KAI queues"),
         ({"backend": "coscheduling", "queue": "q"}, "spec.scheduling.gang.queue", "no queues"),
         ({"backend": "volcano", "queue": "Q_1"}, "spec.scheduling.gang.queue", "'Q_1'"),
@@ -161,25 +228,30 @@ def test_a_bad_gang_names_the_field_the_value_and_the_fix(
     [
         (False, "KueueNotInstalled"),
         (None, "KueueUnknown"),
+        (True, "KueueDisabled"),  # the install does not do admission (scheduling.kueue: false)
     ],
 )
 def test_a_job_labelled_for_kueue_never_starts_around_the_queue(
     served: bool | None, reason: str
 ) -> None:
     manifest = example()
-    p = plan(observed(manifest, [], queue="team-a", kueue_served=served), SETTINGS)
+    off = {"kueue_enabled": False} if reason == "KueueDisabled" else {}
+    p = plan(observed(manifest, [], queue="team-a", kueue_served=served, **off), SETTINGS)
     assert p.status.phase == "Queued"
     assert not [m for m in p.create if m["kind"] == "Pod"]
     queued = next(c for c in p.status.conditions if c.type == "Queued")
     assert (queued.status, queued.reason) == ("True", reason)
     assert "kueue.x-k8s.io/queue-name=team-a" in queued.message
-    if reason == "KueueNotInstalled":
+    if reason != "KueueUnknown":
         assert "remove the label" in queued.message
+    if reason == "KueueDisabled":
+        assert "scheduling.kueue: false" in queued.message
+        assert not [m for m in p.create if m["kind"] == "Workload"]
     # A queue label put on a running job stops it the safe way: checkpoint, then pods go.
     spec = spec_of(manifest)
     running = RLJobStatus(phase="Running", start_time=rfc3339(NOW))
     stopped = plan(
-        observed(manifest, all_pods(spec), previous=running, queue="q", kueue_served=served),
+        observed(manifest, all_pods(spec), previous=running, queue="q", kueue_served=served, **off),
         SETTINGS,
     )
     assert stopped.checkpoint and len(stopped.delete_pods) == 4
@@ -249,6 +321,10 @@ def test_admitted_pods_go_where_kueue_put_them_and_eviction_stops_then_releases(
     go = plan(queued(manifest, [], admitted(raw)), SETTINGS)
     made = [m for m in go.create if m["kind"] == "Pod"]
     assert len(made) == 4 and go.status.phase == "Initializing"
+    mirrored = {c.type: (c.status, c.reason) for c in go.status.conditions}
+    assert mirrored["KueueAdmitted"] == ("True", "Admitted")  # Kueue's conditions, mirrored
+    assert mirrored["KueueQuotaReserved"] == ("True", "QuotaReserved")
+    assert "KueueEvicted" not in mirrored
     for m in made:
         assert m["spec"]["nodeSelector"]["gpu"] == "h100"
         assert {"key": "gpu", "operator": "Exists"} in m["spec"]["tolerations"]
@@ -260,6 +336,8 @@ def test_admitted_pods_go_where_kueue_put_them_and_eviction_stops_then_releases(
     evicted = admitted(raw, evicted=True)
     stop = plan(queued(manifest, all_pods(spec), evicted, previous=running), SETTINGS)
     assert stop.status.phase == "Queued" and stop.checkpoint and len(stop.delete_pods) == 4
+    mirrored = {c.type: (c.status, c.reason) for c in stop.status.conditions}
+    assert mirrored["KueueEvicted"] == ("True", "Preempted")
     assert not stop.patches  # quota held while the trainer checkpoints and the pods go
     gone = plan(queued(manifest, [], evicted, previous=stop.status), SETTINGS)
     [(_, plural, _, patch, status)] = gone.patches
