@@ -186,19 +186,19 @@ def mean_accepted(engine: TorchEngine, requests) -> float:
 
 
 def spot_window(worker: RolloutWorker, registry: DrafterRegistry, steps: int, model, tid: str):
-    """drafter-train until ``steps`` steps are done, back to rollout, submit, merge, publish."""
+    """drafter-train until ``steps`` steps are done, back to rollout (which submits the
+    window's candidate), merge, publish."""
     trainer = worker.trainer
     assert trainer is not None
-    start_ack = worker.set_role("drafter-train")
+    start_ack = worker.role.set_role("drafter-train")
     deadline = time.monotonic() + 600
     while trainer.status().window_steps < steps and trainer.state == "training":
         if time.monotonic() > deadline:
             raise TimeoutError("spot window did not reach its steps in 600 s")
         time.sleep(0.002)
-    stop_ack = worker.set_role("rollout")
+    stop_ack = worker.role.set_role("rollout")
     trainer.raise_if_failed()
     window = trainer.last_window
-    worker.submit_candidate()
     published = registry.merge_candidates(model, target_id=tid)
     return start_ack, stop_ack, window, published
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longtail_api.protocol import ProtocolError
-from longtail_api.workerapi import _Reader
+from longtail_api.workerapi import Reader
 
 METRICS_FILE = "metrics.jsonl"
 """The trainer's rows in its run directory, one JSON object a line."""
@@ -164,7 +164,7 @@ class StepRow:
     def from_dict(cls, data: object, path: str = "row") -> StepRow:
         """A row read back; a missing required key or a value of the wrong type raises
         :class:`~longtail_api.protocol.ProtocolError` naming it (``row.reward_mean``)."""
-        r = _Reader(data, path)
+        r = Reader(data, path)
         failed = r.raw("failed_workers", required=False) or []
         if not isinstance(failed, list) or not all(isinstance(w, str) for w in failed):
             raise ProtocolError(r.at("failed_workers"), "must be a list of names", failed)
@@ -205,7 +205,7 @@ class StepRow:
         )
 
 
-def _sync_fields(r: _Reader) -> dict[str, Any]:
+def _sync_fields(r: Reader) -> dict[str, Any]:
     """The optional ``sync_*`` keys (absent in rows of older versions and before the first
     sync was measured)."""
     transport = r.raw("sync_transport", required=False)
@@ -221,7 +221,7 @@ def _sync_fields(r: _Reader) -> dict[str, Any]:
     }
 
 
-def _seconds_by_name(r: _Reader, key: str) -> dict[str, float]:
+def _seconds_by_name(r: Reader, key: str) -> dict[str, float]:
     """An optional ``{name: seconds}`` object; absent in rows of older versions."""
     value = r.raw(key, required=False)
     if value is None:
@@ -234,7 +234,7 @@ def _seconds_by_name(r: _Reader, key: str) -> dict[str, float]:
     return {k: float(v) for k, v in value.items()}
 
 
-def _counts(r: _Reader, key: str) -> list[int]:
+def _counts(r: Reader, key: str) -> list[int]:
     """An optional list of token counts (ints >= 0); absent in rows of older versions."""
     value = r.raw(key, required=False)
     if value is None:
@@ -246,7 +246,7 @@ def _counts(r: _Reader, key: str) -> list[int]:
     return list(value)
 
 
-def _train_stats(obj: Mapping[str, Any], r: _Reader) -> dict[str, float]:
+def _train_stats(obj: Mapping[str, Any], r: Reader) -> dict[str, float]:
     """The ``train_<name>`` keys but ``train_s``; a diverged loss (NaN, inf) is kept as is."""
     out: dict[str, float] = {}
     for key, value in obj.items():

@@ -1,6 +1,6 @@
 """HTTP clients for the workers' and the trainer's endpoints, as the operator calls them.
 
-Standard library only (``http.client``): one short-lived connection per call with a timeout,
+httpx (the workers' client library too): one short-lived connection per call with a timeout,
 JSON bodies parsed with the shared wire types in :mod:`longtail_api.workerapi`. Nothing here
 raises on a worker being down or answering badly: every call returns a result carrying either
 the parsed body or a message that says what went wrong (connection refused, HTTP 409 and the
@@ -11,10 +11,11 @@ message in the RLJob status and retry with backoff. Writes (PUT, POST) carry the
 
 from __future__ import annotations
 
-import http.client
 import json
 from dataclasses import dataclass
 from typing import Any
+
+import httpx
 
 from longtail_api.auth import bearer_headers, is_write
 from longtail_api.harvest import Activity
@@ -30,6 +31,11 @@ from longtail_api.workerapi import (
     RolloutWorkerStatus,
     TrainerStatus,
 )
+
+HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), trust_env=False)
+"""The operator's client of the job's pods (thread-safe): each call its own connection, as a
+worker's server gives a thread to each open connection; straight to the pod, never through an
+``HTTP_PROXY`` of the environment."""
 
 
 @dataclass(frozen=True)
@@ -65,28 +71,29 @@ def call(
 ) -> HttpResult:
     """One JSON call; never raises for network or HTTP errors (see the module text). A write
     carries ``token``."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     where = f"{method} http://{host}:{port}{path}"
+    headers = bearer_headers(token) if is_write(method) else {}
+    try:  # a PUT or POST without a body gets Content-Length: 0 from httpx
+        resp = HTTP.request(method, f"http://{host}:{port}{path}", json=body, headers=headers,
+                            timeout=timeout)  # fmt: skip
+    except (httpx.HTTPError, OSError) as exc:
+        cause = no_answer_cause(exc)
+        return HttpResult(None, None, f"{where}: {type(cause).__name__}: {cause}")
     try:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        if method in ("PUT", "POST") and data is None:
-            headers["Content-Length"] = "0"
-        if is_write(method):
-            headers.update(bearer_headers(token))
-        conn.request(method, path, body=data, headers=headers)
-        resp = conn.getresponse()
-        raw = resp.read()
-    except (OSError, http.client.HTTPException) as exc:
-        return HttpResult(None, None, f"{where}: {type(exc).__name__}: {exc}")
-    finally:
-        conn.close()
-    try:
-        parsed = json.loads(raw) if raw.strip() else None
+        parsed = json.loads(resp.content) if resp.content.strip() else None
     except ValueError:
-        parsed = raw.decode("utf-8", "replace")
-    error = None if 200 <= resp.status < 300 else f"{where}: {_error_text(parsed, resp.status)}"
-    return HttpResult(resp.status, parsed, error)
+        parsed = resp.content.decode("utf-8", "replace")
+    code = resp.status_code
+    error = None if 200 <= code < 300 else f"{where}: {_error_text(parsed, code)}"
+    return HttpResult(code, parsed, error)
+
+
+def no_answer_cause(exc: BaseException) -> BaseException:
+    """The socket's own error under httpx's (``ConnectionRefusedError``, ``TimeoutError``): what
+    the RLJob status and the unreachable-worker lines name."""
+    while (inner := exc.__cause__ or exc.__context__) is not None:
+        exc = inner
+    return exc
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ so names, help and labels are written once for the operator, dashboards and aler
 the reconcile and harvest code record into it. ``/healthz`` answers 200 while the kopf event
 loop's heartbeat is fresh, ``/readyz`` 200 once the operator has started and while the
 Kubernetes API server answers it (:attr:`Health.api_probe`, asked on every ``/readyz``, so it
-is true with no RLJob at all and turns 200 again as soon as the API server is back).
+is true with no RLJob at all and turns 200 again as soon as the API server is back). The server
+is the standard library's (the operator carries no web framework), routed by :data:`ROUTES`.
 """
 
 from __future__ import annotations
@@ -154,25 +155,29 @@ class Health:
         return True, "ready"
 
 
+def _probe(result: tuple[bool, str]) -> tuple[HTTPStatus, bytes, str]:
+    code = HTTPStatus.OK if result[0] else HTTPStatus.SERVICE_UNAVAILABLE
+    return code, (result[1] + "\n").encode(), "text/plain; charset=utf-8"
+
+
+ROUTES: dict[str, Callable[[HealthServer], tuple[HTTPStatus, bytes, str]]] = {
+    "/metrics": lambda app: (HTTPStatus.OK, app.metrics.exposition(), CONTENT_TYPE),
+    "/healthz": lambda app: _probe(app.health.alive()),
+    "/readyz": lambda app: _probe(app.health.ready()),
+}
+"""The health server's route table (GET: path -> status, body, content type); 404 otherwise."""
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "longtail-operator"
 
     def do_GET(self) -> None:
-        app: HealthServer = self.server.app  # type: ignore[attr-defined]
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            self._send(HTTPStatus.OK, app.metrics.exposition(), CONTENT_TYPE)
-            return
-        if path in ("/healthz", "/readyz"):
-            ok, text = app.health.alive() if path == "/healthz" else app.health.ready()
-            code = HTTPStatus.OK if ok else HTTPStatus.SERVICE_UNAVAILABLE
-            self._send(code, (text + "\n").encode(), "text/plain; charset=utf-8")
-            return
-        self._send(
-            HTTPStatus.NOT_FOUND, b"not found: try /metrics, /healthz, /readyz\n", "text/plain"
-        )
-
-    def _send(self, code: int, body: bytes, ctype: str) -> None:
+        endpoint = ROUTES.get(self.path.split("?", 1)[0])
+        if endpoint is None:
+            text = f"not found: try {', '.join(ROUTES)}\n"
+            code, body, ctype = HTTPStatus.NOT_FOUND, text.encode(), "text/plain"
+        else:
+            code, body, ctype = endpoint(self.server.app)  # type: ignore[attr-defined]
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -187,7 +192,8 @@ class HealthServer:
     """Serves /metrics, /healthz, /readyz from a daemon thread."""
 
     def __init__(self, metrics: OperatorMetrics, health: Health, host: str, port: int) -> None:
-        self.metrics, self.health = metrics, health
+        self.metrics: OperatorMetrics = metrics
+        self.health: Health = health
         self._server = ThreadingHTTPServer((host, port), _Handler)
         self._server.daemon_threads = True
         self._server.app = self  # type: ignore[attr-defined]

@@ -28,22 +28,23 @@ the loop ``harvester.py`` drives). ``spec.harvest.source`` picks one (``runtime.
 
 from __future__ import annotations
 
-import json
+import ssl
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import httpx
+
 from longtail_api.harvest import Observation, is_idle_utilization
 from longtail_api.harvestloop import observe_trainer, observe_worker
 from longtail_api.policies import HarvestSpec
-from longtail_operator.clients import TrainerClient, WorkerClient
+from longtail_operator.clients import TrainerClient, WorkerClient, no_answer_cause
 from longtail_operator.metrics import OperatorMetrics
 
+PROMETHEUS = httpx.Client(verify=ssl.create_default_context())
+"""Prometheus' client: the system's CAs and the environment's proxy settings, as urllib had."""
 UNREACHABLE_AFTER = 3
 """Failed status polls in a row after which a worker counts as unreachable (one failure is a
 blip; a pod still loading its model is not a target until it runs)."""
@@ -215,15 +216,17 @@ class PrometheusSource:
         return max(self.spec.idle_seconds, self.spec.poll_period_seconds, 1.0)
 
     def query(self) -> dict[str, PodSample]:
-        """``{pod: sample}`` from ``/api/v1/query``; raises OSError/ValueError."""
+        """``{pod: sample}`` from ``/api/v1/query``; raises httpx.HTTPError, ValueError."""
         url = self.spec.prometheus.url
         if not url:
             raise ValueError("spec.harvest.prometheus.url is empty; set it to use Prometheus")
         q = render_query(self.spec, self.namespace, self.window_s)
-        full = url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": q})
-        with urllib.request.urlopen(full, timeout=self.timeout) as resp:
-            body = json.loads(resp.read())
-        return parse_samples(body)
+        resp = PROMETHEUS.get(
+            url.rstrip("/") + "/api/v1/query", params={"query": q}, timeout=self.timeout
+        )
+        if resp.status_code != 200:  # worded as before (urllib's), one line in the condition
+            raise ValueError(f"HTTP Error {resp.status_code}: {resp.reason_phrase}")
+        return parse_samples(resp.json())
 
     def trainer_report(self, t: WorkerTarget) -> Observation | None:
         return None if self.reports is None else self.reports.trainer_report(t)
@@ -258,8 +261,8 @@ class PrometheusSource:
                 self.idle_since.pop(t.name, None)
         try:
             busy = self.query()
-        except (OSError, ValueError, KeyError, urllib.error.URLError) as exc:
-            self.last_error = f"Prometheus query failed: {exc}"
+        except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
+            self.last_error = f"Prometheus query failed: {no_answer_cause(exc)}"
             return {}  # no observation: nothing is harvested on what cannot be read
         self.last_error = self._no_series(targets, busy, now)
         out = {}

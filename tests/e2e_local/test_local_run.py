@@ -375,7 +375,7 @@ def test_trainer_harvest_merges_a_trainer_candidate(tmp_path: Path) -> None:
     assert any("trainer" in m for m in merged), merged
     assert any(w.startswith("rollout-") for m in merged for w in m), merged
     log = (run_dir / "logs" / "trainer.log").read_text()
-    assert "trainer harvest: drafter candidate submitted" in log
+    assert "trainer: drafter candidate submitted" in log
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["trainer_harvested_s_total"] > 0.0
     assert "trainer harvested" in out

@@ -396,7 +396,7 @@ def test_harvest_idle_real_worker_switches_and_status_shows_it(
             ws = {w["name"]: w for w in j["status"]["workers"]}
             assert ws["tiny-rollout-0"]["assignedRole"] == "drafter-train"
             assert ws["tiny-rollout-1"]["assignedRole"] == "rollout"
-            assert real.activity()[1] == "drafter-train"  # the real worker really switched
+            assert real.role.activity().observed == "drafter-train"  # the real worker switched
             assert busy.role_requests == []
             cp.wait_for(
                 lambda: cond(job(cp, ns), "DrafterTraining") == ("True", "IdleGpusHarvested"),
@@ -411,7 +411,7 @@ def test_harvest_idle_real_worker_switches_and_status_shows_it(
                 return ws.get("tiny-rollout-0", {}).get("observedRole") == "rollout"
 
             cp.wait_for(back, timeout=60, what="rollout-0 back to rollout")
-            assert real.activity()[1] == "rollout"
+            assert real.role.activity().observed == "rollout"
             assert job(cp, ns)["status"]["gpus"]["harvestedGpuSeconds"] > 0
     finally:
         busy.close()

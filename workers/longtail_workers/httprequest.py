@@ -1,33 +1,32 @@
 """The per-request half of the workers' HTTP servers: one request, its body and its answer.
 
-:class:`~longtail_workers.httpserver.BackgroundHTTPServer` (uvicorn + Starlette) creates one
-:class:`JSONRequestHandler` per request and runs :meth:`JSONRequestHandler.respond` in a
-thread of its own, so the handlers (verifier scoring, torch weight packing, role switches) may
-block. The servers' handler subclasses (``verifier/handler.py``, ``rollout/http.py``,
-``trainer/service.py``, ``drafter_worker/service.py``, ``weights/http_sync.py``) implement
-``_dispatch(method)``; the drafter exchange (``drafter/exchange.py``) and the role endpoint
-(``spot/cycle.py``) take a handler. What a handler offers: ``method``, ``path`` (without the
-query), ``query`` (raw), ``headers``, :meth:`~JSONRequestHandler.read_body` (``Content-Length``
-checked before anything is read: 411/413/400 through :class:`RequestError`),
-``send_json``/``send_text``/``send_body`` (the answer goes out when the handler returns) and
-:func:`fail`.
+:class:`~longtail_workers.httpserver.BackgroundHTTPServer` (uvicorn + Starlette) matches each
+request against its server's route table (``httpserver.route``) and hands the row's endpoint
+function a :class:`JSONRequestHandler` in a thread of its own (:meth:`JSONRequestHandler.run`),
+so the endpoints (verifier scoring, torch weight packing, role switches) may block. What an
+endpoint gets: ``method``, ``path`` (without the query), ``params`` (the route's path
+parameters), ``query`` (raw), ``headers``, :meth:`~JSONRequestHandler.read_body`
+(``Content-Length`` checked before anything is read: 411/413/400 through :class:`RequestError`),
+``send_json``/``send_text``/``send_body`` (the answer goes out when the endpoint returns) and
+:func:`fail`. What every endpoint gets answered the same way: a :class:`RequestError` as JSON
+``{"error": ...}`` with its status, a client that went away or stalled as 499 in the metrics
+(408 on the wire), anything unexpected as a logged 500 naming the exception.
 
 Authentication lives here, once for every server: with :attr:`BackgroundHTTPServer.auth_token`
 set (the job's token, ``longtail_api.auth``), every request other than GET and HEAD must carry
 ``Authorization: Bearer <token>`` (compared in constant time) or is answered 401 with a JSON
-``{"error": ...}`` before the server's own handler sees it. Reads stay open (probes,
-Prometheus, status). The worker entry points set the token (:mod:`longtail_workers.auth`).
+``{"error": ...}`` before the endpoint runs. Reads stay open (probes, Prometheus, status). The
+worker entry points set the token (:mod:`longtail_workers.auth`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from starlette.requests import Request
 
@@ -35,6 +34,11 @@ from longtail_api.auth import TOKEN_ENV, is_write, token_matches
 
 if TYPE_CHECKING:
     from longtail_workers.httpserver import BackgroundHTTPServer
+
+CLIENT_CLOSED = 499
+"""Status counted when the client went away or stalled mid-request (nginx's convention)."""
+DRAIN_LIMIT_BYTES = 1 << 20
+"""An unread request body up to this size is discarded and the connection kept (must_close)."""
 
 
 class RequestError(Exception):
@@ -52,19 +56,6 @@ class RequestError(Exception):
 def fail(status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> NoReturn:
     """Abandon the request with an error answer (raises :class:`RequestError`)."""
     raise RequestError(status, message, headers)
-
-
-def check_route(routes: Mapping[str, tuple[str, ...]], method: str, path: str) -> None:
-    """Fail with 404 for a path not in ``routes``, 405 (and ``Allow``) for a method not allowed."""
-    allowed = routes.get(path)
-    if allowed is None:
-        fail(HTTPStatus.NOT_FOUND, f"no endpoint {path!r}; endpoints: {', '.join(routes)}")
-    if method not in allowed:
-        fail(
-            HTTPStatus.METHOD_NOT_ALLOWED,
-            f"{method} is not allowed on {path}; use {' or '.join(allowed)}",
-            {"Allow": ", ".join(allowed)},
-        )
 
 
 def error_text(body: bytes) -> str:
@@ -110,17 +101,12 @@ class Answer:
     """A memoryview (e.g. one piece of a published policy version) is sent without a copy."""
 
 
+class ClientGone(Exception):
+    """The client went away or stalled while sending the request body: nothing to answer."""
+
+
 class JSONRequestHandler:
-    """One request: routing hook, token check, body reading and answers (see the module text).
-
-    Methods not in ``dispatch_methods`` get 405 naming the allowed ones; subclasses override
-    :meth:`_dispatch` and, to close the connection after an answer, :meth:`must_close`; they
-    declare ``app`` with their server's type.
-    """
-
-    dispatch_methods: ClassVar[tuple[str, ...]] = ()
-    json_separators: ClassVar[tuple[str, str] | None] = (",", ":")
-    """``json.dumps`` separators of JSON answers; None for its default (with spaces)."""
+    """One request: token check, body reading and answers (see the module text)."""
 
     def __init__(
         self,
@@ -134,6 +120,8 @@ class JSONRequestHandler:
         """The server: config, readiness and metrics."""
         self.method = request.method
         self.path: str = request.scope["path"]
+        self.params: dict[str, Any] = request.path_params
+        """The route's path parameters, converted (``{version:int}`` gives an int)."""
         self.query = bytes(request.scope.get("query_string", b"")).decode("latin-1")
         self.headers = request.headers
         self.client = request.client.host if request.client is not None else "-"
@@ -146,30 +134,39 @@ class JSONRequestHandler:
         self._timeout_s = timeout_s
         self._body_read = False
 
-    def respond(self) -> None:
-        """Answer the request (in its own thread): method check, token, ``_dispatch``."""
-        if self.method not in self.dispatch_methods:
-            allowed = ", ".join(sorted(self.dispatch_methods))
-            text = f"{self.method} {self.path}: method not allowed here; use {allowed}"
-            self.close_connection = True  # the body was not read: never reuse the connection
-            self.send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": text}, {"Allow": allowed})
-        elif self.authorized(self.method):
-            self._dispatch(self.method)
+    def run(self, endpoint: Callable[[JSONRequestHandler], object]) -> int:
+        """Answer the request with ``endpoint`` after the token check (in the request's own
+        thread); returns the status to count, :data:`CLIENT_CLOSED` when nothing was answered."""
+        log = self.app.log
+        try:
+            if self.authorized():
+                endpoint(self)
+                if self.answer is None:
+                    raise RuntimeError(f"the endpoint of {self.path} answered nothing")
+        except RequestError as exc:
+            self.send_json(exc.status, {"error": exc.message}, exc.headers)
+        except ClientGone as exc:
+            log.info("%s %s: client connection lost: %s", self.method, self.path, exc)
+            self.close_connection = True
+            return CLIENT_CLOSED
+        except Exception as exc:  # HTTP boundary: logged, answered 500, serving on
+            log.exception("unexpected error handling %s %s", self.method, self.path)
+            problem = f"{type(exc).__name__}: {exc}"
+            text = f"internal error in the {self.app.service} ({problem}); see its logs"
+            self.send_json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": text})
+        assert self.answer is not None  # every branch above answered
+        return self.answer.status
 
-    def _dispatch(self, method: str) -> None:
-        """Route one request; every server's handler subclass overrides this."""
-        raise NotImplementedError(f"{type(self).__name__} must override _dispatch")
-
-    def authorized(self, method: str) -> bool:
+    def authorized(self) -> bool:
         """Check the job's token on a write request; answer 401 and return False without it."""
-        token = self.app.auth_token
+        token, method = self.app.auth_token, self.method
         if token is None or not is_write(method):
             return True
         sent = self.headers.get("Authorization")
         if token_matches(sent, token):
             return True
         problem = "carries no token" if not sent else "carries a token that is not this job's"
-        logging.getLogger(type(self).__module__).warning(
+        self.app.log.warning(
             "401 %s %s from %s: the request %s", method, self.path, self.client, problem
         )
         message = (
@@ -201,7 +198,10 @@ class JSONRequestHandler:
         reading = _receive_body(self._receive, length, self._timeout_s)
         # No overall timeout (a large upload may take long): every wait for a piece is bounded
         # there, and stopping the loop cancels the reading, which ends this wait too.
-        body = asyncio.run_coroutine_threadsafe(reading, self._loop).result()
+        try:
+            body = asyncio.run_coroutine_threadsafe(reading, self._loop).result()
+        except (ConnectionError, TimeoutError) as exc:
+            raise ClientGone(str(exc) or type(exc).__name__) from exc
         if len(body) < length:
             fail(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
         self._body_read = True
@@ -222,7 +222,7 @@ class JSONRequestHandler:
     def send_json(
         self, status: HTTPStatus, payload: dict[str, Any], headers: dict[str, str] | None = None
     ) -> int:
-        body = json.dumps(payload, separators=self.json_separators).encode("utf-8")
+        body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
         return self.send_body(status, body, "application/json", headers)
 
     def send_body(
@@ -241,8 +241,16 @@ class JSONRequestHandler:
         return int(status)
 
     def must_close(self) -> bool:
-        """Whether to close the connection after the answer being sent; default: keep it."""
-        return False
+        """Close after this answer while the server stops, or when a large, chunked or
+        unparsable request body is left unread.
+
+        Answering an error without reading the body and then closing makes the kernel reset the
+        connection, and the client may see the reset instead of the answer. Bodies up to
+        :data:`DRAIN_LIMIT_BYTES` are therefore left to uvicorn to read and drop; larger ones
+        are not worth the bandwidth, and the connection is closed instead.
+        """
+        unread = self.unread_body()
+        return self.app.stopping or unread is None or unread > DRAIN_LIMIT_BYTES
 
 
 async def _receive_body(

@@ -4,16 +4,20 @@ The verifier (``verifier/server.py``), the rollout worker's control surface (``r
 the trainer (``trainer/service.py``), the drafter worker (``drafter_worker/service.py``) and the
 trainer's weight server (``weights/http_sync.py``) each subclass :class:`BackgroundHTTPServer`
 (bind IPv4 or IPv6, serve from a daemon thread, ``url``, ``port``, ``ready``, ``stopping``,
-``stop(grace_s)`` letting in-flight requests finish, context manager) and set its
-``handler_class`` to a :class:`~longtail_workers.httprequest.JSONRequestHandler` subclass.
-``ServiceRuntime`` (``runtime.py``) runs one until SIGTERM.
+``stop(grace_s)`` letting in-flight requests finish, context manager) and declare their route
+table in :meth:`~BackgroundHTTPServer.routes`: rows of :func:`route` (path and methods ->
+endpoint function) on Starlette's router, which answers 404 (naming the endpoints) and 405
+(``Allow``) itself, as JSON. :func:`probe_routes` gives every worker the same ``/healthz``,
+``/readyz`` (503 with the reason while not ready; every server is not ready while stopping)
+and ``/metrics``. ``ServiceRuntime`` (``runtime.py``) runs one until SIGTERM.
 
 uvicorn serves HTTP/1.1 with keep-alive on its own event loop (h11: the header names go out
-as the handlers write them); one Starlette catch-all route hands every request, any method, to
-a new handler running in a thread of its own (the handlers may block: torch, scoring, role
-switches), then sends its :class:`~longtail_workers.httprequest.Answer`. Bodies a handler did
-not read are discarded by uvicorn when the connection is kept; large bodies are sent in pieces,
-so a slow reader holds no second copy of policy weights.
+as the endpoints write them); each request's endpoint runs in a thread of its own (they may
+block: torch, scoring, role switches) with a
+:class:`~longtail_workers.httprequest.JSONRequestHandler`, then its
+:class:`~longtail_workers.httprequest.Answer` is sent. Bodies an endpoint did not read are
+discarded by uvicorn when the connection is kept; large bodies are sent in pieces, so a slow
+reader holds no second copy of policy weights.
 
 uvicorn times out only an idle kept-alive connection, never one that is still sending its
 request line and headers, so a client trickling header bytes (slow loris) held a connection
@@ -26,17 +30,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
 import socket
 import threading
 import time
-from http import HTTPMethod
+from collections.abc import Callable
+from http import HTTPStatus
 from typing import ClassVar, Self
 
 import h11
 import uvicorn
+from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -44,7 +51,13 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from longtail_workers.httprequest import Answer, JSONRequestHandler
+from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from longtail_workers.httprequest import CLIENT_CLOSED, Answer, JSONRequestHandler
+
+Endpoint = Callable[[JSONRequestHandler], object]
+"""One row's endpoint: answers through the handler (``send_json``, ``fail``...)."""
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""Prometheus' text exposition format, as ``generate_latest`` writes it."""
 
 _PIECE = 1 << 20
 """Bodies over this go out in pieces of this size (uvicorn waits for each to drain)."""
@@ -54,13 +67,41 @@ HEADER_TIMEOUT_S = 15.0
 workers' clients send theirs in one write, so only a stalled or hostile client meets it."""
 
 
+def route(path: str, endpoint: Endpoint, *methods: str) -> Route:
+    """One row of a route table: ``endpoint`` answers ``methods`` on ``path`` (GET brings HEAD,
+    Starlette's rule; ``{name:int}`` parts land in ``handler.params``)."""
+    return Route(path, functools.partial(_serve, endpoint), methods=methods)
+
+
+def probe_routes(unready: Callable[[], str | None], registry: CollectorRegistry) -> list[Route]:
+    """Every worker's probes: ``/healthz`` 200 while the process serves, ``/readyz`` 503 with
+    ``unready()``'s reason (None: 200 ``ready``), ``/metrics`` the exposition of ``registry``."""
+
+    def readyz(handler: JSONRequestHandler) -> None:
+        why = unready()
+        if why is None:
+            handler.send_text(HTTPStatus.OK, "ready\n")
+        else:
+            handler.send_text(HTTPStatus.SERVICE_UNAVAILABLE, why + "\n")
+
+    def metrics(handler: JSONRequestHandler) -> None:
+        handler.send_body(HTTPStatus.OK, generate_latest(registry), METRICS_CONTENT_TYPE)
+
+    return [
+        route(HEALTHZ_PATH, lambda handler: handler.send_text(HTTPStatus.OK, "ok\n"), "GET"),
+        route(READYZ_PATH, readyz, "GET"),
+        route(METRICS_PATH, metrics, "GET"),
+    ]
+
+
 class BackgroundHTTPServer:
-    """A uvicorn server on its own event loop in a daemon thread; subclasses set ``handler_class``.
+    """A uvicorn server on its own event loop in a daemon thread; subclasses give ``routes``.
 
     A stopped server cannot be started again unless a subclass resets it (``WeightServer``).
     """
 
-    handler_class: ClassVar[type[JSONRequestHandler]]
+    service: ClassVar[str] = "worker"
+    """What it is, for the 500 answers (``internal error in the trainer ...``)."""
     thread_name: ClassVar[str] = "http"
     """Thread name prefix; the bound port is appended."""
     request_queue_size: ClassVar[int] = 128
@@ -105,12 +146,14 @@ class BackgroundHTTPServer:
             )
         sock = self._bind()
         self._port = int(sock.getsockname()[1])
-        every_method = [m.value for m in HTTPMethod]  # the handler answers 405 itself
-        app = Starlette(routes=[Route("/{path:path}", self._endpoint, methods=every_method)])
+        refused = {404: self._refused, 405: self._refused}
+        app = Starlette(routes=self.routes(), exception_handlers=refused)
+        app.router.redirect_slashes = False  # /healthz/ is no endpoint: 404, not a redirect
+        app.state.server = self
         config = uvicorn.Config(
             app,
             # h11 keeps header names' case (httptools lowercases them); plus a header deadline
-            http=_HeaderDeadlineProtocol.bound(self.header_timeout_s, self._log),
+            http=_HeaderDeadlineProtocol.bound(self.header_timeout_s, self.log),
             loop="asyncio",
             ws="none",
             lifespan="off",
@@ -142,8 +185,20 @@ class BackgroundHTTPServer:
                 )
             time.sleep(0.005)
         self._ready = True
-        self._log.info(self.started_log, self.url)
+        self.log.info(self.started_log, self.url)
         return self
+
+    def routes(self) -> list[Route]:
+        """The server's route table (rows of :func:`route`); read once, by ``start``."""
+        raise NotImplementedError(f"{type(self).__name__} must declare its routes")
+
+    def unready(self) -> str | None:
+        """Why ``/readyz`` answers 503, None when ready; subclasses add their own reasons."""
+        return None if self._ready else "stopping"
+
+    def observe(self, endpoint: str, status: int, seconds: float) -> None:
+        """Count one answered request (``endpoint``: its route's path, ``other`` for a 404);
+        servers with request metrics override it."""
 
     def _bind(self) -> socket.socket:
         host, port = self._address
@@ -170,7 +225,7 @@ class BackgroundHTTPServer:
             # uvicorn notices should_exit within 0.1 s; allow for its shutdown steps too
             self._thread.join(timeout=grace_s + 2.0)
         if self.stopped_log is not None:
-            self._log.info(self.stopped_log)
+            self.log.info(self.stopped_log)
 
     def __enter__(self) -> Self:
         return self.start() if self._server is None else self
@@ -205,49 +260,70 @@ class BackgroundHTTPServer:
         return self._stopping
 
     @property
-    def _log(self) -> logging.Logger:
+    def log(self) -> logging.Logger:
+        """The subclass module's logger."""
         return logging.getLogger(type(self).__module__)
 
-    async def _endpoint(self, request: Request) -> Response:
-        """Every request: its handler runs in a thread of its own, then its answer goes out."""
-        started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        handler = self.handler_class(self, request, loop=loop, timeout_s=self.request_timeout_s)
-        done: asyncio.Future[BaseException | None] = loop.create_future()
-        worker = threading.Thread(
-            target=_respond, args=(handler, loop, done), name=f"{self.thread_name}-request"
-        )
-        # A daemon thread, as the standard library's servers used: a handler still running when
-        # the process exits (past stop's grace) must not hold the exit up.
-        worker.daemon = True
-        worker.start()
-        try:
-            failure = await done
-        except asyncio.CancelledError:  # stop() ran past its grace: the thread is abandoned
-            self._log.warning(
-                "stopping: %s %s still running, answered 503", request.method, handler.path
-            )
-            return _AnswerResponse(_error_answer(503, "the server is stopping; retry"), head=False)
-        if failure is not None:  # a handler's own catch-all missed it
-            self._log.error(
-                "unexpected error handling %s %s", request.method, handler.path, exc_info=failure
-            )
-            answer = _error_answer(500, "internal error; see the worker's logs")
-        elif handler.answer is None:  # it gave up on a client that stalled or went away
-            answer = _error_answer(408, "the request body did not arrive in time")
+    async def _refused(self, request: Request, exc: Exception) -> Response:
+        """404 and 405 from the route table, as JSON naming the endpoints or the methods."""
+        handler = self._handler(request)
+        row = request.scope.get("route")  # set for a path matched with another method
+        if isinstance(row, Route) and row.methods:
+            allowed = sorted(row.methods)
+            text = f"{handler.method} {handler.path}: method not allowed here; use "
+            text += " or ".join(allowed)
+            headers = {"Allow": ", ".join(allowed)}
+            handler.send_json(HTTPStatus.METHOD_NOT_ALLOWED, {"error": text}, headers)
         else:
-            answer = handler.answer
-            if handler.close_connection:
-                answer.headers["Connection"] = "close"
-        self._log.debug(
-            "%s %s %s -> %d in %.4fs",
-            handler.client,
-            request.method,
-            handler.path,
-            answer.status,
-            time.perf_counter() - started,
-        )
+            paths = ", ".join(r.path_format for r in request.app.routes if isinstance(r, Route))
+            text = f"no endpoint {handler.path!r}; endpoints: {paths}"
+            handler.send_json(HTTPStatus.NOT_FOUND, {"error": text})
+        assert handler.answer is not None
+        return self._answered(request, handler.answer, handler.answer.status, time.perf_counter())
+
+    def _handler(self, request: Request) -> JSONRequestHandler:
+        loop = asyncio.get_running_loop()
+        return JSONRequestHandler(self, request, loop=loop, timeout_s=self.request_timeout_s)
+
+    def _answered(self, request: Request, answer: Answer, status: int, started: float) -> Response:
+        """Count and log the answer, then send it."""
+        row = request.scope.get("route")
+        seconds = time.perf_counter() - started
+        self.observe(row.path_format if isinstance(row, Route) else "other", status, seconds)
+        self.log.debug("%s %s %s -> %d in %.4fs", request.client, request.method,
+                       request.url.path, answer.status, seconds)  # fmt: skip
         return _AnswerResponse(answer, head=request.method == "HEAD")
+
+
+async def _serve(endpoint: Endpoint, request: Request) -> Response:
+    """Every routed request: its endpoint runs in a thread of its own, then its answer goes out."""
+    server: BackgroundHTTPServer = request.app.state.server
+    started = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    handler = server._handler(request)
+    done: asyncio.Future[int] = loop.create_future()
+    worker = threading.Thread(
+        target=_respond, args=(handler, endpoint, loop, done), name=f"{server.thread_name}-request"
+    )
+    # A daemon thread, as the standard library's servers used: an endpoint still running when
+    # the process exits (past stop's grace) must not hold the exit up.
+    worker.daemon = True
+    worker.start()
+    try:
+        status = await done
+    except asyncio.CancelledError:  # stop() ran past its grace: the thread is abandoned
+        server.log.warning(
+            "stopping: %s %s still running, answered 503", request.method, handler.path
+        )
+        return _AnswerResponse(_error_answer(503, "the server is stopping; retry"), head=False)
+    answer = handler.answer
+    if answer is None and status == CLIENT_CLOSED:  # it gave up on a client that stalled or left
+        answer = _error_answer(408, "the request body did not arrive in time")
+    elif answer is None:  # the thread died past run()'s own boundary (logged by threading)
+        answer = _error_answer(500, "internal error; see the worker's logs")
+    elif handler.close_connection:
+        answer.headers["Connection"] = "close"
+    return server._answered(request, answer, status, started)
 
 
 class _HeaderDeadlineProtocol(H11Protocol):
@@ -307,22 +383,22 @@ def _error_answer(status: int, text: str) -> Answer:
 
 def _respond(
     handler: JSONRequestHandler,
+    endpoint: Endpoint,
     loop: asyncio.AbstractEventLoop,
-    done: asyncio.Future[BaseException | None],
+    done: asyncio.Future[int],
 ) -> None:
-    """A request's thread: run the handler, hand the outcome back to the event loop."""
-    failure: BaseException | None = None
+    """A request's thread: run the endpoint, hand the status to count back to the event loop."""
+    status = int(HTTPStatus.INTERNAL_SERVER_ERROR)
     try:
-        handler.respond()
-    except Exception as exc:  # noqa: BLE001 - HTTP boundary: logged and answered 500 by the loop
-        failure = exc
-    with contextlib.suppress(RuntimeError):  # the loop is gone (stopped past its grace)
-        loop.call_soon_threadsafe(_settle, done, failure)
+        status = handler.run(endpoint)
+    finally:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (stopped past its grace)
+            loop.call_soon_threadsafe(_settle, done, status)
 
 
-def _settle(done: asyncio.Future[BaseException | None], failure: BaseException | None) -> None:
+def _settle(done: asyncio.Future[int], status: int) -> None:
     if not done.done():  # cancelled when the server stopped past its grace
-        done.set_result(failure)
+        done.set_result(status)
 
 
 class _AnswerResponse(Response):

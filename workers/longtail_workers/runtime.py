@@ -7,8 +7,7 @@ trainer's HTTP exchange), :func:`torch_threads` (torch's CPU threads from the ro
 catch-up, by ``--weight-sync``; flags from :func:`add_weight_sync_args`) and
 :class:`ServiceRuntime` (bind, print the ``listening on URL`` line a parent process reads, run
 until SIGTERM/SIGINT, stop cleanly); the rollout and drafter workers' ``main`` opens with
-:func:`start_service` (arguments from :func:`worker_parser`, logging, job token, job spec), and
-the trainer's and the drafter worker's HTTP handlers answer errors with :func:`answer_error`.
+:func:`start_service` (arguments from :func:`worker_parser`, logging, job token, job spec).
 """
 
 from __future__ import annotations
@@ -19,14 +18,17 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from http import HTTPStatus
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from longtail_api.spec import ResourcesSpec, RLJobSpec
 from longtail_workers.signals import install_stop_signals
 from longtail_workers.weights.sync import WeightSource
+
+if TYPE_CHECKING:  # the drafter modules load lazily, when a worker builds its models
+    from longtail_workers.drafter.model import EagleDrafter
+    from longtail_workers.drafter.registry import DrafterStore
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +56,27 @@ def role_device(resources: ResourcesSpec) -> str:
     return "cuda" if resources.gpus >= 1 else "cpu"
 
 
+@dataclass(frozen=True)
+class PolicyAndDrafter:
+    """What :func:`policy_and_drafter` loads for a rollout or drafter worker."""
+
+    model: torch.nn.Module
+    """The policy, in eval mode on the role's device."""
+    drafter: EagleDrafter
+    """The job's initial drafter on :attr:`model` (:func:`initial_drafter`)."""
+    registry: DrafterStore | None
+    """The shared directory's registry, the trainer's drafter exchange, or None (neither)."""
+    target_id: str
+    """The policy's id that drafters are checked against (``spec.model.path``)."""
+
+
 def policy_and_drafter(
     spec: RLJobSpec,
     registry_dir: str | None,
     registry_url: str | None = None,
     device: str = "cpu",
-) -> tuple[Any, Any, Any, str]:
-    """(policy model in eval mode on ``device``, initial drafter, registry or None, target id).
+) -> PolicyAndDrafter:
+    """The policy on ``device``, its initial drafter and the drafter registry.
 
     The registry is the shared directory ``registry_dir`` or the trainer's drafter exchange at
     ``registry_url`` (``drafter/exchange.py``); give at most one.
@@ -78,12 +94,12 @@ def policy_and_drafter(
     model, _ = load_policy(spec.model.path, dtype=spec.model.dtype, device=device)
     target_id = spec.model.path
     drafter = initial_drafter(spec, model, target_id)
-    registry: DrafterRegistry | RemoteDrafterRegistry | None = None
+    registry: DrafterStore | None = None
     if registry_dir:
         registry = DrafterRegistry(registry_dir)
     elif registry_url:
         registry = RemoteDrafterRegistry(registry_url)
-    return model, drafter, registry, target_id
+    return PolicyAndDrafter(model, drafter, registry, target_id)
 
 
 def initial_drafter(spec: RLJobSpec, model: Any, target_id: str) -> Any:
@@ -246,13 +262,3 @@ def start_service(ap: argparse.ArgumentParser, argv: list[str], role: str) -> Se
         print(f"error: {exc}", file=sys.stderr)
         return None
     return ServiceStart(args, token, load_job_spec(args.job))
-
-
-def answer_error(handler: Any, exc: Exception, who: str, method: str, path: str) -> None:
-    """The HTTP boundary of the trainer's and the drafter worker's handlers: answer ``exc`` as
-    ``{"error": ...}`` with its ``status`` (a ``RequestError``), else log it and answer 500."""
-    status = getattr(exc, "status", HTTPStatus.INTERNAL_SERVER_ERROR)
-    message = getattr(exc, "message", f"{type(exc).__name__}: {exc}")
-    if status == HTTPStatus.INTERNAL_SERVER_ERROR:
-        log.exception("%s HTTP %s %s failed", who, method, path)
-    handler.send_json(status, {"error": message}, getattr(exc, "headers", None))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -18,11 +19,24 @@ import pytest
 from longtail_api import workerapi
 from longtail_api.protocol import ProtocolError
 from longtail_api.workerapi import (
+    AcceptanceStats,
+    BufferStats,
+    CandidateSummary,
     CheckpointAnswer,
+    DrafterTrainingStatus,
+    DrafterWorkerStatus,
     RoleAnswer,
     RoleRequest,
     RolloutWorkerStatus,
+    SpotTrainerStatus,
     TrainerStatus,
+)
+
+TRAINING = DrafterTrainingStatus(
+    BufferStats(120, 4096, 3, 1000, 1 << 20, (2, 3), (2, 3), {"stale_step": 1}, {}),
+    SpotTrainerStatus("training", 3, 8, 40, 960, 2.5, 1, None, rejected_windows=1),
+    pending_sequences=2,
+    captured_sequences=9,
 )
 
 
@@ -63,7 +77,7 @@ def test_real_worker_status_and_role_round_trip(server: Any) -> None:
     assert status.to_dict() == raw  # nothing dropped, nothing renamed
     assert status.worker == "w7" and status.state == "idle" and not status.generating
     assert status.role.observed == "rollout" and status.versions.drafter == -1
-    assert status.idle_seconds is not None and status.buffer["tokens"] > 0
+    assert status.idle_seconds is not None and status.buffer.tokens > 0
 
     code, raw_ack = _call(
         server.url + workerapi.ROLE_PATH, "PUT", RoleRequest("drafter-train").to_dict()
@@ -89,7 +103,12 @@ def test_status_errors_name_the_field() -> None:
         "idleSince": 1.0,
         "idleSeconds": 3.5,
         "versions": {"policy": 1, "drafter": 2, "step": 3},
-        "acceptance": {"byDrafterVersion": {"2": {"meanAcceptedLength": 3.25}}},
+        "acceptance": {
+            "byPolicyVersion": {},
+            "byDrafterVersion": {
+                "2": dict(sequences=4, specSteps=4, draftedTokens=12, acceptedTokens=9)
+            },
+        },
         "futureField": "ignored: newer workers may add fields",
     }
     assert RolloutWorkerStatus.from_dict(good).mean_accepted_length == 3.25
@@ -102,6 +121,13 @@ def test_status_errors_name_the_field() -> None:
         RolloutWorkerStatus.from_dict(bad)
     with pytest.raises(ProtocolError, match="role: must be an activity"):
         RoleRequest.from_dict({"role": "fly"})
+    typed = RolloutWorkerStatus.from_dict(good)
+    assert typed.acceptance.by_drafter_version[2] == AcceptanceStats(4, 4, 12, 9)
+    assert RolloutWorkerStatus.from_dict(typed.to_dict()) == typed
+    bad = json.loads(json.dumps(good))
+    bad["acceptance"]["byDrafterVersion"]["2"]["specSteps"] = -1
+    with pytest.raises(ProtocolError, match=r"status\.acceptance\.byDrafterVersion\.2\.specSteps"):
+        RolloutWorkerStatus.from_dict(bad)
 
 
 def test_trainer_status_round_trip_and_checks() -> None:
@@ -141,7 +167,7 @@ def test_trainer_status_round_trip_and_checks() -> None:
         idle_since=1700000000.0,
         idle_seconds=3.5,
         harvested_seconds=12.0,
-        drafter_training={"buffer": {"tokens": 120}},
+        drafter_training=TRAINING,
     )
     assert TrainerStatus.from_dict(harvested.to_dict()) == harvested
     assert parsed.role is None and parsed.idle_seconds is None and parsed.harvested_seconds == 0
@@ -152,3 +178,29 @@ def test_trainer_status_round_trip_and_checks() -> None:
         TrainerStatus.from_dict({**minimal, "idleSeconds": -1})
     answer = CheckpointAnswer(step=4, location="/checkpoints/step-4")
     assert CheckpointAnswer.from_dict(answer.to_dict()) == answer
+
+
+def test_drafter_worker_status_round_trip_and_checks() -> None:
+    status = DrafterWorkerStatus(
+        worker="drafter-0", state="training", step=3, policy_version=3, drafter_base_version=None,
+        windows=2, outcomes={"submitted": 1, "dropped": 0, "stale": 1, "empty": 0},
+        last_candidate=CandidateSummary(None, tokens=120, steps=7), last_error=None,
+        drafter_training=TRAINING,
+    )  # fmt: skip
+    raw = json.loads(json.dumps(status.to_dict()))
+    assert raw["role"] == "drafter" and DrafterWorkerStatus.from_dict(raw) == status
+    with pytest.raises(ProtocolError, match=r"status\.lastCandidate\.tokens: is required"):
+        DrafterWorkerStatus.from_dict({**raw, "lastCandidate": {"steps": 1}})
+    with pytest.raises(ProtocolError, match=r"status\.outcomes: must map outcomes to window"):
+        DrafterWorkerStatus.from_dict({**raw, "outcomes": {"submitted": -1}})
+    with pytest.raises(ProtocolError, match=r"status\.state: must be one of"):
+        DrafterWorkerStatus.from_dict({**raw, "state": "dreaming"})
+    bad = json.loads(json.dumps(raw))
+    bad["drafterTraining"]["buffer"]["tokens"] = "many"
+    with pytest.raises(ProtocolError, match=r"status\.drafterTraining\.buffer\.tokens: must be an"):
+        DrafterWorkerStatus.from_dict(bad)
+    bad["drafterTraining"] = {**raw["drafterTraining"], "trainer": {"state": "dozing"}}
+    with pytest.raises(ProtocolError, match=r"status\.drafterTraining\.trainer\.state: must be"):
+        DrafterWorkerStatus.from_dict(bad)
+    diverged = json.loads(json.dumps(raw).replace('"lastLoss": 2.5', '"lastLoss": NaN'))
+    assert math.isnan(DrafterWorkerStatus.from_dict(diverged).drafter_training.trainer.last_loss)

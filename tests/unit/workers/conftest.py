@@ -1,12 +1,16 @@
-"""Worker-test helpers: puts this directory on sys.path so helper modules (``lossless.py``)
-import by name under --import-mode=importlib, and holds the fixtures several worker-test modules
-share: ``model``, the tiny policy the drafter-window tests (``test_trainer_harvest.py``,
-``test_drafter_worker.py``) train on (a module that defines its own ``model`` overrides it)."""
+"""Worker-test helpers: puts this directory on sys.path so helper modules (``lossless.py``,
+``helpers.py``) import by name under --import-mode=importlib, and holds the fixtures several
+worker-test modules share: ``model``, the tiny policy the drafter-window tests
+(``test_trainer_drafter_window.py``, ``test_drafter_worker.py``) train on, and ``target``, the
+policy drafters are fitted and trusted on, which a module sizes with a ``TARGET`` dict of
+``tiny_qwen2`` keywords (a module that defines its own ``model`` or ``target`` overrides it)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,3 +27,25 @@ def model() -> torch.nn.Module:
 
     torch.set_num_threads(1)
     return tiny_qwen2(seed=5, vocab_size=32, hidden_size=32, intermediate_size=64, sharpness=8.0)
+
+
+@pytest.fixture(scope="module")
+def target(request: pytest.FixtureRequest) -> torch.nn.Module:
+    """A tiny random Qwen2 policy built with the test module's ``TARGET`` (``tiny_qwen2``'s
+    keywords: seed, sizes, sharpness, dtype); by default seed 0, vocabulary 48 and very sharp
+    next-token distributions, so a drafter can learn it in a few steps."""
+    from tiny_targets import tiny_qwen2
+
+    torch.set_num_threads(1)
+    default = {"seed": 0, "vocab_size": 48, "sharpness": 30.0}
+    return tiny_qwen2(**getattr(request.module, "TARGET", default))
+
+
+@pytest.fixture
+def trainer(target, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, Any]]:
+    """A started trainer (app, registry) whose registry checks drafter candidates against the
+    job's drafter on ``target``, bound to the test module's ``TID``."""
+    from helpers import started_trainer
+
+    with started_trainer(target, tmp_path, request.module.TID) as started:
+        yield started

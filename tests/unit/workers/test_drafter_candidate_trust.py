@@ -19,25 +19,20 @@ fed the way the step driver feeds them (the step's replies, then its answers). C
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import candidate_body, constant_drafter, http_json, post_candidate, rejected_metric
 from safetensors.torch import load_file
-from test_drafter_candidate_faults import started_trainer  # this directory is on sys.path
-from test_spot_remote import post_candidate  # conftest.py puts this directory on sys.path
-from tiny_targets import random_prompts, tiny_qwen2
+from tiny_targets import random_prompts
 
 from longtail_api.policies import DrafterTrainingSpec
-from longtail_workers.drafter.checkpoint import save_drafter
 from longtail_workers.drafter.exchange import RemoteDrafterRegistry
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.payload import pack_files
 from longtail_workers.drafter.registry import (
     CandidateInfo,
     DrafterRegistry,
@@ -56,12 +51,6 @@ from longtail_workers.wire.rollout import GenerateReply, Sample
 TID = "tiny-trust"
 VOCAB = 48
 SPEC = DrafterTrainingSpec(learning_rate=3e-3, window_tokens=32, max_steps_per_window=10_000)
-
-
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=0, vocab_size=VOCAB, sharpness=30.0)
 
 
 def answers(target: torch.nn.Module, seed: int, n: int) -> list[Sample]:
@@ -101,26 +90,12 @@ def step_answers(target) -> list[Sample]:
     return answers(target, seed=7, n=48)
 
 
-@pytest.fixture
-def trainer(target, tmp_path: Path) -> Iterator[tuple[TrainerApp, DrafterRegistry]]:
-    """A started trainer whose registry checks candidates against the job's drafter."""
-    with started_trainer(target, tmp_path, TID) as started:
-        yield started
-
-
 def client(app: TrainerApp, tmp_path: Path) -> RemoteDrafterRegistry:
     return RemoteDrafterRegistry(app.url, cache_dir=tmp_path / "cache", retries=0)
 
 
 def reply(worker: str, samples: list[Sample]) -> GenerateReply:
     return GenerateReply(worker=worker, policy_version=0, drafter_version=0, samples=samples)
-
-
-def rejected_metric(app: TrainerApp, stage: str) -> float:
-    text = urllib.request.urlopen(app.url + "/metrics", timeout=5.0).read().decode()
-    line = f'longtail_trainer_drafter_candidates_rejected_total{{stage="{stage}"}} '
-    found = [ln for ln in text.splitlines() if ln.startswith(line)]
-    return float(found[0].split()[-1]) if found else 0.0
 
 
 def output_tokens(samples: list[Sample]) -> int:
@@ -261,11 +236,6 @@ def test_a_merge_scores_each_drafter_once(
 # --- (b) stale and future base versions: 409 with a reason, logged, never stored -------------
 
 
-def candidate_body(target: torch.nn.Module, tmp_path: Path) -> bytes:
-    directory = save_drafter(EagleDrafter(target, target_id=TID, seed=3), tmp_path / "cand")
-    return pack_files({p.name: p.read_bytes() for p in directory.iterdir()})
-
-
 @pytest.mark.parametrize(
     ("base", "reason"),
     [
@@ -280,7 +250,7 @@ def test_a_stale_or_future_base_version_answers_409_naming_the_versions_and_the_
     app, registry = trainer
     registry.publish(drafters["current"], policy_version=0)
     registry.publish(drafters["current"], policy_version=1)  # latest: 1
-    body = candidate_body(target, tmp_path)
+    body = candidate_body(EagleDrafter(target, target_id=TID, seed=3), tmp_path)
     with caplog.at_level(logging.WARNING):
         status, error = post_candidate(
             app.url, body, sha256_hex(body), f"worker=w0&policy_version=1&tokens=5&steps=1{base}"
@@ -298,16 +268,12 @@ def test_a_stale_or_future_base_version_answers_409_naming_the_versions_and_the_
 def test_the_409_answer_carries_the_versions(target, drafters, trainer, tmp_path) -> None:
     app, registry = trainer
     registry.publish(drafters["current"], policy_version=0)
-    body = candidate_body(target, tmp_path)
+    body = candidate_body(EagleDrafter(target, target_id=TID, seed=3), tmp_path)
     query = "worker=w0&policy_version=1&tokens=5&steps=1&base_version=3"
-    request = urllib.request.Request(
-        app.url + "/v1/drafters/candidates?" + query, data=body, method="POST",
-        headers={"X-Longtail-Drafter-Sha256": sha256_hex(body), **_auth()},
-    )  # fmt: skip
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(request, timeout=10.0)
-    assert err.value.code == 409
-    answer = json.loads(err.value.read())
+    headers = {"X-Longtail-Drafter-Sha256": sha256_hex(body), **_auth()}
+    url = app.url + "/v1/drafters/candidates?" + query
+    status, answer = http_json(url, "POST", body, headers=headers)
+    assert status == 409 and isinstance(answer, dict)
     assert answer["baseVersion"] == 3 and answer["latestVersion"] == 0
 
 
@@ -357,12 +323,7 @@ def test_the_client_raises_a_stale_error_with_the_latest_version(
 # --- (c) the weight in the merge is what the trainer can verify -----------------------------
 
 
-def constant(target: torch.nn.Module, value: float) -> EagleDrafter:
-    drafter = EagleDrafter(target, target_id=TID)
-    with torch.no_grad():
-        for p in drafter.parameters():
-            p.fill_(value)
-    return drafter
+constant = functools.partial(constant_drafter, target_id=TID)
 
 
 def fake_answers(lengths: list[int]) -> list[Sample]:

@@ -17,11 +17,8 @@ from longtail_workers.drafter.checkpoint import (
 )
 from longtail_workers.drafter.model import EagleDrafter
 
-
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=1, vocab_size=32, hidden_size=64)
+# conftest.py's ``target`` fixture builds this policy
+TARGET = dict(seed=1, vocab_size=32, hidden_size=64)
 
 
 def _inputs(seed: int = 0):

@@ -10,22 +10,18 @@ after bounded retries; a rollout worker keeps its drafter when the exchange fail
 
 from __future__ import annotations
 
-import json
+import functools
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tiny_targets import tiny_qwen2
+from helpers import candidate_body, constant_drafter, post_candidate
 
 from longtail_workers.drafter.exchange import (
-    CANDIDATES_PATH,
-    CHECKSUM_HEADER,
     DrafterEndpoints,
     DrafterExchangeError,
     DrafterIntegrityError,
@@ -45,18 +41,11 @@ from longtail_workers.weights.checksum import sha256_hex
 TID = "tiny-remote"
 
 
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=3, vocab_size=32, hidden_size=32, intermediate_size=64, sharpness=10.0)
+# conftest.py's ``target`` fixture builds this policy
+TARGET = dict(seed=3, vocab_size=32, hidden_size=32, intermediate_size=64, sharpness=10.0)
 
 
-def constant(target: torch.nn.Module, value: float) -> EagleDrafter:
-    drafter = EagleDrafter(target, target_id=TID)
-    with torch.no_grad():
-        for p in drafter.parameters():
-            p.fill_(value)
-    return drafter
+constant = functools.partial(constant_drafter, target_id=TID)
 
 
 def serve(
@@ -169,32 +158,11 @@ def test_a_corrupted_download_is_refused_and_nothing_is_loaded(target, tmp_path)
         app.stop(grace_s=1.0)
 
 
-def post_candidate(url: str, body: bytes, checksum: str, query: str) -> tuple[int, str]:
-    req = urllib.request.Request(
-        f"{url}{CANDIDATES_PATH}?{query}",
-        data=body,
-        headers={CHECKSUM_HEADER: checksum},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=5.0) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())["error"]
-
-
-def candidate_body(target, tmp_path: Path) -> bytes:
-    from longtail_workers.drafter.checkpoint import save_drafter
-
-    directory = save_drafter(constant(target, 1.0), tmp_path / "cand")
-    return pack_files({p.name: p.read_bytes() for p in directory.iterdir()})
-
-
 def test_an_upload_with_a_wrong_checksum_is_refused_and_not_stored(
     target, trainer, tmp_path
 ) -> None:
     app, registry = trainer
-    body = candidate_body(target, tmp_path)
+    body = candidate_body(constant(target, 1.0), tmp_path)
     query = "worker=w0&policy_version=1&tokens=5&steps=1"
     status, error = post_candidate(app.url, body, "0" * 64, query)
     assert status == 400 and "upload was corrupted" in error and sha256_hex(body) in error
@@ -207,7 +175,7 @@ def test_an_upload_with_a_wrong_checksum_is_refused_and_not_stored(
     ("query", "body", "message"),
     [
         ("policy_version=1&tokens=5&steps=1", None, "worker: is required"),
-        ("worker=w0&policy_version=one&tokens=5&steps=1", None, "policy_version: 'one' is not"),
+        ("worker=w0&policy_version=one&tokens=5&steps=1", None, "policy_version: must be an int"),
         ("worker=w0&policy_version=1&tokens=5&steps=1&color=red", None, "color: not a candidate"),
         ("worker=w0&policy_version=1&tokens=5&steps=1", b"not a drafter", "not a drafter payload"),
         (
@@ -221,7 +189,7 @@ def test_malformed_uploads_get_400_naming_the_problem(
     target, trainer, tmp_path, query: str, body: bytes | None, message: str
 ) -> None:
     app, registry = trainer
-    data = body if body is not None else candidate_body(target, tmp_path)
+    data = body if body is not None else candidate_body(constant(target, 1.0), tmp_path)
     status, error = post_candidate(app.url, data, sha256_hex(data), query)
     assert status == 400 and message in error, error
     assert registry.candidates(None) == []

@@ -31,12 +31,8 @@ LAYER = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(
-        seed=6, vocab_size=32, hidden_size=32, intermediate_size=64, dtype=torch.float64
-    )
+# conftest.py's ``target`` fixture builds this policy
+TARGET = dict(seed=6, vocab_size=32, hidden_size=32, intermediate_size=64, dtype=torch.float64)
 
 
 @pytest.fixture

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_targets import tiny_qwen2
+from helpers import fixed_sd
 
-from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.pairs import (
     DrafterInputs,
@@ -30,17 +29,15 @@ from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 VOCAB = 16
 
 
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(
-        seed=8,
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        sharpness=10.0,
-        dtype=torch.float64,
-    )
+# conftest.py's ``target`` fixture builds this policy
+TARGET = dict(
+    seed=8,
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    sharpness=10.0,
+    dtype=torch.float64,
+)
 
 
 def _off_by_one_pairs(tokens: torch.Tensor, hidden: torch.Tensor, start: int = 0):
@@ -78,13 +75,7 @@ def _drafter_logits_from_pairs(
 def _traces(target) -> tuple[list[DraftTrace], TorchEngine, EagleDrafter]:
     traces: list[DraftTrace] = []
     drafter = EagleDrafter(target, target_id="tiny-pairs", seed=2)
-    spec = SpeculativeSpec(
-        enabled=True,
-        batch_threshold=4,
-        warmup_steps=1,
-        strategies=[StrategySpec(draft_depth=3)],
-        selector=SelectorSpec(type="fixed"),
-    )
+    spec = fixed_sd(threshold=4, warmup=1)
     engine = TorchEngine(
         target,
         config=EngineConfig(max_running=5),

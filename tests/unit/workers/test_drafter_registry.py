@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
 import torch
+from helpers import constant_drafter, fixed_sd
 from safetensors.torch import load_file
-from tiny_targets import tiny_qwen2
 
-from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.merge import merge_state_dicts
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import CandidateInfo, DrafterRegistry, VersionConflictError
@@ -21,18 +21,11 @@ from longtail_workers.rollout.control import RolloutWorker
 TID = "tiny-pub"
 
 
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=2, vocab_size=32, hidden_size=32, intermediate_size=64, sharpness=10.0)
+# conftest.py's ``target`` fixture builds this policy
+TARGET = dict(seed=2, vocab_size=32, hidden_size=32, intermediate_size=64, sharpness=10.0)
 
 
-def constant(target, value: float) -> EagleDrafter:
-    drafter = EagleDrafter(target, target_id=TID)
-    with torch.no_grad():
-        for p in drafter.parameters():
-            p.fill_(value)
-    return drafter
+constant = functools.partial(constant_drafter, target_id=TID)
 
 
 def test_publish_versions_and_metadata(target, tmp_path) -> None:
@@ -125,16 +118,9 @@ def test_engine_loads_new_versions_between_rollouts_only(target, tmp_path) -> No
         if len(used) == 1:  # a new version appears in the middle of the rollout
             reg.publish(EagleDrafter(target, target_id=TID, seed=2), policy_version=0)
 
-    spec = SpeculativeSpec(
-        enabled=True,
-        batch_threshold=64,
-        warmup_steps=0,
-        strategies=[StrategySpec(draft_depth=2)],
-        selector=SelectorSpec(type="fixed"),
-    )
     engine = TorchEngine(
         target,
-        speculative=spec,
+        speculative=fixed_sd(depth=2),
         drafter=EagleDrafter(target, target_id=TID),
         draft_observer=observer,
     )
@@ -146,28 +132,3 @@ def test_engine_loads_new_versions_between_rollouts_only(target, tmp_path) -> No
     worker.generate(reqs)
     assert worker.drafter_version == 1 and used[-1] != first
     assert worker.acceptance.by_drafter()[0].spec_steps > 0
-
-
-def test_a_window_ended_twice_submits_its_candidate_once(target, tmp_path) -> None:
-    """The step driver and the harvest coordinator both send ``rollout`` when a rollout ends;
-    concurrent or repeated submits of the same window store one candidate."""
-    from longtail_api.policies import DrafterTrainingSpec
-
-    reg = DrafterRegistry(tmp_path)
-    training = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=3)
-    worker = RolloutWorker(TorchEngine(target), target_id=TID, registry=reg, training=training)
-    worker.generate([GenerationRequest([1, 2, i], max_new_tokens=20, seed=i) for i in range(4)])
-    worker.set_role("drafter-train")
-    assert worker.trainer is not None
-    worker.trainer.wait_stopped(30.0)  # max_steps_per_window reached: the window ended itself
-    worker.set_role("rollout")
-    sent = []
-    threads = [threading.Thread(target=lambda: sent.append(worker.submit_candidate()))
-               for _ in range(3)]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
-    assert sum(c is not None for c in sent) == 1
-    assert worker.submit_candidate() is None  # nothing new trained since
-    assert len(list((tmp_path / "candidates" / "base-init").iterdir())) == 1  # stored once

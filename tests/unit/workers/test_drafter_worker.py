@@ -8,7 +8,7 @@ the field; the trainer's ``GET /v1/samples/latest`` (503 while starting, ``after
 shared window captures, trains, gates and submits a named candidate; one drafter-worker turn
 loads the step's policy version, trains and sends a candidate the merge publishes; a candidate
 whose base was superseded during the window is not sent; an unreachable trainer is a
-``TimeoutError`` naming the URL.
+``TimeoutError`` naming the URL; the worker's ``/readyz`` is 503 once its loop ended or stopping.
 """
 
 from __future__ import annotations
@@ -25,9 +25,12 @@ import pytest
 import torch
 
 from longtail_api.policies import DrafterTrainingSpec
+from longtail_api.protocol import ProtocolError
+from longtail_api.workerapi import DrafterWorkerStatus
 from longtail_workers.drafter.exchange import DrafterEndpoints, RemoteDrafterRegistry
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterRegistry
+from longtail_workers.drafter_worker.service import DrafterServer
 from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
 from longtail_workers.engine.torch_engine import TorchEngine
@@ -35,7 +38,7 @@ from longtail_workers.spot.sequences import SequenceWindows
 from longtail_workers.trainer.driver import DriverState
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
-from longtail_workers.wire.rollout import Sample, WireError
+from longtail_workers.wire.rollout import Sample
 from longtail_workers.wire.samples import (
     SampleFeed,
     StepSamples,
@@ -67,7 +70,7 @@ def test_step_samples_round_trip_and_after(results) -> None:
     assert s.after(None) is s and s.after(2) is s
     assert s.after(3) == StepSamples(3, 3) and s.after(7).sequences == ()
     assert parse_after("after=4") == 4 and parse_after("") is None
-    with pytest.raises(WireError, match="after='-1'"):
+    with pytest.raises(ProtocolError, match="after='-1'"):
         parse_after("after=-1")
 
 
@@ -91,7 +94,7 @@ def one(seq: dict[str, Any]) -> dict[str, Any]:
     ],
 )  # fmt: skip
 def test_malformed_step_samples_are_refused_naming_the_field(body: Any, why: str) -> None:
-    with pytest.raises(WireError, match=why):
+    with pytest.raises(ProtocolError, match=why):
         StepSamples.from_dict(body)
 
 
@@ -148,7 +151,7 @@ def windows_on(model: torch.nn.Module, registry: Any) -> SequenceWindows:
 def test_shared_window_captures_trains_and_submits(model, results, tmp_path) -> None:
     registry = DrafterRegistry(tmp_path / "drafters")
     w = windows_on(model, registry)
-    assert w.submit("drafter-0", 1, "test") is None  # nothing trained yet
+    assert w.cycle.submit("drafter-0", 1, "test") is None  # nothing trained yet
     seqs = [StepSequence(r.request_id, tuple(r.prompt_token_ids), tuple(r.output_token_ids))
             for r in results]  # fmt: skip
     w.set_samples(seqs, step=4)
@@ -156,12 +159,12 @@ def test_shared_window_captures_trains_and_submits(model, results, tmp_path) -> 
     assert w.capture(policy_version=7) == 6 and w.pending == 0
     stored = w.buffer.snapshot().sequences
     assert {(s.policy_version, s.step) for s in stored} == {(7, 4)}
-    assert w.sync_base() is None and w.start() == SPEC.max_steps_per_window
+    assert w.cycle.sync_base() is None and w.start() == SPEC.max_steps_per_window
     assert w.spot.wait_stopped(60.0)
-    cand = w.submit("drafter-0", 1, "test")  # few held-out pairs: the gate keeps it
+    cand = w.cycle.submit("drafter-0", 1, "test")  # few held-out pairs: the gate keeps it
     assert cand is not None and cand.worker == "drafter-0" and cand.policy_version == 7
     assert cand.tokens > 0 and [c.worker for c in registry.candidates(None)] == ["drafter-0"]
-    assert w.submit("drafter-0", 1, "test") is None  # nothing new since
+    assert w.cycle.submit("drafter-0", 1, "test") is None  # nothing new since
 
 
 @pytest.fixture
@@ -190,7 +193,9 @@ def test_a_turn_trains_on_the_new_step_and_its_candidate_is_merged(
     cand = worker.turn()  # few held-out pairs: the gate keeps the window (WindowVerdict.keep)
     assert cand is not None and cand.worker == "drafter-0" and cand.policy_version == 3
     assert worker.step == 3 and worker.policy_version == 3
-    assert worker.outcomes["submitted"] == 1 and worker.status()["lastCandidate"] is not None
+    status = worker.status()  # the body of GET /v1/status survives JSON both ways
+    assert status.outcomes["submitted"] == 1 and status.last_candidate is not None
+    assert DrafterWorkerStatus.from_dict(json.loads(json.dumps(status.to_dict()))) == status
     registry = trainer.drafters.registry  # type: ignore[union-attr]
     published = registry.merge_candidates(model, target_id="tiny")
     assert published is not None and published.meta.merged_from == ("drafter-0",)
@@ -214,3 +219,26 @@ def test_an_unreachable_trainer_is_a_timeout_naming_the_url() -> None:
     with pytest.raises(TimeoutError, match=r"127.0.0.1:9/v1/samples/latest.*--trainer-url"):
         feed.wait_newer(0, timeout_s=0.3, stop=threading.Event())
     assert feed.last_error is not None
+
+
+def test_the_workers_readyz_is_503_once_its_loop_ended_or_while_stopping(
+    model, trainer, weights
+) -> None:
+    def readyz(url: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=10) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    worker = worker_on(model, trainer, weights)
+    with DrafterServer(worker, "127.0.0.1", 0) as server:
+        assert readyz(server.url) == (200, "ready\n")
+        assert get(server.url + "/v1/status")[0] == 200
+        code, body = get(server.url + "/v1/role")  # not this worker's: the route table's 404
+        assert code == 404 and "/v1/status" in body["error"]
+        worker.fatal = "drafter training crashed: boom"
+        worker.stop.set()  # what the loop does when it crashes
+        assert readyz(server.url) == (503, "drafter training crashed: boom\n")
+        worker.fatal = None  # asked to stop
+        assert readyz(server.url) == (503, "stopping\n")

@@ -4,7 +4,8 @@
 (``engine/target.py``): right-padded prefill into rows below others, single-token decode, and a
 multi-token verify (each query reads up to its own slot: lower-right causal) all match direct
 forwards of the same prefixes; garbage in other rows and past a row's length is never read; the
-model keeps working for every other caller (its stock attention, with its own masks). Also the
+model keeps working for every other caller (its stock attention, with its own masks), such as
+``response_states``, the one batched recompute of the states behind each output token. Also the
 device random numbers match their definition bit for bit.
 """
 
@@ -21,7 +22,7 @@ from longtail_workers.engine.sampling import (
     stream_keys,
     torch_uniforms,
 )
-from longtail_workers.engine.target import TargetModel
+from longtail_workers.engine.target import TargetModel, response_states
 from longtail_workers.kvcache.slots import SlotAttention
 
 VOCAB = 32
@@ -43,6 +44,21 @@ def _forward(target, kv, ids: list[list[int]], pos: list[list[int]], row0: int =
     at = torch.tensor(pos)
     step = SlotAttention(at, torch.zeros_like(at), span=int(at.max()) + 1, row0=row0)
     return target.logits(target.forward(torch.tensor(ids), kv, step))
+
+
+def test_response_states_are_each_rows_own_forward(target: TargetModel) -> None:
+    seqs = [([3, 1, 4], [1, 5, 9, 2]), ([6], [5]), ([3, 5, 8, 9, 7, 9], [3, 2])]
+    states = response_states(target.model, seqs)  # right-padded batch, no mask
+    with torch.no_grad():
+        for (p, o), h in zip(seqs, states, strict=True):
+            # What the vLLM engine and the drafter windows each computed: the row's own forward.
+            own = target.decoder(input_ids=torch.tensor([p + o[:-1]])).last_hidden_state[0]
+            torch.testing.assert_close(h, own[len(p) - 1 :], rtol=0, atol=1e-10)  # [T_out, H]
+            # Off by one position (the classic pairing bug) is far from it.
+            assert len(o) < 2 or not torch.allclose(h[1:], own[len(p) - 1 : -1], atol=1e-3)
+    assert response_states(target.model, []) == []
+    with pytest.raises(ValueError, match="at least one prompt token"):
+        response_states(target.model, [([], [1, 2])])
 
 
 def test_prefill_decode_and_verify_match_uncached_forwards(target: TargetModel) -> None:

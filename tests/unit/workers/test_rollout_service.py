@@ -6,7 +6,7 @@ status surface for the coordinator. Covers: the wire format round trip; a genera
 exactly the version it names (and refuses one that was never published); the pool spreads
 requests, keeps request order and re-dispatches a dead worker's shard; the coordinator harvests
 an idle worker with the shared ``decide`` and hands it back when the rollout ends, submitting
-its drafter candidate.
+its drafter candidate, which the pool's bounded wait before the merge sees.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from longtail_workers.trainer.driver import DriverState
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.trainer.syncbook import SyncBook
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
-from longtail_workers.wire.rollout import GenerateCall, GenerateReply, Sample
+from longtail_workers.wire.rollout import EngineDelta, GenerateCall, GenerateReply, Sample
 
 SPEC = DrafterTrainingSpec(learning_rate=1e-3, window_tokens=16, max_steps_per_window=100_000)
 
@@ -78,7 +78,7 @@ def test_wire_round_trip() -> None:
     assert [r.prompt_token_ids for r in back.requests] == [[1, 2, 0], [1, 2, 1]]
     assert [r.seed for r in back.requests] == [0, 1]
     sample = Sample("a", [1], [4, 5], [-0.5, -0.25], "stop", 1, 2, 1)
-    reply = GenerateReply("w", 7, 2, [sample], {"tokens": 2.0})
+    reply = GenerateReply("w", 7, 2, [sample], EngineDelta(tokens=2, policy_load_seconds=0.5))
     assert GenerateReply.from_dict(reply.to_dict()) == reply
 
 
@@ -124,6 +124,25 @@ def test_pool_keeps_order_and_redispatches_a_dead_workers_shard(servers, weights
         pool.run(reqs(2), step=3, policy_version=0, stop=threading.Event())
 
 
+def test_prompts_reaching_a_harvested_worker_end_its_window(servers, weights) -> None:
+    """A re-dispatched shard reaching a worker in drafter-train: the worker ends its window
+    itself (candidate submitted) and answers; the pool sends no role change."""
+    weights.publish(0, servers[0].worker.engine.target.model.state_dict())
+    worker = servers[0].worker
+    worker.generate(reqs(4, max_new=20))
+    assert worker.role.set_role("drafter-train").observed == "drafter-train"
+    deadline = time.monotonic() + 30.0
+    while worker.trainer is not None and worker.trainer.total_steps < 1:  # something to submit
+        assert time.monotonic() < deadline, "the spot trainer took no step in 30 s"
+        time.sleep(0.01)
+    pool = RolloutPool({"rollout-0": servers[0].url}, timeout_s=30)
+    out = pool.run(reqs(3), step=1, policy_version=0, stop=threading.Event())
+    assert [s.request_id for s in out.samples] == ["r0", "r1", "r2"]
+    role = worker.role.activity()
+    assert role.desired == role.observed == "rollout"
+    assert worker.registry is not None and worker.registry.candidates(None)
+
+
 class _Driver:
     def __init__(self) -> None:
         self.state = DriverState(total_steps=5)
@@ -146,14 +165,17 @@ def test_coordinator_harvests_idle_worker_and_returns_it(servers, weights) -> No
         assert coord.poll_once() == {"rollout-0": "drafter-train"}
         assert coord.trainer == app.status()  # the wire type round-trips the real answer
         assert coord.trainer.pending_workers == ("rollout-1",) and coord.trainer.rollout_active
-        assert servers[0].worker.activity()[1] == "drafter-train"
-        assert servers[1].worker.activity()[1] == "rollout"
+        assert servers[0].worker.role.activity().observed == "drafter-train"
+        assert servers[1].worker.role.activity().observed == "rollout"
+        pool = RolloutPool({s.worker.name: s.url for s in servers})
+        assert pool.wait_windows_ended(0.3, poll_s=0.1) == ["rollout-0"]  # bounded
         time.sleep(0.3)
         coord.poll_once()
         assert coord.books.harvested_total > 0 and coord.books.idle_total > 0
         driver.state.rollout_active = False
-        assert coord.poll_once() == {"rollout-0": "rollout"}
-        assert servers[0].worker.activity()[1] == "rollout"
+        assert coord.poll_once() == {"rollout-0": "rollout"}  # the loop alone ends the window
+        assert servers[0].worker.role.activity().observed == "rollout"
+        assert pool.wait_windows_ended(0.3) == []
         registry = servers[0].worker.registry
         assert registry is not None and registry.candidates(None)  # window's drafter submitted
     finally:

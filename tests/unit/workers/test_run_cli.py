@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from longtail_cli.main import WORKER_ROLES, main
+from longtail_workers.jobspec import load_job_spec
+from longtail_workers.local.run import build_parser, read_job
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -60,6 +62,20 @@ def test_run_help_lists_the_switches(capsys) -> None:
     out = capsys.readouterr().out
     for flag in ("--output", "--resume", "--no-speculative", "--no-harvest", "--weight-sync"):
         assert flag in out
+
+
+def test_both_switches_are_written_into_the_job_file_every_process_reads(tmp_path: Path) -> None:
+    job = REPO / "examples" / "01-tiny-arith.yaml"
+    run = str(tmp_path / "run")
+    spec, run_dir, _ = read_job(
+        build_parser().parse_args([str(job), "-o", run, "--no-speculative", "--no-harvest"])
+    )
+    resumed = read_job(build_parser().parse_args(["--resume", run]))[0]
+    for s in (spec, load_job_spec(run_dir / "job.yaml"), resumed):
+        assert not s.speculative.enabled and not s.harvest.enabled
+        assert s.drafter_training == load_job_spec(job).drafter_training  # the rest as written
+    plain = read_job(build_parser().parse_args([str(job), "-o", str(tmp_path / "plain")]))[1]
+    assert (plain / "job.yaml").read_text() == job.read_text()  # no switch: the file as written
 
 
 def test_a_missing_initial_drafter_is_refused_before_any_process(tmp_path: Path, capsys) -> None:

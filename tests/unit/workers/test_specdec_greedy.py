@@ -14,7 +14,6 @@ from collections import Counter
 
 import pytest
 import torch
-from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
@@ -26,10 +25,8 @@ from longtail_workers.warmstart.fit import collect_training_sequences, fit_draft
 VOCAB = 48
 
 
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=4, vocab_size=VOCAB, sharpness=30.0, dtype=torch.float64)
+# conftest.py's ``target`` fixture builds this policy
+TARGET = dict(seed=4, vocab_size=VOCAB, sharpness=30.0, dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from helpers import fixed_sd
 from lossless import chi_square, exact_distribution
 from tiny_targets import tiny_qwen2
 
-from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.rejection import AcceptanceRule, Verdict, rejection_sample
@@ -55,13 +55,7 @@ def _sd_samples(
     stop: int | None,
     rule: AcceptanceRule = rejection_sample,
 ) -> tuple[Counter[tuple[int, ...]], TorchEngine]:
-    spec = SpeculativeSpec(
-        enabled=True,
-        batch_threshold=65536,
-        warmup_steps=0,
-        strategies=[StrategySpec(draft_depth=depth)],
-        selector=SelectorSpec(type="fixed"),
-    )
+    spec = fixed_sd(depth=depth, threshold=65536)
     drafter = EagleDrafter(model, target_id="tiny-sampling", seed=5)
     engine = TorchEngine(
         model,

@@ -6,9 +6,10 @@ import time
 
 import pytest
 import torch
-from tiny_targets import random_prompts, tiny_qwen2
+from helpers import mean_accepted_length
+from tiny_targets import random_prompts
 
-from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_api.policies import DrafterTrainingSpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
@@ -22,12 +23,6 @@ from longtail_workers.spot.trainer import (
 
 VOCAB = 48
 SPEC = DrafterTrainingSpec(learning_rate=3e-3, window_tokens=32, max_steps_per_window=10_000)
-
-
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=0, vocab_size=VOCAB, sharpness=30.0)
 
 
 def _prompts(seed: int, n: int) -> list[list[int]]:
@@ -125,23 +120,6 @@ def test_a_crash_in_the_thread_surfaces(target) -> None:
         t.raise_if_failed()
 
 
-def _mean_accepted_length(target, drafter: EagleDrafter) -> float:
-    spec = SpeculativeSpec(
-        enabled=True,
-        batch_threshold=64,
-        warmup_steps=0,
-        strategies=[StrategySpec(draft_depth=3)],
-        selector=SelectorSpec(type="fixed"),
-    )
-    engine = TorchEngine(target, speculative=spec, drafter=drafter)
-    held_out = [
-        GenerationRequest(p, max_new_tokens=32, temperature=1.0, seed=i)
-        for i, p in enumerate(_prompts(seed=99, n=16))
-    ]
-    engine.generate(held_out)
-    return engine.stats.mean_accepted_length
-
-
 def test_spot_trained_drafter_gets_more_drafts_accepted(target, filled) -> None:
     untrained = EagleDrafter(target, target_id="tiny-spot", seed=1)
     t = trainer(target, filled, seed=1)
@@ -153,8 +131,8 @@ def test_spot_trained_drafter_gets_more_drafts_accepted(target, filled) -> None:
     assert accuracy_after > accuracy_before + 0.2, (accuracy_before, accuracy_after)
     trained = t.drafter_copy()
     assert not trained.training and trained.lm_head is target.lm_head  # shares, never copies
-    before = _mean_accepted_length(target, untrained)
-    after = _mean_accepted_length(target, trained)
+    before = mean_accepted_length(target, untrained)
+    after = mean_accepted_length(target, trained)
     assert after > before + 0.3, (before, after)
 
 

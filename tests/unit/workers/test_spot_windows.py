@@ -7,7 +7,6 @@ import itertools
 
 import pytest
 import torch
-from tiny_targets import tiny_qwen2
 
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.pairs import build_training_pairs
@@ -22,12 +21,10 @@ from longtail_workers.spot.windows import (
 VOCAB, HIDDEN = 32, 32
 
 
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(
-        seed=4, vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, dtype=torch.float64
-    )
+# conftest.py's ``target`` fixture builds this policy
+TARGET = dict(
+    seed=4, vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, dtype=torch.float64
+)
 
 
 def captured(n: int, start: int, seed: int) -> CapturedSequence:

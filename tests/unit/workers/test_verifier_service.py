@@ -229,7 +229,7 @@ def test_stop_turns_readiness_off_and_closes() -> None:
     srv = VerifierServer(VerifierConfig(port=0)).start()
     url = srv.url
     srv.stop()
-    assert not srv.ready
+    assert not srv.ready and srv.unready() == "stopping"  # /readyz says 503 stopping
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "/healthz", timeout=2)
     srv.stop()  # idempotent

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import fixed_sd
 from lossless import chi_square, exact_distribution
 from tiny_targets import tiny_qwen2
 
-from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_api.policies import DrafterTrainingSpec, SpeculativeSpec
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
@@ -42,13 +43,7 @@ THRESHOLD = 4
 
 
 def _spec(depth: int = 4, threshold: int = THRESHOLD) -> SpeculativeSpec:
-    return SpeculativeSpec(
-        enabled=True,
-        batch_threshold=threshold,
-        warmup_steps=0,
-        strategies=[StrategySpec(draft_depth=depth)],
-        selector=SelectorSpec(type="fixed"),
-    )
+    return fixed_sd(depth=depth, threshold=threshold)
 
 
 def _drafter(model: torch.nn.Module, seed: int = 0) -> EagleDrafter:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import fixed_sd
 
-from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
@@ -43,13 +43,7 @@ def engine(policy) -> Iterator[object]:
     # With speculative decoding: vLLM's drafter shares the policy's embedding and LM head, so
     # a push must reach it too (batches of <= 4 speculate: the requests' tails do).
     model, _, path = policy
-    spec = SpeculativeSpec(
-        enabled=True,
-        batch_threshold=4,
-        warmup_steps=0,
-        strategies=[StrategySpec(draft_depth=3)],
-        selector=SelectorSpec(type="fixed"),
-    )
+    spec = fixed_sd(threshold=4)
     drafter = EagleDrafter(model, target_id="test", seed=0, **layout_options("eagle1"))
     config = vllm_engine.VllmEngineConfig(threads=1)
     eng = vllm_engine.VllmEngine(model, path, speculative=spec, drafter=drafter, config=config)

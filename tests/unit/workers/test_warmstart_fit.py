@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
-from tiny_targets import random_prompts, tiny_qwen2
+from helpers import mean_accepted_length
+from tiny_targets import random_prompts
 
-from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_api.policies import DrafterTrainingSpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
@@ -20,31 +20,8 @@ from longtail_workers.warmstart.fit import (
 VOCAB = 48
 
 
-@pytest.fixture(scope="module")
-def target() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=0, vocab_size=VOCAB, sharpness=30.0)
-
-
 def _prompts(seed: int, n: int) -> list[list[int]]:
     return random_prompts(seed, n, VOCAB)
-
-
-def _mean_accepted_length(target, drafter: EagleDrafter, temperature: float) -> float:
-    spec = SpeculativeSpec(
-        enabled=True,
-        batch_threshold=64,
-        warmup_steps=0,
-        strategies=[StrategySpec(draft_depth=3)],
-        selector=SelectorSpec(type="fixed"),
-    )
-    engine = TorchEngine(target, speculative=spec, drafter=drafter)
-    held_out = [
-        GenerationRequest(p, max_new_tokens=32, temperature=temperature, seed=i)
-        for i, p in enumerate(_prompts(seed=99, n=16))
-    ]
-    engine.generate(held_out)
-    return engine.stats.mean_accepted_length
 
 
 def test_fitted_drafter_beats_untrained_one_in_the_engine(target) -> None:
@@ -64,8 +41,8 @@ def test_fitted_drafter_beats_untrained_one_in_the_engine(target) -> None:
     assert last < 0.7 * first, (first, last)
     assert not fitted.training  # left in eval mode for the engine
     for temperature in (0.0, 1.0):
-        before = _mean_accepted_length(target, untrained, temperature)
-        after = _mean_accepted_length(target, fitted, temperature)
+        before = mean_accepted_length(target, untrained, temperature)
+        after = mean_accepted_length(target, fitted, temperature)
         assert after > before + 0.3, (temperature, before, after)
 
 

@@ -290,6 +290,6 @@ def test_an_unsupported_method_is_a_json_405_naming_the_allowed_ones() -> None:
         req = urllib.request.Request(server.url + "/v1/weights/latest", data=b"{}", method="POST")
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=10)
-        assert err.value.code == 405 and err.value.headers["Allow"] == "GET"
+        assert err.value.code == 405 and err.value.headers["Allow"] == "GET, HEAD"
         body = json.loads(err.value.read())
         assert body["error"].startswith("POST /v1/weights/latest: method not allowed here")

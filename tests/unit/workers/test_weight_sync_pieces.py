@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 import torch
+from starlette.routing import Route
 from test_weight_sync import assert_same, snapshot, tiny_model
 
 from longtail_workers import httpclient
 from longtail_workers.httprequest import JSONRequestHandler
-from longtail_workers.httpserver import BackgroundHTTPServer
+from longtail_workers.httpserver import BackgroundHTTPServer, route
 from longtail_workers.weights.checksum import serialize_state_dict, state_dict_checksum
 from longtail_workers.weights.http_sync import (
     CHECKSUM_HEADER,
@@ -43,26 +44,33 @@ PIECE = 4096
 """Small pieces, so a tiny model has many and its larger tensors span several."""
 
 
-class _ProxyHandler(JSONRequestHandler):
-    app: FaultyProxy
-    dispatch_methods = ("GET",)
+class FaultyProxy(BackgroundHTTPServer):
+    """Forwards GETs to ``upstream``; ``faults[path]`` is ``"flip"``, ``"stop"`` or a callable
+    run before forwarding."""
 
-    def _dispatch(self, method: str) -> None:
-        proxy = self.app
-        proxy.seen.append(self.path)
-        action = proxy.faults.get(self.path)
+    def __init__(self, upstream: str, faults: Mapping[str, str | Callable[[], object]]) -> None:
+        super().__init__("127.0.0.1", 0, request_timeout_s=30)
+        self.upstream, self.faults = upstream, faults
+        self.seen: list[str] = []
+
+    def routes(self) -> list[Route]:
+        return [route("/{path:path}", self._forward, "GET")]
+
+    def _forward(self, handler: JSONRequestHandler) -> None:
+        self.seen.append(handler.path)
+        action = self.faults.get(handler.path)
         if action == "stop":
-            threading.Thread(target=proxy.stop).start()  # waits for this answer, then closes
-            self.send_json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "trainer stopping"})
+            threading.Thread(target=self.stop).start()  # waits for this answer, then closes
+            handler.send_json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "trainer stopping"})
             return
         if callable(action):
             action()
         try:
             answer = httpclient.request(
-                "GET", proxy.upstream + self.path, timeout_s=10, accept=(HTTPStatus.NOT_FOUND,)
+                "GET", self.upstream + handler.path, timeout_s=10, accept=(HTTPStatus.NOT_FOUND,)
             )
         except httpclient.HTTPCallError as exc:
-            self.send_json(HTTPStatus.BAD_GATEWAY, {"error": str(exc)})
+            handler.send_json(HTTPStatus.BAD_GATEWAY, {"error": str(exc)})
             return
         body = bytearray(answer.body)
         if action == "flip":
@@ -71,19 +79,7 @@ class _ProxyHandler(JSONRequestHandler):
             k: answer.headers[k] for k in (VERSION_HEADER, CHECKSUM_HEADER) if k in answer.headers
         }
         content_type = answer.headers.get("Content-Type", "application/octet-stream")
-        self.send_body(HTTPStatus(answer.status), bytes(body), content_type, headers)
-
-
-class FaultyProxy(BackgroundHTTPServer):
-    """Forwards GETs to ``upstream``; ``faults[path]`` is ``"flip"``, ``"stop"`` or a callable
-    run before forwarding."""
-
-    handler_class = _ProxyHandler
-
-    def __init__(self, upstream: str, faults: Mapping[str, str | Callable[[], object]]) -> None:
-        super().__init__("127.0.0.1", 0, request_timeout_s=30)
-        self.upstream, self.faults = upstream, faults
-        self.seen: list[str] = []
+        handler.send_body(HTTPStatus(answer.status), bytes(body), content_type, headers)
 
 
 def client(url: str, **kwargs: Any) -> HttpWeightClient:

@@ -27,7 +27,7 @@ from longtail_workers.rollout.service import GeneratingWorker, RolloutServer
 from longtail_workers.spot.cycle import RoleConflictError
 from longtail_workers.trainer.dispatch import RolloutPool
 from longtail_workers.trainer.service import TrainerMetrics
-from longtail_workers.trainer.syncbook import LOAD_SECONDS, SyncBook
+from longtail_workers.trainer.syncbook import SyncBook
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
 from longtail_workers.weights.sync import SyncPhases
 from longtail_workers.wire.rollout import GenerateCall
@@ -75,12 +75,12 @@ def test_a_loaded_version_is_booked_per_phase_in_the_row_metrics_and_status(
     pool = RolloutPool({s.worker.name: s.url for s in workers}, timeout_s=60)
 
     first = pool.run(requests(4), step=1, policy_version=1, stop=threading.Event())
-    loads = {r.worker: r.engine[LOAD_SECONDS] for r in first.replies}
+    loads = {r.worker: r.engine.policy_load_seconds for r in first.replies}
     assert set(loads) == {"rollout-0", "rollout-1"} and all(s > 0 for s in loads.values())
     assert {r.policy_version for r in first.replies} == {1}
     book.replied(first.replies)
     again = pool.run(requests(4), step=1, policy_version=1, stop=threading.Event())
-    assert all(r.engine[LOAD_SECONDS] == 0.0 for r in again.replies)  # held: no pause
+    assert all(r.engine.policy_load_seconds == 0.0 for r in again.replies)  # held: no pause
     book.replied(again.replies)  # a held version's 0 does not overwrite the load
 
     r = row(2)
@@ -157,5 +157,5 @@ def test_a_load_before_a_refused_call_is_reported_by_the_retried_call(
     with pytest.raises(RoleConflictError):
         worker.generate_call(call)
     assert worker.policy_version == 1  # loaded before the refusal
-    assert worker.generate_call(call).engine[LOAD_SECONDS] > 0
-    assert worker.generate_call(call).engine[LOAD_SECONDS] == 0.0  # reported once
+    assert worker.generate_call(call).engine.policy_load_seconds > 0
+    assert worker.generate_call(call).engine.policy_load_seconds == 0.0  # reported once

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,14 +31,14 @@ from longtail_workers.drafter.exchange import (
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import CandidateInfo, DrafterRegistry
 from longtail_workers.drafter_worker.service import main as drafter_main
+from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
-from longtail_workers.httpclient import WorkerHTTPError, http_json
 from longtail_workers.local.coordinator import Coordinator
 from longtail_workers.local.launcher import Child
 from longtail_workers.rollout.http import ControlConfig
 from longtail_workers.rollout.service import GeneratingWorker, RolloutServer
 from longtail_workers.rollout.service import main as rollout_main
-from longtail_workers.trainer.dispatch import RolloutPool
+from longtail_workers.trainer.dispatch import RolloutPool, RolloutRejected
 from longtail_workers.trainer.service import TrainerApp
 from longtail_workers.trainer.service import main as trainer_main
 from longtail_workers.verifier import VerifierClient, VerifierConfig, VerifierError, VerifierServer
@@ -132,19 +133,25 @@ def test_rollout_role_and_generate_need_the_token(rollout) -> None:
     assert call(url + "/v1/generate", "POST", GENERATE, TOKEN)[0] == 200
 
 
+def generate_on(url: str, token: str | None = None) -> int:
+    """Answers of one rollout of the trainer's pool on the worker at ``url``."""
+    request = GenerationRequest([1, 2, 3], 2, temperature=1.0, request_id="r0")
+    pool = RolloutPool({"rollout-0": url}, token=token)
+    return len(pool.run([request], 0, 0, threading.Event()).samples)
+
+
 def test_the_trainers_pool_carries_the_token(rollout) -> None:
-    pool = RolloutPool({"rollout-0": rollout.url}, token=TOKEN)
-    pool.set_role("rollout-0", "rollout")  # would raise WorkerHTTPError on 401
-    with pytest.raises(WorkerHTTPError, match="HTTP 401"):
-        http_json(rollout.url + "/v1/role", {"role": "rollout"}, 5.0, "PUT", token="wrong")
+    assert generate_on(rollout.url, TOKEN) == 1
+    with pytest.raises(RolloutRejected, match="HTTP 401"):
+        generate_on(rollout.url, "wrong")
 
 
 def test_the_pool_and_clients_default_to_the_process_token(rollout, monkeypatch) -> None:
     monkeypatch.setenv(TOKEN_ENV, TOKEN)  # what a worker pod or a `longtail run` child has
-    RolloutPool({"rollout-0": rollout.url}).set_role("rollout-0", "rollout")
+    assert generate_on(rollout.url) == 1
     monkeypatch.delenv(TOKEN_ENV)
-    with pytest.raises(WorkerHTTPError, match="HTTP 401"):
-        RolloutPool({"rollout-0": rollout.url}).set_role("rollout-0", "rollout")
+    with pytest.raises(RolloutRejected, match="HTTP 401"):
+        generate_on(rollout.url)
 
 
 def test_trainer_writes_need_the_token(trainer) -> None:

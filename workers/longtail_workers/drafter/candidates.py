@@ -1,20 +1,26 @@
 """What a drafter candidate is, and the trainer's checks of it at the merge: shared types.
 
 Used by :mod:`~longtail_workers.drafter.registry` (which re-exports them: callers import them
-from there), the trainer's HTTP exchange (``exchange.py``), the window cycle (``spot/cycle.py``)
-and the trainer's merge checks (``trainer/candidate_checks.py``, the :class:`MergeGate`).
+from there), the trainer's HTTP exchange (``exchange.py``: an upload's query string is
+:meth:`CandidateInfo.to_query`, its answer :meth:`Candidate.to_dict`), the window cycle
+(``spot/cycle.py``) and the trainer's merge checks (``trainer/candidate_checks.py``, the
+:class:`MergeGate`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import parse_qs, urlencode
 
 import torch
 
+from longtail_api.protocol import ProtocolError
+from longtail_api.workerapi import Reader
 from longtail_workers.drafter.model import EagleDrafter
 
 
@@ -53,13 +59,51 @@ class CandidateInfo:
             raise ValueError(f"worker={self.worker!r}; must be a non-empty name without '/'")
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain JSON (``candidate.json`` and the exchange's upload query)."""
+        """The fields as plain JSON (``candidate.json``)."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "candidate") -> CandidateInfo:
+        """Read :meth:`to_dict`'s JSON; :class:`ProtocolError` (a ValueError) names the field."""
+        r = Reader(data, path)
+        return cls(
+            r.str_("worker"), r.opt_int("base_version"), r.int_("policy_version"),
+            r.int_("tokens"), r.int_("steps"), r.opt_num("train_loss"),
+            r.opt_num("heldout_top1", minimum=0.0),
+        )  # fmt: skip
+
+    def to_query(self) -> str:
+        """The exchange's upload query string (``exchange.py``): the fields that are set."""
+        return urlencode({k: v for k, v in self.to_dict().items() if v is not None})
+
+    @classmethod
+    def from_query(cls, query: str) -> CandidateInfo:
+        """Read :meth:`to_query`'s string; :class:`ProtocolError` names the field."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        fields: dict[str, object] = {}
+        given = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+        for name, values in given.items():
+            if name not in names:
+                fix = f"use {', '.join(names)}"
+                raise ProtocolError(f"query.{name}", "not a candidate field", fix=fix)
+            if len(values) != 1:
+                raise ProtocolError(f"query.{name}", f"given {len(values)} times; give it once")
+            fields[name] = values[0] if name == "worker" else _number(values[0])
+        return cls.from_dict(fields, "query")
+
+
+def _number(text: str) -> object:
+    """A query value as the JSON number it spells (else the text, which the reader refuses)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A worker's drafter trained from ``base_version`` in one window (``candidate.json``)."""
+    """A worker's drafter trained from ``base_version`` in one window (``candidate.json``); the
+    fields of :class:`CandidateInfo` with where it is stored and when."""
 
     path: Path
     worker: str
@@ -70,6 +114,19 @@ class Candidate:
     train_loss: float | None
     heldout_top1: float | None
     created_unix: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The exchange's 201 answer to an upload."""
+        return {**dataclasses.asdict(self), "path": str(self.path)}
+
+    @classmethod
+    def from_dict(cls, data: object, path: Path | None = None) -> Candidate:
+        """Read :meth:`to_dict`'s JSON, or ``candidate.json`` (no ``path`` key) stored in
+        ``path``; :class:`ProtocolError` (a ValueError) names the field."""
+        r = Reader(data, "candidate")
+        info = CandidateInfo.from_dict(data)
+        where = Path(r.str_("path")) if path is None else path
+        return cls(where, **dataclasses.asdict(info), created_unix=r.num("created_unix"))
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 On a cluster each pod has its own filesystem, and ``longtail run`` exercises the same path: the
 trainer keeps the :class:`~longtail_workers.drafter.registry.DrafterRegistry` directory (merge and
-publish are unchanged) and ``trainer/service.py``'s ``TrainerApp`` mounts
-:class:`DrafterEndpoints` on it; each rollout worker (``--drafters-url``) uses
-:class:`RemoteDrafterRegistry`, which has the registry's ``DrafterStore`` interface
+publish are unchanged) and ``trainer/service.py``'s ``TrainerApp`` adds
+:func:`drafter_routes` (answered by :class:`DrafterEndpoints`) to its route table; each
+rollout worker (``--drafters-url``) uses :class:`RemoteDrafterRegistry`, which has the
+registry's ``DrafterStore`` interface
 (``latest_version``, ``load``, ``submit_candidate``), so ``rollout/control.py`` does not know
 which one it holds::
 
@@ -41,17 +42,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
-from urllib.parse import parse_qs, urlencode
 
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
+from starlette.routing import Route
 from torch import nn
 
 from longtail_workers.drafter.checkpoint import (
@@ -83,6 +84,7 @@ from longtail_workers.httpclient import (
     request,
 )
 from longtail_workers.httprequest import BodyErrors, JSONRequestHandler, error_text, fail
+from longtail_workers.httpserver import route
 from longtail_workers.weights.checksum import sha256_hex
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,6 @@ CONTENT_TYPE = "application/octet-stream"
 VERSION_FILES = (*DRAFTER_FILES, META_FILE)
 MAX_CANDIDATE_BYTES = 4 << 30
 """Largest candidate upload the trainer reads (a drafter is ``fc`` plus one decoder layer)."""
-_VERSION_RE = re.compile(r"^/v1/drafters/(\d{1,9})$")
 
 
 class DrafterExchangeError(OSError):
@@ -127,8 +128,8 @@ _CANDIDATE_BODY_ERRORS = BodyErrors(
 class DrafterEndpoints:
     """Answers ``/v1/drafters/...`` from the trainer's local :class:`DrafterRegistry`.
 
-    ``TrainerApp`` calls :meth:`handle` from its request handler threads; errors are raised as
-    ``RequestError`` (``httpserver.fail``) for the handler to answer. Packed versions are
+    The rows of :func:`drafter_routes` call it from the request threads; errors are raised as
+    ``RequestError`` (``httprequest.fail``) for the server to answer. Packed versions are
     cached (they are immutable), so N workers fetching one version cost one packing.
     """
 
@@ -145,31 +146,14 @@ class DrafterEndpoints:
         self._cache: OrderedDict[int, tuple[bytes, str]] = OrderedDict()
         self._lock = threading.Lock()
 
-    @staticmethod
-    def owns(path: str) -> bool:
-        """Whether ``path`` (without the query) is one of this exchange's endpoints."""
-        return path == PREFIX or path.startswith(PREFIX + "/")
+    def latest(self, handler: JSONRequestHandler) -> None:
+        handler.send_json(HTTPStatus.OK, {"version": self.registry.latest_version()})
 
-    def handle(self, handler: JSONRequestHandler, method: str, path: str, query: str) -> int:
-        """Answer one request; returns the HTTP status sent."""
-        if path == LATEST_PATH:
-            _allow(method, path, ("GET", "HEAD"))
-            return handler.send_json(HTTPStatus.OK, {"version": self.registry.latest_version()})
-        if path == CANDIDATES_PATH:
-            _allow(method, path, ("POST",))
-            return self._receive(handler, query)
-        match = _VERSION_RE.match(path)
-        if match is None:
-            fail(
-                HTTPStatus.NOT_FOUND,
-                f"no endpoint {path!r}; drafter endpoints: {LATEST_PATH}, {VERSION_PATH}, "
-                f"{CANDIDATES_PATH}",
-            )
-        _allow(method, path, ("GET", "HEAD"))
-        version = int(match.group(1))
+    def version(self, handler: JSONRequestHandler) -> None:
+        version: int = handler.params["version"]
         data, checksum = self._payload(version)
         headers = {VERSION_HEADER: str(version), CHECKSUM_HEADER: checksum}
-        return handler.send_body(HTTPStatus.OK, data, CONTENT_TYPE, headers)
+        handler.send_body(HTTPStatus.OK, data, CONTENT_TYPE, headers)
 
     def _payload(self, version: int) -> tuple[bytes, str]:
         with self._lock:
@@ -202,7 +186,7 @@ class DrafterEndpoints:
                 "the upload was corrupted; nothing was stored, send it again",
             )
         try:
-            info = CandidateInfo(**_parse_candidate_query(query))  # type: ignore[arg-type]
+            info = CandidateInfo.from_query(query)
             payload = DrafterPayload.unpack(body, CANDIDATES_PATH)
             if payload.meta is not None:
                 raise ValueError("a candidate carries no version meta (send meta: null)")
@@ -218,69 +202,17 @@ class DrafterEndpoints:
             "drafter candidate from %s (base %s, %d tokens) stored",
             cand.worker, cand.base_version, cand.tokens,
         )  # fmt: skip
-        return handler.send_json(HTTPStatus.CREATED, _candidate_dict(cand))
+        return handler.send_json(HTTPStatus.CREATED, cand.to_dict())
 
 
-def _allow(method: str, path: str, allowed: tuple[str, ...]) -> None:
-    if method not in allowed:
-        fail(
-            HTTPStatus.METHOD_NOT_ALLOWED,
-            f"{method} is not allowed on {path}; use {' or '.join(allowed)}",
-            {"Allow": ", ".join(allowed)},
-        )
-
-
-_QUERY_FIELDS: dict[str, tuple[type, bool]] = {
-    "worker": (str, True),
-    "base_version": (int, False),
-    "policy_version": (int, True),
-    "tokens": (int, True),
-    "steps": (int, True),
-    "train_loss": (float, False),
-    "heldout_top1": (float, False),
-}
-"""Candidate fields in the upload's query string: name -> (type, required)."""
-
-
-def _parse_candidate_query(query: str) -> dict[str, object]:
-    try:
-        given = parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError as exc:
-        fail(HTTPStatus.BAD_REQUEST, f"malformed query string ({exc})")
-    unknown = sorted(set(given) - set(_QUERY_FIELDS))
-    if unknown:
-        fail(HTTPStatus.BAD_REQUEST, f"{unknown[0]}: not a candidate field; use {_fields_hint()}")
-    info: dict[str, object] = {}
-    for name, (kind, required) in _QUERY_FIELDS.items():
-        values = given.get(name)
-        if values is None:
-            if required:
-                fail(HTTPStatus.BAD_REQUEST, f"{name}: is required; use {_fields_hint()}")
-            info[name] = None
-            continue
-        if len(values) != 1:
-            fail(HTTPStatus.BAD_REQUEST, f"{name}: given {len(values)} times; give it once")
-        try:
-            info[name] = kind(values[0])
-        except ValueError:
-            fail(HTTPStatus.BAD_REQUEST, f"{name}: {values[0]!r} is not a {kind.__name__}")
-    return info
-
-
-def _fields_hint() -> str:
-    return "&".join(
-        f"{name}=..." if required else f"[{name}=...]"
-        for name, (_, required) in _QUERY_FIELDS.items()
-    )
-
-
-def _candidate_dict(cand: Candidate) -> dict[str, object]:
-    return {
-        "path": str(cand.path), "worker": cand.worker, "base_version": cand.base_version,
-        "policy_version": cand.policy_version, "tokens": cand.tokens, "steps": cand.steps,
-        "train_loss": cand.train_loss, "heldout_top1": cand.heldout_top1,
-        "created_unix": cand.created_unix,
-    }  # fmt: skip
+def drafter_routes(exchange: Callable[[], DrafterEndpoints]) -> list[Route]:
+    """The exchange's rows of the trainer's route table; ``exchange()`` gives the endpoints,
+    or fails when there are none (yet)."""
+    return [
+        route(LATEST_PATH, lambda handler: exchange().latest(handler), "GET"),
+        route(PREFIX + "/{version:int}", lambda handler: exchange().version(handler), "GET"),
+        route(CANDIDATES_PATH, lambda h: exchange()._receive(h, h.query), "POST"),
+    ]
 
 
 # --- client side: what a rollout worker holds ---------------------------------------------------
@@ -425,9 +357,7 @@ class RemoteDrafterRegistry:
         """Upload one worker's trained drafter for the merge of ``info.base_version``'s window."""
         config = drafter_config(drafter, version=info.base_version)
         body = DrafterPayload(config, drafter_weights_bytes(drafter)).pack()
-        fields = info.to_dict()
-        query = urlencode({k: v for k, v in fields.items() if v is not None})
-        path = f"{CANDIDATES_PATH}?{query}"
+        path = f"{CANDIDATES_PATH}?{info.to_query()}"
         headers = {CHECKSUM_HEADER: sha256_hex(body), "Content-Type": CONTENT_TYPE}
         answer = self._request("POST", path, body, headers, accept=(HTTPStatus.CONFLICT,))
         if answer.status == HTTPStatus.CONFLICT:
@@ -438,11 +368,8 @@ class RemoteDrafterRegistry:
                 "is the trainer started with --drafters?"
             )
         try:
-            data = answer.json()
-            return Candidate(
-                path=Path(data["path"]), **{k: data[k] for k in (*fields, "created_unix")}
-            )
-        except (ValueError, KeyError, TypeError) as exc:
+            return Candidate.from_dict(answer.json())
+        except ValueError as exc:
             raise DrafterExchangeError(
                 f"POST {self.base_url}{CANDIDATES_PATH}: unreadable answer ({exc})"
             ) from exc

@@ -386,7 +386,7 @@ class DrafterRegistry:
                 _fsync_dir(parent)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # left only when refused
-        return Candidate(path=final, **meta)
+        return Candidate.from_dict(meta, final)
 
     def check_base(self, info: CandidateInfo) -> None:
         """Refuse (:class:`StaleCandidateError`, logged and counted at stage ``stale``) a
@@ -417,8 +417,7 @@ class DrafterRegistry:
             return []
         newest: dict[str, Candidate] = {}
         for path in parent.iterdir():
-            info = json.loads((path / CANDIDATE_FILE).read_text())
-            cand = Candidate(path=path, **info)
+            cand = Candidate.from_dict(json.loads((path / CANDIDATE_FILE).read_text()), path)
             if cand.worker not in newest or cand.created_unix > newest[cand.worker].created_unix:
                 newest[cand.worker] = cand
         return sorted(newest.values(), key=lambda c: c.worker)

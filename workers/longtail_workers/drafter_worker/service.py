@@ -27,34 +27,31 @@ import time
 from http import HTTPStatus
 from typing import Any
 
-from prometheus_client import generate_latest
+from starlette.routing import Route
 
-from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from longtail_api.workerapi import STATUS_PATH
 from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
-from longtail_workers.httprequest import JSONRequestHandler, check_route
-from longtail_workers.httpserver import BackgroundHTTPServer
+from longtail_workers.httpserver import BackgroundHTTPServer, probe_routes, route
 from longtail_workers.runtime import (
     ServiceRuntime,
-    answer_error,
     policy_and_drafter,
     role_device,
     start_service,
     torch_threads,
     worker_parser,
 )
-from longtail_workers.spot.cycle import STATUS_ROUTES
 from longtail_workers.spot.sequences import SequenceWindows
 from longtail_workers.weights.http_sync import HttpWeightClient
 from longtail_workers.wire.samples import SampleFeed
 
 log = logging.getLogger(__name__)
 LISTENING_PREFIX = "longtail drafter listening on "
-ROUTES = STATUS_ROUTES
 
 
 class DrafterServer(BackgroundHTTPServer):
     """The drafter worker's read-only HTTP surface (see the module text)."""
 
+    service = "drafter worker"
     thread_name = "drafter-http"
     started_log = "drafter worker listening on %s"
 
@@ -62,30 +59,20 @@ class DrafterServer(BackgroundHTTPServer):
         super().__init__(host, port, request_timeout_s=30.0)
         self.worker = worker
 
-    class handler_class(JSONRequestHandler):
-        app: DrafterServer
-        dispatch_methods = ("GET", "HEAD", "POST", "PUT")
+    def routes(self) -> list[Route]:
+        worker = self.worker
+        return [
+            *probe_routes(self.unready, worker.metrics_registry),
+            route(
+                STATUS_PATH, lambda h: h.send_json(HTTPStatus.OK, worker.status().to_dict()), "GET"
+            ),
+        ]
 
-        def _dispatch(self, method: str) -> None:
-            app, path = self.app, self.path
-            try:
-                check_route(ROUTES, method, path)
-                if path == HEALTHZ_PATH:
-                    self.send_text(HTTPStatus.OK, "ok\n")
-                elif path == READYZ_PATH:
-                    worker = app.worker
-                    if app.stopping or worker.stop.is_set():
-                        why = worker.fatal or "shutting down"
-                        self.send_text(HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {why}\n")
-                    else:
-                        self.send_text(HTTPStatus.OK, "ready\n")
-                elif path == METRICS_PATH:
-                    body = generate_latest(app.worker.metrics_registry)
-                    self.send_body(HTTPStatus.OK, body, "text/plain; version=0.0.4")
-                else:
-                    self.send_json(HTTPStatus.OK, app.worker.status())
-            except Exception as exc:  # noqa: BLE001 - HTTP boundary: answer_error logs a 500
-                answer_error(self, exc, "drafter worker", method, path)
+    def unready(self) -> str | None:
+        """Not ready once the loop ended (a crash names itself) or while stopping."""
+        if self.worker.stop.is_set():
+            return self.worker.fatal or "stopping"
+        return super().unready()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,11 +133,14 @@ def build_worker(args: argparse.Namespace, spec: Any) -> DrafterWorker:
     log.info("torch threads: %d", threads)
     drafters_url = args.drafters_url or args.trainer_url
     device = role_device(spec.drafter.resources)
-    model, drafter, registry, target_id = policy_and_drafter(
-        spec, None, drafters_url, device=device
-    )
+    loaded = policy_and_drafter(spec, None, drafters_url, device=device)
+    assert loaded.registry is not None  # drafters_url is always set: the exchange's client
     windows = SequenceWindows(
-        model, drafter, registry, target_id=target_id, training=spec.drafter_training
+        loaded.model,
+        loaded.drafter,
+        loaded.registry,
+        target_id=loaded.target_id,
+        training=spec.drafter_training,
     )
     return DrafterWorker(
         windows,

@@ -27,11 +27,11 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from longtail_api import metrics as names
+from longtail_api.workerapi import CandidateSummary, DrafterWorkerState, DrafterWorkerStatus
 from longtail_workers.drafter.registry import Candidate
 from longtail_workers.spot.sequences import SequenceWindows
 from longtail_workers.spot.trainer import SpotTrainingError
@@ -90,7 +90,7 @@ class DrafterWorker:
         self.last_error: str | None = None
         self.fatal: str | None = None
         """Set when the loop ended on a crash of the spot trainer (the process exits 1)."""
-        self.state = "waiting"
+        self.state: DrafterWorkerState = "waiting"
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ class DrafterWorker:
         w.capture(samples.policy_version, self.stop)
         self.step = samples.step  # captured: a failure below does not need these answers again
         self._step_gauge.set(self.step)
-        base = w.sync_base()
+        base = w.cycle.sync_base()
         if self.stop.is_set():
             return None
         self.windows_run += 1
@@ -164,7 +164,7 @@ class DrafterWorker:
                      "candidate not sent", self.name, latest, base)  # fmt: skip
             return None
         refused = self.windows.cycle.stale_refused
-        cand = self.windows.submit(self.name, policy_version, self.name)
+        cand = self.windows.cycle.submit(self.name, policy_version, self.name)
         if cand is None and self.windows.cycle.stale_refused > refused:
             self._count("stale")  # published between the check above and the upload (409)
         else:
@@ -190,21 +190,20 @@ class DrafterWorker:
 
     # --- status -------------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        """Plain JSON for ``GET /v1/status`` (camelCase keys)."""
-        cand = self.windows.last_candidate
-        return {
-            "worker": self.name,
-            "role": "drafter",
-            "state": "failed" if self.fatal else self.state,
-            "step": self.step,
-            "policyVersion": self.policy_version,
-            "drafterBaseVersion": self.windows.spot.base_version,
-            "windows": self.windows_run,
-            "outcomes": dict(self.outcomes),
-            "lastCandidate": None
+    def status(self) -> DrafterWorkerStatus:
+        """The body of ``GET /v1/status``."""
+        cand = self.windows.cycle.last_candidate
+        return DrafterWorkerStatus(
+            worker=self.name,
+            state="failed" if self.fatal else self.state,
+            step=self.step,
+            policy_version=self.policy_version,
+            drafter_base_version=self.windows.spot.base_version,
+            windows=self.windows_run,
+            outcomes=dict(self.outcomes),
+            last_candidate=None
             if cand is None
-            else {"baseVersion": cand.base_version, "tokens": cand.tokens, "steps": cand.steps},
-            "lastError": self.last_error or self.feed.last_error,
-            "drafterTraining": self.windows.status(),
-        }
+            else CandidateSummary(cand.base_version, cand.tokens, cand.steps),
+            last_error=self.last_error or self.feed.last_error,
+            drafter_training=self.windows.status(),
+        )

@@ -18,8 +18,9 @@ LENGTH_ROUNDING = 256
 class EngineConfig:
     """Capacity knobs of the torch engine."""
 
-    max_running: int = 64
-    """Most sequences decoded together; more prompts wait and are admitted as others finish."""
+    max_running: int = 256
+    """Most sequences decoded together; more prompts wait and are admitted as others finish.
+    The rollout worker runs with this default, as with vLLM's (``VllmEngineConfig``)."""
     max_prefill_tokens: int = 16384
     """Padded prompt tokens prefilled in one admission group."""
     prefill_split_cost: int = 64

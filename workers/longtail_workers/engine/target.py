@@ -15,6 +15,7 @@ The forward runs the model's own decoder over the engine's static slot cache
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,6 +24,32 @@ from torch import nn
 from longtail_workers.kvcache.masks import check_attention_implementation
 from longtail_workers.kvcache.slot_attention import use_slot_attention
 from longtail_workers.kvcache.slots import SlotAttention, SlotKVCache
+
+
+@torch.no_grad()
+def response_states(
+    model: nn.Module, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]
+) -> list[torch.Tensor]:
+    """Per ``(prompt, output)`` of a causal LM ``model``: the ``[len(output), H]`` last-layer
+    states (post final norm) that produced each output token (``GenerationResult.hidden_states``),
+    a copy each. One uncached forward of ``prompt + output[:-1]`` per row, right-padded ``[B, W]``
+    without a mask (causal: padding comes after every position read). For the vLLM engine's
+    recompute, ``spot/sequences.py`` and ``trainer/candidate_checks.py``."""
+    if any(len(p) == 0 for p, _ in sequences):
+        raise ValueError("response_states: every sequence needs at least one prompt token")
+    if not sequences:
+        return []
+    rows = [[*p, *o[:-1]] for p, o in sequences]
+    device = next(model.parameters()).device
+    ids = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long, device=device)
+    for i, row in enumerate(rows):  # ids [B, W], right-padded with 0
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    decoder: Any = model.get_decoder()  # type: ignore[operator]
+    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state  # [B, W, H]
+    return [
+        hidden[i, len(p) - 1 : len(p) - 1 + len(o)].clone()  # [T_out, H]
+        for i, (p, o) in enumerate(sequences)
+    ]
 
 
 class TargetModel:

@@ -55,7 +55,7 @@ from longtail_workers.engine.interface import (
 )
 from longtail_workers.engine.sampling import token_logprobs
 from longtail_workers.engine.stats import RolloutMetrics, RolloutStats
-from longtail_workers.engine.target import TargetModel
+from longtail_workers.engine.target import TargetModel, response_states
 from longtail_workers.engine.vllm_push import PolicyPushError, push_policy
 from longtail_workers.engine.vllm_schedule import VllmSchedule, vllm_schedule
 from longtail_workers.weights.checksum import serialize_state_dict
@@ -295,20 +295,14 @@ class VllmEngine(RolloutEngine):
         self, requests: list[GenerationRequest], results: list[GenerationResult]
     ) -> None:
         dev = self.target.device
-        width = max(_length(r) for r in results)
-        ids = torch.zeros(len(results), width, dtype=torch.long, device=dev)  # [B, W], right pad
-        for b, res in enumerate(results):
-            seq = res.prompt_token_ids + res.output_token_ids[:-1]
-            ids[b, : len(seq)] = torch.tensor(seq, device=dev)
-        hidden = self.target.decoder(input_ids=ids, use_cache=False).last_hidden_state  # [B,W,H]
-        for b, (req, res) in enumerate(zip(requests, results, strict=True)):
-            p, n = len(res.prompt_token_ids), len(res.output_token_ids)
-            h = hidden[b, p - 1 : p - 1 + n]  # [T, H]: the state that produced each output token
+        seqs = [(res.prompt_token_ids, res.output_token_ids) for res in results]
+        states = response_states(self.target.model, seqs)  # [T, H] each
+        for req, res, h in zip(requests, results, states, strict=True):
             logits = self.target.lm_head(h)[None]  # [1, T, V]
             temp = torch.tensor([req.temperature], device=dev)
             tokens = torch.tensor([res.output_token_ids], device=dev)  # [1, T]
             res.output_logprobs = token_logprobs(logits, temp, tokens)[0].tolist()
-            res.hidden_states = h.clone() if req.return_hidden_states else None
+            res.hidden_states = h if req.return_hidden_states else None
 
     def _record(self, outputs: list[Any], results: list[GenerationResult], seconds: float) -> None:
         """Fold vLLM's per-sequence speculative stats into the same counters the torch engine

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from longtail_api.context import spec_context_error
 from longtail_api.protocol import ProtocolError
@@ -87,7 +88,6 @@ def prepare_run_dir(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
     if (run_dir / "run.json").exists():
         raise JobSpecError(f"{run_dir} already holds a run; use --resume {run_dir} or another -o")
     run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(args.file, run_dir / "job.yaml")
     opts = {
         "job": name,
         "source": str(args.file),
@@ -95,8 +95,22 @@ def prepare_run_dir(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
         "no_harvest": args.no_harvest,
         "weight_sync": args.weight_sync,
     }
+    (run_dir / "job.yaml").write_text(switched_job(Path(args.file).read_text(), opts))
     (run_dir / "run.json").write_text(json.dumps(opts, indent=2) + "\n")
     return run_dir, opts
+
+
+def switched_job(text: str, opts: dict[str, Any]) -> str:
+    """The job file's text with ``--no-speculative`` and ``--no-harvest`` written into its spec
+    (``enabled: false``): every process of the run (this one, the trainer, the workers) reads
+    the run's ``job.yaml``, so each switch is a spec field there. Unchanged without switches."""
+    switched = [field for field in ("speculative", "harvest") if opts.get(f"no_{field}")]
+    if not switched:
+        return text  # the user's file as written, comments included
+    job = yaml.safe_load(text)
+    for field in switched:
+        job["spec"].setdefault(field, {})["enabled"] = False
+    return str(yaml.safe_dump(job, sort_keys=False))
 
 
 def check_initial_drafter(spec: RLJobSpec, job_file: str) -> None:
@@ -145,8 +159,6 @@ def start_children(
         args = ["--job", job, "--name", name, "--port", str(port),
                 "--drafters-url", f"http://127.0.0.1:{trainer_port}",
                 "--weights-url", f"http://127.0.0.1:{weights_port}", *rollout_sync]  # fmt: skip
-        if opts["no_speculative"]:
-            args.append("--no-speculative")
         rollouts.append(Child(name, "rollout", args, logs, "longtail rollout listening on "))
         started.append(rollouts[-1])
     trainer_url = f"http://127.0.0.1:{trainer_port}"
@@ -216,16 +228,17 @@ def read_job(args: argparse.Namespace) -> tuple[RLJobSpec, Path, dict[str, Any]]
     """
     if args.resume:
         run_dir, opts = prepare_run_dir(args)  # creates nothing
-        spec = load_job_spec(run_dir / "job.yaml")
+        job = run_dir / "job.yaml"
+        job.write_text(switched_job(job.read_text(), opts))  # idempotent (older runs lack them)
+        spec = load_job_spec(job)
         check_job(spec, opts.get("source", str(run_dir / "job.yaml")))
         weight_sync_transport(spec, opts["weight_sync"])
         return spec, run_dir, opts
     if not args.file:
         raise JobSpecError("give the RLJob file: longtail run FILE (or --resume RUN_DIR)")
-    spec = load_job_spec(args.file)
-    check_job(spec, args.file)
+    check_job(load_job_spec(args.file), args.file)
     run_dir, opts = prepare_run_dir(args)
-    return spec, run_dir, opts
+    return load_job_spec(run_dir / "job.yaml"), run_dir, opts
 
 
 def check_job(spec: RLJobSpec, job_file: str) -> None:
@@ -279,8 +292,6 @@ def run(argv: list[str]) -> int:
     except JobSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if opts["no_harvest"]:
-        spec.harvest.enabled = False
     prepare_builtins(spec)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in stop_signals()}

@@ -11,13 +11,14 @@ Metric names and help texts come from ``longtail_api.metrics``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from longtail_api import metrics as names
+from longtail_api.workerapi import SpotTrainerState
 from longtail_workers.metricspec import (
     counter_family,
     counter_from_spec,
@@ -28,7 +29,7 @@ from longtail_workers.metricspec import (
 if TYPE_CHECKING:
     from longtail_workers.rollout.control import RolloutWorker
 
-TRAINER_STATES = ("idle", "training", "stopping", "failed")
+TRAINER_STATES = get_args(SpotTrainerState)
 ROLES = ("rollout", "drafter-train")
 
 
@@ -48,17 +49,16 @@ class WorkerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         w = self.worker
-        _, observed, _, generating, idle_since = w.activity()
+        status = w.status()
         role = gauge_family(names.WORKER_ROLE)
         for r in ROLES:
-            role.add_metric([r], 1.0 if r == observed else 0.0)
+            role.add_metric([r], 1.0 if r == status.role.observed else 0.0)
         yield role
-        yield gauge_family(names.WORKER_GENERATING, 1.0 if generating else 0.0)
-        idle = 0.0 if idle_since is None else max(0.0, w.clock() - idle_since)
-        yield gauge_family(names.WORKER_IDLE_SECONDS, idle)
+        yield gauge_family(names.WORKER_GENERATING, 1.0 if status.generating else 0.0)
+        yield gauge_family(names.WORKER_IDLE_SECONDS, status.idle_seconds or 0.0)
         for spec, value in (
-            (names.POLICY_VERSION, w.policy_version),
-            (names.DRAFTER_VERSION, w.drafter_version),
+            (names.POLICY_VERSION, status.versions.policy),
+            (names.DRAFTER_VERSION, status.versions.drafter),
             (names.SPOT_BUFFER_TOKENS, w.buffer.num_tokens),
             (names.SPOT_BUFFER_BYTES, w.buffer.num_bytes),
         ):

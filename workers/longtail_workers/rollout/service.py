@@ -12,9 +12,10 @@ state machine, drafter registry), and serves the control surface of ``rollout/ht
 temperature or more tokens than its positions, is answered 400 naming the field). Before each
 generate call it loads the policy version the call names from the weight source (HTTP pull from
 the trainer, or torch.distributed), so one call never mixes versions; the newest drafter is
-loaded by ``RolloutWorker.generate`` at the same point. When a drafter-train window ends (``PUT
-/v1/role rollout``) the trained drafter is submitted as a candidate before the answer is sent,
-so the step driver can merge it right away. Drafters are exchanged through the trainer's HTTP
+loaded by ``RolloutWorker.generate`` at the same point. A drafter-train window ends (the harvest
+loop's ``PUT /v1/role rollout``, or a generate call reaching the worker in it) with its drafter
+submitted as a candidate before the worker reports ``rollout`` (``spot/harvested.py``), which is
+what the step driver's merge waits for. Drafters are exchanged through the trainer's HTTP
 port (``--drafters-url``, ``drafter/exchange.py``;
 what pods and ``longtail run`` use) or a directory
 shared with the trainer (``--drafters``). Prints ``longtail rollout listening on URL`` once
@@ -36,15 +37,15 @@ import time
 from http import HTTPStatus
 from typing import Any
 
-from longtail_api.harvest import DRAFTER_TRAIN
-from longtail_api.workerapi import RoleAck
-from longtail_workers.drafter.exchange import DrafterExchangeError
+from starlette.routing import Route
+
 from longtail_workers.engine.interface import RolloutEngine
 from longtail_workers.engine.stats import RolloutMetrics
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
-from longtail_workers.httprequest import fail
+from longtail_workers.httprequest import JSONRequestHandler, fail
+from longtail_workers.httpserver import route
 from longtail_workers.rollout.control import RolloutWorker
-from longtail_workers.rollout.http import ControlConfig, ControlHandler, ControlServer
+from longtail_workers.rollout.http import ControlConfig, ControlServer
 from longtail_workers.runtime import (
     ServiceRuntime,
     add_weight_sync_args,
@@ -59,10 +60,10 @@ from longtail_workers.spot.cycle import ROLE_BODY_ERRORS, RoleConflictError
 from longtail_workers.weights.sync import WeightSource, WeightSyncError, WeightVersionError
 from longtail_workers.wire.rollout import (
     GENERATE_PATH,
+    EngineDelta,
     GenerateCall,
     GenerateReply,
     Sample,
-    WireError,
     check_call,
 )
 
@@ -72,7 +73,7 @@ MAX_GENERATE_BODY = 256 << 20
 
 
 class GeneratingWorker(RolloutWorker):
-    """A :class:`RolloutWorker` that loads policy versions and submits drafter candidates."""
+    """A :class:`RolloutWorker` that loads the policy versions its generate calls name."""
 
     def __init__(self, *args: Any, weights: WeightSource | None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -108,20 +109,6 @@ class GeneratingWorker(RolloutWorker):
                     delay = min(2.0, delay * 2)
             self.policy_version = got
 
-    def set_role(self, role: object) -> RoleAck:
-        was_training = self.activity()[1] == DRAFTER_TRAIN
-        ack = super().set_role(role)
-        if role == "rollout" and was_training and self.trainer is not None:
-            # Wait for the stop between optimizer steps, then publish the window's work.
-            self.trainer.wait_stopped(self.stop_timeout_s)
-            ack = super().set_role(role)
-            if not ack.pending:
-                try:
-                    self.submit_candidate()
-                except DrafterExchangeError as exc:  # the role switch itself succeeded
-                    log.warning("drafter candidate of this window not submitted: %s", exc)
-        return ack
-
     def generate_call(self, call: GenerateCall) -> GenerateReply:
         held, t_load = self.policy_version, time.perf_counter()
         self.ensure_policy(call.policy_version)
@@ -141,18 +128,18 @@ class GeneratingWorker(RolloutWorker):
         self._unreported_load = (-1, 0.0)
         hist = sum(k * c for k, c in stats.accepted_length_hist.items()) - hist_before
         n = sum(stats.accepted_length_hist.values()) - n_before
-        engine = {
-            "seconds": time.perf_counter() - t0,
-            "decodeSteps": float(stats.steps - before[0]),
-            "sdSteps": float(stats.sd_steps - before[1]),
-            "tokens": float(stats.tokens - before[2]),
-            "sdTokens": float(stats.sd_tokens - before[3]),
-            "meanAcceptedLength": hist / n if n else 0.0,
-            "acceptedRows": float(n),
+        engine = EngineDelta(
+            seconds=time.perf_counter() - t0,
+            decode_steps=stats.steps - before[0],
+            sd_steps=stats.sd_steps - before[1],
+            tokens=stats.tokens - before[2],
+            sd_tokens=stats.sd_tokens - before[3],
+            mean_accepted_length=hist / n if n else 0.0,
+            accepted_rows=n,
             # The rollout pause this call caused: obtaining and loading the version it names
             # (0 when held already); the trainer books it per version (trainer/syncbook.py).
-            "policyLoadSeconds": load_s,
-        }
+            policy_load_seconds=load_s,
+        )
         return GenerateReply(
             self.name,
             self.policy_version,
@@ -162,22 +149,29 @@ class GeneratingWorker(RolloutWorker):
         )
 
 
-class RolloutHandler(ControlHandler):
+_GENERATE_BODY_ERRORS = dataclasses.replace(
+    ROLE_BODY_ERRORS, too_large="body is {length} bytes, over {limit}; send fewer requests per call"
+)
+
+
+class RolloutServer(ControlServer):
     """The control surface plus ``POST /v1/generate``."""
 
-    def _route(self, method: str, path: str) -> int:
-        if path != GENERATE_PATH:
-            return super()._route(method, path)
-        if method != "POST":
-            fail(HTTPStatus.METHOD_NOT_ALLOWED, f"{GENERATE_PATH} takes POST", {"Allow": "POST"})
-        worker = self.app.worker
+    thread_name = "rollout-http"
+    started_log = "rollout worker listening on %s"
+
+    def routes(self) -> list[Route]:
+        return [*super().routes(), route(GENERATE_PATH, self._generate, "POST")]
+
+    def _generate(self, handler: JSONRequestHandler) -> None:
+        worker = self.worker
         assert isinstance(worker, GeneratingWorker)
-        body = self.read_body(MAX_GENERATE_BODY, _GENERATE_BODY_ERRORS)
+        body = handler.read_body(MAX_GENERATE_BODY, _GENERATE_BODY_ERRORS)
         target = worker.engine.target  # vocabulary and context of the served model
         try:
             call = GenerateCall.from_dict(json.loads(body))
             check_call(call, target.vocab_size, target.max_positions)
-        except (ValueError, WireError) as exc:  # WireError names the field: a config error
+        except ValueError as exc:  # a ProtocolError names the field: a config error
             fail(HTTPStatus.BAD_REQUEST, f"bad generate call: {exc}")
         try:
             reply = worker.generate_call(call)
@@ -185,18 +179,7 @@ class RolloutHandler(ControlHandler):
             fail(HTTPStatus.CONFLICT, str(exc))
         except WeightSyncError as exc:
             fail(HTTPStatus.SERVICE_UNAVAILABLE, f"policy version {call.policy_version}: {exc}")
-        return self.send_json(HTTPStatus.OK, reply.to_dict())
-
-
-_GENERATE_BODY_ERRORS = dataclasses.replace(
-    ROLE_BODY_ERRORS, too_large="body is {length} bytes, over {limit}; send fewer requests per call"
-)
-
-
-class RolloutServer(ControlServer):
-    handler_class = RolloutHandler
-    thread_name = "rollout-http"
-    started_log = "rollout worker listening on %s"
+        handler.send_json(HTTPStatus.OK, reply.to_dict())
 
 
 class EngineUnavailableError(RuntimeError):
@@ -217,9 +200,7 @@ def import_vllm_engine() -> Any:
     return vllm_engine
 
 
-def build_engine(
-    spec: Any, model: Any, drafter: Any, speculative: Any, threads: int
-) -> RolloutEngine:
+def build_engine(spec: Any, model: Any, drafter: Any, threads: int) -> RolloutEngine:
     """The job's rollout engine: the native torch engine, or vLLM (``rollout.engine``)."""
     if spec.rollout.engine == "vllm":
         from longtail_workers.models.loading import resolve_model_path
@@ -228,8 +209,8 @@ def build_engine(
         return vllm_engine.VllmEngine(  # type: ignore[no-any-return]
             model,
             resolve_model_path(spec.model.path),
-            speculative=speculative,
-            drafter=drafter if speculative.enabled else None,
+            speculative=spec.speculative,
+            drafter=drafter if spec.speculative.enabled else None,
             config=vllm_engine.VllmEngineConfig(
                 threads=threads,
                 seed=spec.algorithm.seed,
@@ -238,11 +219,9 @@ def build_engine(
         )
     return TorchEngine(
         model,
-        config=EngineConfig(
-            max_running=256, drafter_context_window=spec.speculative.drafter_context_window
-        ),
-        speculative=speculative,
-        drafter=drafter if speculative.enabled else None,
+        config=EngineConfig(drafter_context_window=spec.speculative.drafter_context_window),
+        speculative=spec.speculative,
+        drafter=drafter if spec.speculative.enabled else None,
     )
 
 
@@ -262,8 +241,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="trainer's base URL (its --port) serving the drafter exchange; not with --drafters",
     )
-    ap.add_argument("--no-speculative", action="store_true", help="plain decoding only")
-    ap.add_argument("--no-drafter-training", action="store_true")
     ap.add_argument(
         "--threads",
         type=int,
@@ -290,25 +267,17 @@ def _serve(args: argparse.Namespace, spec: Any, token: str | None) -> int:
     log.info("torch threads: %d", threads)
     if spec.rollout.engine == "vllm":
         import_vllm_engine()  # before the policy loads: a missing vLLM fails in seconds
-    speculative = spec.speculative
-    if args.no_speculative:
-        speculative = type(speculative)(**{**vars(speculative), "enabled": False})
-    training = spec.drafter_training
-    if args.no_drafter_training:
-        training = type(training)(**{**vars(training), "enabled": False})
     device = role_device(spec.rollout.resources)  # vLLM: the torch copy shares its GPU
-    model, drafter, registry, target_id = policy_and_drafter(
-        spec, args.drafters, args.drafters_url, device=device
-    )
-    engine = build_engine(spec, model, drafter, speculative, threads)
+    loaded = policy_and_drafter(spec, args.drafters, args.drafters_url, device=device)
+    engine = build_engine(spec, loaded.model, loaded.drafter, threads)
     weights = make_weight_source(args, spec)
     worker = GeneratingWorker(
         engine,
-        target_id=target_id,
+        target_id=loaded.target_id,
         name=args.name,
-        training=training,
-        registry=registry,
-        drafter=drafter,
+        training=spec.drafter_training,
+        registry=loaded.registry,
+        drafter=loaded.drafter,
         weights=weights,
     )
     # The engine's Prometheus view joins the worker's registry (served on /metrics), so a pod

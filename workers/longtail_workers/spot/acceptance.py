@@ -18,54 +18,18 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from longtail_api.metrics import DRAFTER_ACCEPTED_LENGTH, POLICY_ACCEPTED_LENGTH
+from longtail_api.workerapi import AcceptanceSnapshot, AcceptanceStats
 from longtail_workers.engine.interface import GenerationResult
 from longtail_workers.metricspec import gauge_family
 
 INITIAL_DRAFTER = -1
 """Drafter version label of a worker's unpublished initial drafter."""
-
-
-@dataclass
-class AcceptanceStats:
-    """Speculative-decoding counters of the sequences generated under one version."""
-
-    sequences: int = 0
-    spec_steps: int = 0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        """(accepted + spec_steps) / spec_steps; None while SD never ran."""
-        if self.spec_steps == 0:
-            return None
-        return (self.accepted_tokens + self.spec_steps) / self.spec_steps
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
-
-    def add(self, r: GenerationResult) -> None:
-        self.sequences += 1
-        self.spec_steps += r.spec_steps
-        self.drafted_tokens += r.drafted_tokens
-        self.accepted_tokens += r.accepted_tokens
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "sequences": self.sequences,
-            "specSteps": self.spec_steps,
-            "draftedTokens": self.drafted_tokens,
-            "acceptedTokens": self.accepted_tokens,
-            "meanAcceptedLength": self.mean_accepted_length,
-            "acceptanceRate": self.acceptance_rate,
-        }
 
 
 class AcceptanceTracker(Collector):
@@ -86,9 +50,12 @@ class AcceptanceTracker(Collector):
         with self._lock:
             p = self._slot(self._policy, policy_version)
             d = self._slot(self._drafter, drafter_version)
-            for r in results:
-                p.add(r)
-                d.add(r)
+            for s in (p, d):
+                for r in results:
+                    s.sequences += 1
+                    s.spec_steps += r.spec_steps
+                    s.drafted_tokens += r.drafted_tokens
+                    s.accepted_tokens += r.accepted_tokens
 
     def _slot(self, table: OrderedDict[int, AcceptanceStats], key: int) -> AcceptanceStats:
         if key not in table:
@@ -99,18 +66,15 @@ class AcceptanceTracker(Collector):
 
     def by_policy(self) -> dict[int, AcceptanceStats]:
         with self._lock:
-            return {k: AcceptanceStats(**vars(v)) for k, v in self._policy.items()}
+            return {k: replace(v) for k, v in self._policy.items()}
 
     def by_drafter(self) -> dict[int, AcceptanceStats]:
         with self._lock:
-            return {k: AcceptanceStats(**vars(v)) for k, v in self._drafter.items()}
+            return {k: replace(v) for k, v in self._drafter.items()}
 
-    def snapshot(self) -> dict[str, object]:
-        """Plain data for status endpoints: ``{"byPolicyVersion": {...}, "byDrafterVersion"}``."""
-        return {
-            "byPolicyVersion": {str(k): v.to_dict() for k, v in self.by_policy().items()},
-            "byDrafterVersion": {str(k): v.to_dict() for k, v in self.by_drafter().items()},
-        }
+    def snapshot(self) -> AcceptanceSnapshot:
+        """The ``acceptance`` of the worker's status."""
+        return AcceptanceSnapshot(self.by_policy(), self.by_drafter())
 
     def collect(self) -> Iterator[Metric]:
         for spec, table in (

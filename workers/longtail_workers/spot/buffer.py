@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from longtail_api.workerapi import BufferStats
 from longtail_workers.drafter.pairs import sequence_from_result
 from longtail_workers.engine.interface import GenerationResult
 
@@ -230,19 +231,17 @@ class RolloutBuffer:
     def __len__(self) -> int:
         return len(self._items)
 
-    def stats(self) -> dict[str, object]:
-        """Plain-data view for the worker's status endpoint (camelCase keys)."""
+    def stats(self) -> BufferStats:
+        """The ``buffer`` of the worker's status."""
         with self._lock:
-            steps = sorted({s.step for s in self._items})
-            policies = sorted({s.policy_version for s in self._items})
-            return {
-                "tokens": self._tokens,
-                "bytes": self._bytes,
-                "sequences": len(self._items),
-                "maxTokens": self.max_tokens,
-                "maxBytes": self.max_bytes,
-                "steps": steps,
-                "policyVersions": policies,
-                "dropped": dict(self.dropped),
-                "evicted": dict(self.evicted),
-            }
+            return BufferStats(
+                tokens=self._tokens,
+                bytes=self._bytes,
+                sequences=len(self._items),
+                max_tokens=self.max_tokens,
+                max_bytes=self.max_bytes,
+                steps=tuple(sorted({s.step for s in self._items})),
+                policy_versions=tuple(sorted({s.policy_version for s in self._items})),
+                dropped=dict(self.dropped),
+                evicted=dict(self.evicted),
+            )

@@ -1,9 +1,10 @@
 """The harvested worker's drafter window cycle and role pieces: one implementation for every worker.
 
-Who calls it: the rollout worker (``rollout/control.py``, its HTTP surface ``rollout/http.py``),
-the trainer's own drafter training (``trainer/drafter_window.py``, its HTTP surface
-``trainer/service.py``) and, through :class:`~longtail_workers.spot.sequences.SequenceWindows`,
-the dedicated drafter worker (``drafter_worker/worker.py``). One window of :class:`WindowCycle`:
+Who calls it: the harvested role (``spot/harvested.py``) of the rollout worker
+(``rollout/control.py``, its HTTP surface ``rollout/http.py``) and of the trainer's own drafter
+training (``trainer/drafter_window.py``, its HTTP surface ``trainer/service.py``) and, through
+:class:`~longtail_workers.spot.sequences.SequenceWindows`, the dedicated drafter worker
+(``drafter_worker/worker.py``). One window of :class:`WindowCycle`:
 
 1. sync: train on top of the newest published drafter version (:func:`newest_drafter` is the
    one place that fetches it; a rollout worker's engine loads its drafter there too);
@@ -13,9 +14,9 @@ the dedicated drafter worker (``drafter_worker/worker.py``). One window of :clas
    hidden states of given answers (``spot/sequences.py``);
 3. stop: the caller's (a role switch, the end of a rollout, a time budget);
 4. judge on held-out windows, then revert to the base or submit the candidate
-   (:meth:`WindowCycle.submit`; each window's work is sent once even when two callers end it;
-   one the trainer refuses as stale, its base no longer the latest version, is logged and
-   dropped, never retried).
+   (:meth:`WindowCycle.submit`, by the one owner of the window: ``spot/harvested.py`` for a
+   harvested worker, the drafter worker's loop; a candidate the trainer refuses as stale, its
+   base no longer the latest version, is logged and dropped, never retried).
 
 The role state machine's shared pieces live here too, so no program imports another:
 :class:`RoleConflictError` (HTTP 409), :class:`InvalidRoleError` (400), :func:`check_activity`,
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import get_args
@@ -34,8 +34,7 @@ from typing import get_args
 from torch import nn
 
 from longtail_api.harvest import Activity
-from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
-from longtail_api.workerapi import STATUS_PATH, RoleAck, RoleAnswer
+from longtail_api.workerapi import RoleAck, RoleAnswer
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import (
     Candidate,
@@ -48,14 +47,6 @@ from longtail_workers.spot.trainer import SpotTrainer
 
 log = logging.getLogger(__name__)
 
-_READ = ("GET", "HEAD")
-STATUS_ROUTES: dict[str, tuple[str, ...]] = {
-    HEALTHZ_PATH: _READ,
-    READYZ_PATH: _READ,
-    METRICS_PATH: _READ,
-    STATUS_PATH: ("GET",),
-}
-"""The read-only endpoints every worker serves (a worker with roles adds ``PUT /v1/role``)."""
 _SEND_LENGTH = "send the body with a Content-Length header"
 ROLE_BODY_ERRORS = BodyErrors(
     chunked=_SEND_LENGTH,
@@ -152,7 +143,6 @@ class WindowCycle:
         target_id: str,
     ) -> None:
         self.spot, self.registry, self.model, self.target_id = spot, registry, model, target_id
-        self._submit_lock = threading.Lock()  # the driver and the harvest both end a window
         self._submitted_at: int | None = None  # spot.total_steps of the last window sent
         self.last_candidate: Candidate | None = None
         """The newest candidate submitted."""
@@ -180,35 +170,34 @@ class WindowCycle:
         spot = self.spot
         if self.registry is None:
             return None
-        with self._submit_lock:
-            if spot.pairs_since_base == 0 or spot.total_steps == self._submitted_at:
-                return None  # already sent, or nothing trained since the base
-            verdict = spot.judge_against_base()
-            if not verdict.keep:
-                spot.revert_to_base()
-                log.info("%s: drafter window dropped, held-out top-1 %.3f < %.3f of base "
-                         "version %s", who, verdict.trained_top1, verdict.base_top1,
-                         spot.base_version)  # fmt: skip
-                return None
-            window = spot.last_window
-            info = CandidateInfo(
-                worker=worker,
-                base_version=spot.base_version,
-                policy_version=max(spot.policy_versions_seen, default=policy_version),
-                tokens=spot.pairs_since_base,
-                steps=spot.total_steps,
-                train_loss=window.mean_loss if window is not None else None,
-                heldout_top1=verdict.trained_top1,
-            )
-            try:
-                cand = self.registry.submit_candidate(spot.drafter_copy(), info)
-            except StaleCandidateError as exc:
-                # Never merged, so never retried: the next window syncs to the latest version.
-                self._submitted_at = spot.total_steps
-                self.stale_refused += 1
-                log.warning("%s: drafter candidate dropped: %s", who, exc)
-                return None
-            self._submitted_at, self.last_candidate = spot.total_steps, cand
+        if spot.pairs_since_base == 0 or spot.total_steps == self._submitted_at:
+            return None  # already sent, or nothing trained since the base
+        verdict = spot.judge_against_base()
+        if not verdict.keep:
+            spot.revert_to_base()
+            log.info("%s: drafter window dropped, held-out top-1 %.3f < %.3f of base "
+                     "version %s", who, verdict.trained_top1, verdict.base_top1,
+                     spot.base_version)  # fmt: skip
+            return None
+        window = spot.last_window
+        info = CandidateInfo(
+            worker=worker,
+            base_version=spot.base_version,
+            policy_version=max(spot.policy_versions_seen, default=policy_version),
+            tokens=spot.pairs_since_base,
+            steps=spot.total_steps,
+            train_loss=window.mean_loss if window is not None else None,
+            heldout_top1=verdict.trained_top1,
+        )
+        try:
+            cand = self.registry.submit_candidate(spot.drafter_copy(), info)
+        except StaleCandidateError as exc:
+            # Never merged, so never retried: the next window syncs to the latest version.
+            self._submitted_at = spot.total_steps
+            self.stale_refused += 1
+            log.warning("%s: drafter candidate dropped: %s", who, exc)
+            return None
+        self._submitted_at, self.last_candidate = spot.total_steps, cand
         log.info("%s: drafter candidate submitted (base %s, %d pairs, %d steps)",
                  who, cand.base_version, cand.tokens, cand.steps)  # fmt: skip
         return cand

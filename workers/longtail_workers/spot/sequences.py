@@ -10,15 +10,15 @@ drafter on answers they did not generate themselves, and both go through :class:
 
 One window: :meth:`SequenceWindows.set_samples` (the answers, as prompt + output token ids) ->
 :meth:`~SequenceWindows.capture` (last-layer hidden states recomputed with the current policy,
-:func:`engine_hidden_states`, i.e. what the rollout engine returns with
+:func:`~longtail_workers.engine.target.response_states`, i.e. what the rollout engine returns with
 ``return_hidden_states``, fed through the same ``RolloutBuffer.add_results`` a rollout worker
 uses, so the training pairs equal a worker's capture) -> the rest of the window
-cycle every harvested worker runs (``spot/cycle.py``): :meth:`~SequenceWindows.sync_base`
+cycle every harvested worker runs (:attr:`SequenceWindows.cycle`, ``spot/cycle.py``): sync
 (train on top of the newest published drafter version) -> :meth:`~SequenceWindows.start` (the
-shared :class:`~longtail_workers.spot.trainer.SpotTrainer`, same spec settings) ->
-:meth:`~SequenceWindows.submit` (the quality gate of ``spot/trainer.py``, then the window's
-drafter goes to the registry, a directory or the trainer's HTTP exchange, as a candidate that
-the step driver merges with every other worker's). Capturing given answers is this module's
+shared :class:`~longtail_workers.spot.trainer.SpotTrainer`, same spec settings) -> submit (the
+quality gate of ``spot/trainer.py``, then the window's drafter goes to the registry, a
+directory or the trainer's HTTP exchange, as a candidate that the step driver merges with
+every other worker's). Capturing given answers is this module's
 part of the cycle; a rollout worker captures while it generates instead.
 """
 
@@ -29,14 +29,16 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
 from longtail_api.policies import DrafterTrainingSpec
+from longtail_api.workerapi import DrafterTrainingStatus
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.registry import Candidate, DrafterStore
+from longtail_workers.drafter.registry import DrafterStore
 from longtail_workers.engine.interface import GenerationResult
+from longtail_workers.engine.target import response_states
 from longtail_workers.spot.buffer import RolloutBuffer
 from longtail_workers.spot.cycle import WindowCycle
 from longtail_workers.spot.trainer import SpotTrainer
@@ -67,37 +69,6 @@ class PendingAnswer:
     """Prompt token ids."""
     output: tuple[int, ...]
     """Generated token ids."""
-
-
-@torch.no_grad()
-def engine_hidden_states(
-    model: torch.nn.Module, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]
-) -> list[torch.Tensor]:
-    """Per ``(prompt, output)``: ``[len(output), H]`` last-layer states (post final norm) that
-    produced each output token, i.e. ``GenerationResult.hidden_states`` of the rollout engine.
-
-    One uncached forward of ``prompt + output[:-1]`` per row (right-padded batch): state ``i``
-    is the one at absolute position ``len(prompt) - 1 + i``.
-    """
-    if not sequences:
-        return []
-    if any(len(p) == 0 for p, _ in sequences):
-        raise ValueError("engine_hidden_states: every sequence needs at least one prompt token")
-    rows = [[*p, *o[:-1]] for p, o in sequences]
-    width = max(len(r) for r in rows)
-    device = next(model.parameters()).device
-    ids = torch.zeros((len(rows), width), dtype=torch.long, device=device)  # [B, L]
-    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)  # [B, L]
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-    decoder: Any = model.get_decoder()  # type: ignore[operator]
-    hidden = decoder(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-    out = []
-    for i, (prompt, output) in enumerate(sequences):
-        start = len(prompt) - 1
-        out.append(hidden[i, start : start + len(output)].clone())  # [T_out, H]
-    return out
 
 
 class SequenceWindows:
@@ -157,7 +128,7 @@ class SequenceWindows:
                 batch, step = self._next_batch(), self._step
             if not batch:
                 break
-            states = engine_hidden_states(self.model, [(b.prompt, b.output) for b in batch])
+            states = response_states(self.model, [(b.prompt, b.output) for b in batch])
             results = [
                 GenerationResult(b.request_id, list(b.prompt), list(b.output), [], "stop", h)
                 for b, h in zip(batch, states, strict=True)
@@ -181,12 +152,6 @@ class SequenceWindows:
             width = w
         return batch
 
-    def sync_base(self) -> int | None:
-        """Train on top of the newest published version (``WindowCycle.sync_base``); returns the
-        base version. Raises what the registry raises (``DrafterExchangeError`` for the
-        trainer's HTTP exchange): the caller decides whether to go on from the old base."""
-        return self.cycle.sync_base()
-
     def start(self, max_steps: int | None = None) -> int:
         """Start a training window in the background; its step budget, 0 when the buffer holds
         no answer long enough to train on (nothing started)."""
@@ -194,20 +159,8 @@ class SequenceWindows:
             return 0
         return self.spot.start(max_steps)
 
-    def submit(self, worker: str, policy_version: int, who: str) -> Candidate | None:
-        """Judge, then revert or submit as ``worker``'s candidate (``WindowCycle.submit``)."""
-        return self.cycle.submit(worker, policy_version, who)
-
-    @property
-    def last_candidate(self) -> Candidate | None:
-        """The newest candidate submitted."""
-        return self.cycle.last_candidate
-
-    def status(self) -> dict[str, Any]:
-        """Plain JSON (camelCase keys): buffer, spot trainer, pending and captured answers."""
-        return {
-            "buffer": self.buffer.stats(),
-            "trainer": self.spot.status().to_dict(),
-            "pendingSequences": self.pending,
-            "capturedSequences": self.captured_sequences,
-        }
+    def status(self) -> DrafterTrainingStatus:
+        """The ``drafterTraining`` of the trainer's or the drafter worker's status."""
+        return DrafterTrainingStatus(
+            self.buffer.stats(), self.spot.status(), self.pending, self.captured_sequences
+        )

@@ -25,8 +25,9 @@ short window at the online learning rate (docs/performance.md has the measured d
 length after one merge), and a worse merge would be served to every rollout worker.
 
 Errors: starting on an empty buffer raises :class:`EmptyBufferError`; a crash inside the thread
-is logged, puts the trainer in state ``failed`` with the message in :attr:`TrainerStatus.error`,
-and :meth:`SpotTrainer.raise_if_failed` re-raises it for the controller. Nothing is swallowed.
+is logged, puts the trainer in state ``failed`` with the message in
+:attr:`SpotTrainerStatus.error`, and :meth:`SpotTrainer.raise_if_failed` re-raises it for the
+controller. Nothing is swallowed.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import ClassVar, Literal
 import torch
 
 from longtail_api.policies import DrafterTrainingSpec
+from longtail_api.workerapi import SpotTrainerState, SpotTrainerStatus
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.spot.buffer import RolloutBuffer
 from longtail_workers.spot.windows import (
@@ -54,7 +56,6 @@ from longtail_workers.spot.windows import (
 
 log = logging.getLogger(__name__)
 
-TrainerState = Literal["idle", "training", "stopping", "failed"]
 StopReason = Literal["requested", "max_steps", "buffer_empty", "error"]
 
 
@@ -99,35 +100,6 @@ class WindowVerdict:
         return self.trained_top1 >= self.base_top1
 
 
-@dataclass(frozen=True)
-class TrainerStatus:
-    """Plain-data view of the trainer for status endpoints."""
-
-    state: TrainerState
-    window_steps: int
-    max_steps: int
-    total_steps: int
-    pairs_since_base: int
-    last_loss: float | None
-    base_version: int | None
-    error: str | None
-    rejected_windows: int = 0
-    """Trained weights dropped by the quality gate (worse than their base on held-out data)."""
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "state": self.state,
-            "windowSteps": self.window_steps,
-            "maxSteps": self.max_steps,
-            "totalSteps": self.total_steps,
-            "pairsSinceBase": self.pairs_since_base,
-            "lastLoss": self.last_loss,
-            "baseVersion": self.base_version,
-            "error": self.error,
-            "rejectedWindows": self.rejected_windows,
-        }
-
-
 class SpotTrainer:
     """Owns a drafter (and its AdamW state) and trains it from a buffer on demand."""
 
@@ -165,7 +137,7 @@ class SpotTrainer:
         self._stop, self._done = threading.Event(), threading.Event()
         self._done.set()
         self._thread: threading.Thread | None = None
-        self._state: TrainerState = "idle"
+        self._state: SpotTrainerState = "idle"
         self._error: BaseException | None = None
         self._cache: tuple[int, list[Window], list[Window]] | None = None
         self._stop_requested_at: float | None = None
@@ -231,12 +203,12 @@ class SpotTrainer:
             raise SpotTrainingError(self.status().error) from self._error
 
     @property
-    def state(self) -> TrainerState:
+    def state(self) -> SpotTrainerState:
         return self._state
 
-    def status(self) -> TrainerStatus:
+    def status(self) -> SpotTrainerStatus:
         err = self._error
-        return TrainerStatus(
+        return SpotTrainerStatus(
             state=self._state,
             window_steps=self._window_steps,
             max_steps=self._max_steps,

@@ -41,8 +41,9 @@ from longtail_api.policies import DrafterTrainingSpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import Admitted, Candidate, Refusal
 from longtail_workers.engine.interface import GenerationResult
+from longtail_workers.engine.target import response_states
 from longtail_workers.spot.buffer import captured_from_result
-from longtail_workers.spot.sequences import SampleTokens, engine_hidden_states
+from longtail_workers.spot.sequences import SampleTokens
 from longtail_workers.spot.trainer import WindowVerdict
 from longtail_workers.spot.windows import Window, top1_over, windows_of
 from longtail_workers.wire.rollout import GenerateReply
@@ -140,7 +141,7 @@ class HeldoutSample:
         seqs = []
         for lo in range(0, len(picked), self.batch):
             part = picked[lo : lo + self.batch]
-            states = engine_hidden_states(model, part)
+            states = response_states(model, part)
             for (prompt, output), hidden in zip(part, states, strict=True):
                 result = GenerationResult(None, list(prompt), list(output), [], "stop", hidden)
                 seq = captured_from_result(result, policy_version=policy_version, step=0)

@@ -6,16 +6,20 @@ one prompt land on different workers, so long-tailed prompts spread out) and eac
 as one ``POST /v1/generate``. A shard whose worker fails (connection refused or reset: the
 process died; a timeout: it hung; HTTP 5xx) is queued again and handed to the next free live
 worker; the failed worker is marked down and skipped until a health check at a later step start
-finds it back. A 409 (the worker is training the drafter) puts the worker back to ``rollout``
-and retries it. Any other 4xx means the call itself is wrong (a job configuration error, e.g.
+finds it back. A 409 (a worker in drafter-train ends its window itself before it generates,
+``spot/harvested.py``; 409 when that window did not stop in time) retries the shard, the worker
+staying free. Any other 4xx means the call itself is wrong (a job configuration error, e.g.
 ``algorithm.maxNewTokens`` beyond the model's context; the worker's message names the field): it
 would fail on every worker, so the step fails at once with :class:`RolloutRejected` carrying that
 message, and no worker is marked down. The step fails with :class:`RolloutFailed`, naming every
 worker's last error, when no live worker is left or a shard failed ``max_attempts`` times; it
 never waits longer than ``timeout_s`` per call. ``stop`` (Ctrl-C) aborts with
 :class:`RolloutAborted`. Every call goes through ``httpclient.py`` without HTTP-level retries
-(re-dispatching a shard is the retry); generate calls and role changes carry the job's token
-(``longtail_workers.auth``).
+(re-dispatching a shard is the retry); generate calls carry the job's token
+(``longtail_workers.auth``). The pool never changes a worker's role (the harvest loop is their
+one writer): before the step's drafter merge, :meth:`RolloutPool.wait_windows_ended` waits,
+bounded, until no worker reports ``drafter-train`` any more, i.e. until the loop has ended the
+windows of the rollout and each worker has submitted its candidate.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from longtail_api.harvest import DRAFTER_TRAIN, Activity
+from longtail_api.protocol import ProtocolError
+from longtail_api.workerapi import STATUS_PATH, RolloutWorkerStatus
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, http_json, request
 from longtail_workers.shards import shard_round_robin
@@ -82,7 +89,7 @@ class RolloutPool:
         self.timeout_s, self.max_attempts = timeout_s, max_attempts
         self.on_assign = on_assign or (lambda name, busy: None)
         self.token = token
-        """The job's token for generate calls and role changes (None: the process's)."""
+        """The job's token for generate calls (None: the process's)."""
         self._lock = threading.Lock()
 
     @property
@@ -99,16 +106,24 @@ class RolloutPool:
             log.info("rollout worker %s answers again; back in the pool", name)
             self.down.pop(name, None)
 
-    def set_role(self, name: str, role: str) -> None:
-        http_json(self.workers[name] + "/v1/role", {"role": role}, 30.0, "PUT", self.token)
+    def wait_windows_ended(self, timeout_s: float, poll_s: float = 0.1) -> list[str]:
+        """Wait, at most ``timeout_s``, until no live worker reports ``drafter-train`` (a worker
+        reports ``rollout`` once its window's candidate is submitted); returns the workers
+        still training at the deadline. A worker whose status cannot be read is not waited for
+        (it is lost or restarting: its window's candidate is lost with it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            training = [n for n in self.live if self._observed(n) == DRAFTER_TRAIN]
+            if not training or time.monotonic() + poll_s > deadline:
+                return training
+            time.sleep(poll_s)
 
-    def end_harvest(self) -> None:
-        """Every live worker back to ``rollout`` (ends drafter-train windows, submits drafters)."""
-        for name in self.live:
-            try:
-                self.set_role(name, "rollout")
-            except (OSError, WorkerBusy) as exc:
-                log.warning("could not return %s to rollout: %s", name, exc)
+    def _observed(self, name: str) -> Activity | None:
+        try:
+            raw = http_json(self.workers[name] + STATUS_PATH, None, 5.0, "GET")
+            return RolloutWorkerStatus.from_dict(raw).role.observed
+        except (OSError, ValueError, ProtocolError):
+            return None
 
     def run(
         self,
@@ -154,9 +169,9 @@ class RolloutPool:
                 try:
                     reply = fut.result()
                 except WorkerBusy as exc:
-                    log.info("%s is busy (%s); returning it to rollout and retrying", name, exc)
+                    log.info("%s is busy (%s); retrying its shard", name, exc)
                     self._retry(queue, shard, attempts, name, str(exc))
-                    self._return_to_rollout(name, free)
+                    free.append(name)
                     continue
                 except (OSError, ValueError) as exc:
                     self.down[name] = f"{type(exc).__name__}: {exc}"
@@ -213,14 +228,6 @@ class RolloutPool:
                 f"workers down: {self.down or 'none'}"
             )
         queue.append((shard, attempts + 1))
-
-    def _return_to_rollout(self, name: str, free: deque[str]) -> None:
-        try:
-            self.set_role(name, "rollout")
-        except (OSError, WorkerBusy) as exc:
-            self.down[name] = f"cannot return to rollout: {exc}"
-            return
-        free.append(name)
 
     def _no_worker_message(self, queue: deque[tuple[list[int], int]]) -> str:
         left = sum(len(s) for s, _ in queue)

@@ -6,10 +6,11 @@ process of ``longtail run``). One RL step:
 1. draw ``promptsPerStep`` prompts (seeded order; a resumed run continues the same sequence)
    and build ``groupSize`` sampling requests per prompt with per-answer seeds;
 2. roll out on the :class:`~longtail_workers.trainer.dispatch.RolloutPool` with policy
-   version ``v`` (lost workers' shards are re-dispatched), then send every worker back to
-   ``rollout``, which ends the harvest windows and submits their drafter candidates; with
-   trainer harvesting on (``harvest`` below), the trainer's own drafter-train window is ended
-   the same way first (``trainer/drafter_window.py``), so nothing trains while the policy changes;
+   version ``v`` (lost workers' shards are re-dispatched); with trainer harvesting on
+   (``harvest`` below), the trainer then ends its own drafter-train window
+   (``trainer/drafter_window.py``), so nothing trains while the policy changes. The rollout
+   workers' windows are ended by the harvest loop, their only role writer, once it sees the
+   rollout over; the merge (4.) waits for them, bounded (``DriverConfig.window_end_grace_s``);
 3. score the answers with the verifier, compute group advantages, build the batch and run
    :func:`~longtail_workers.trainer.optim.train_step` on every trainer rank (``policy``:
    :class:`~longtail_workers.trainer.group.PolicyLeader`, which brings the follower ranks of a
@@ -50,7 +51,7 @@ from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.candidate_checks import CandidateChecks
 from longtail_workers.trainer.dispatch import RolloutAborted, RolloutOutcome, RolloutPool
-from longtail_workers.trainer.drafter_window import TrainerHarvest
+from longtail_workers.trainer.drafter_window import TrainerHarvestee
 from longtail_workers.trainer.group import PolicyLeader
 from longtail_workers.trainer.grpo import group_advantages, sequence_logprobs
 from longtail_workers.trainer.policy import build_policy
@@ -94,6 +95,9 @@ class DriverConfig:
     run_dir: Path
     checkpoint_dir: Path
     eval_max_new_tokens: int | None = None
+    window_end_grace_s: float = 30.0
+    """How long the drafter merge waits, beyond two harvest polls, for the harvest loop to end
+    the rollout workers' drafter-train windows (their candidates are submitted as they end)."""
 
 
 EVAL_SEED_STEP = 2**31
@@ -121,7 +125,7 @@ class StepDriver:
         config: DriverConfig,
         *,
         registry: Any = None,
-        harvest: TrainerHarvest | None = None,
+        harvest: TrainerHarvestee | None = None,
         checks: CandidateChecks | None = None,
         on_row: Callable[[StepRow], None] = lambda row: None,
         policy: PolicyLeader | None = None,
@@ -313,7 +317,6 @@ class StepDriver:
             st.pending_workers.clear()
             if self.harvest is not None:  # stopped (bounded wait) before the policy update
                 self._trainer_harvested_s = self.harvest.end_rollout()
-            self.pool.end_harvest()  # windows end with the rollout; candidates get submitted
         st.answers_done = len(requests)
         return out
 
@@ -335,6 +338,13 @@ class StepDriver:
         if self.registry is None:
             return 0.0
         t0 = time.monotonic()
+        harvest = self.spec.harvest
+        if harvest.enabled:  # the harvest loop ends the rollout's windows meanwhile
+            bound = self.config.window_end_grace_s + 2 * harvest.poll_period_seconds
+            late = self.pool.wait_windows_ended(bound)
+            if late:
+                log.warning("%s still in drafter-train %gs after the rollout; merging without "
+                            "their candidates", ", ".join(late), bound)  # fmt: skip
         checks = self.checks
         if checks is not None and checks.sample is not None:
             sample, version = checks.sample, self.state.policy_version
@@ -375,12 +385,12 @@ class StepDriver:
         eng = [r.engine for r in out.replies]
         worker_seconds: dict[str, float] = {}
         for reply in out.replies:  # a worker answers more than once after a re-dispatch
-            seconds = reply.engine.get("seconds", 0.0)
+            seconds = reply.engine.seconds
             worker_seconds[reply.worker] = worker_seconds.get(reply.worker, 0.0) + seconds
-        tokens = sum(e.get("tokens", 0.0) for e in eng)
-        sd_tokens = sum(e.get("sdTokens", 0.0) for e in eng)
-        rows = sum(e.get("acceptedRows", 0.0) for e in eng)
-        acc_len = sum(e.get("meanAcceptedLength", 0.0) * e.get("acceptedRows", 0.0) for e in eng)
+        tokens = sum(e.tokens for e in eng)
+        sd_tokens = sum(e.sd_tokens for e in eng)
+        rows = sum(e.accepted_rows for e in eng)
+        acc_len = sum(e.mean_accepted_length * e.accepted_rows for e in eng)
         return StepRow(
             step=step,
             policy_version=self.state.policy_version,
@@ -438,7 +448,6 @@ class StepDriver:
         ]  # fmt: skip
         out = self.pool.run(reqs, self.state.step, self.state.policy_version, self.stop)
         self._handed_out(out)
-        self.pool.end_harvest()
         golds = [ex.answer for ex in self.eval_set] * (1 + algo.eval_samples)
         rewards, correct = self._score(out.samples, golds)
         acc = float(np.mean(correct[:n]))

@@ -2,8 +2,9 @@
 
 Rank 0 runs the RL loop (``trainer/driver.py``) and reaches the policy only through
 :class:`PolicyLeader`; every other rank runs :func:`follow` (``trainer/service.py``). Before
-each operation the leader posts a command in the rendezvous store (:class:`CommandChannel`:
-``train``, ``stream``, ``gather``, ``save``, ``load``, then ``stop`` or ``abort`` at the end);
+each operation the leader posts a command in the rendezvous store (:class:`CommandChannel`,
+typed in ``wire/ranks.py``: ``train``, ``stream``, ``gather``, ``save``, ``load``, then ``stop``
+or ``abort`` at the end);
 the followers poll for it, so their wait between steps (a rollout can take many minutes) is
 bounded by nothing but rank 0's liveness: the store lives in rank 0, and when it is gone the
 poll fails at once. The operation itself is a collective with the process group's timeout. A
@@ -25,7 +26,6 @@ A pass that failed because a rank stopped is not drained (the group is broken): 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -44,6 +44,18 @@ from longtail_workers.trainer.policy import Policy
 from longtail_workers.trainer.sharding import StateDict
 from longtail_workers.trainer.world import TrainerRankError, TrainerWorld
 from longtail_workers.weights.sync import Published, WeightPublisher
+from longtail_workers.wire.ranks import (
+    Abort,
+    Gather,
+    Load,
+    RankCommand,
+    Save,
+    Stop,
+    Stream,
+    Train,
+    decode,
+    encode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +64,7 @@ POLL_S = 0.05
 
 
 class CommandChannel:
-    """Rank 0 -> followers, in order: ``{"op": ..., **fields}`` as JSON in the store."""
+    """Rank 0 -> followers, in order: each command as JSON in the store (``wire/ranks.py``)."""
 
     def __init__(self, world: TrainerWorld) -> None:
         if world.store is None:
@@ -62,17 +74,17 @@ class CommandChannel:
     def _key(self) -> str:
         return f"longtail/cmd/{self.seq}"
 
-    def send(self, op: str, **fields: Any) -> None:
-        self.store.set(self._key(), json.dumps({"op": op, **fields}))
+    def send(self, command: RankCommand) -> None:
+        self.store.set(self._key(), encode(command))
         self.seq += 1
 
-    def receive(self) -> dict[str, Any]:
+    def receive(self) -> RankCommand:
         """The next command; :class:`TrainerRankError` when rank 0 (the store) is gone."""
         key = self._key()
         try:
             while not self.store.check([key]):
                 time.sleep(POLL_S)
-            command: dict[str, Any] = json.loads(self.store.get(key))
+            text = self.store.get(key)
         except (RuntimeError, ConnectionError, OSError) as exc:
             raise TrainerRankError(
                 f"trainer rank 0 stopped (its rendezvous store stopped answering) while rank "
@@ -80,7 +92,7 @@ class CommandChannel:
                 [0],
             ) from exc
         self.seq += 1
-        return command
+        return decode(text)
 
 
 @dataclass
@@ -95,12 +107,12 @@ class PolicyLeader:
     def world(self) -> TrainerWorld:
         return self.policy.world
 
-    def _announce(self, op: str, **fields: Any) -> None:
+    def _announce(self, command: RankCommand) -> None:
         if self.channel is not None:
-            self.channel.send(op, **fields)
+            self.channel.send(command)
 
     def train(self, batch: GrpoBatch, step: int) -> StepStats:
-        self._announce("train", step=step)
+        self._announce(Train(step))
         if self.world.sharded:
             with self.world.collective(f"sending the batch of step {step}"):
                 share_batch(self.world, batch)
@@ -126,26 +138,26 @@ class PolicyLeader:
 
     def full_state(self) -> StateDict:
         """The whole state dict (:meth:`Policy.full_state`; not for a weight sync)."""
-        self._announce("gather")
+        self._announce(Gather())
         state = self.policy.full_state()
         assert state is not None  # rank 0 always gets the whole state dict
         return state
 
     def save(self, root: Path, *, step: int, model_sha256: str | None, **fields: Any) -> Path:
         tmp_name = f".tmp-{uuid.uuid4().hex}"
-        self._announce("save", root=str(root), step=step, tmp=tmp_name, sha=model_sha256)
+        self._announce(Save(str(root), step, tmp_name, model_sha256))
         return self.policy.save(
             root, step=step, tmp_name=tmp_name, model_sha256=model_sha256, **fields
         )
 
     def load(self, directory: Path) -> CheckpointState:
-        self._announce("load", path=str(directory))
+        self._announce(Load(str(directory)))
         return self.policy.load(directory)
 
     def close(self, ok: bool) -> None:
         """Release the followers: they exit 0 (``ok``) or 1."""
         try:
-            self._announce("stop" if ok else "abort")
+            self._announce(Stop() if ok else Abort())
         except (RuntimeError, ConnectionError, OSError) as exc:
             log.warning("could not tell the follower ranks to stop: %s", exc)
 
@@ -167,7 +179,7 @@ class GatherStream:
         if self.failure is not None:
             raise self.failure
         self.finish()  # a retry: the previous pass first runs to its end on every rank
-        self.leader._announce("stream")
+        self.leader._announce(Stream())
         self._open = _Pass(self, self.leader.policy.gather_pass())
         self.passes += 1
         return self._open
@@ -222,25 +234,23 @@ def follow(policy: Policy, channel: CommandChannel) -> int:
     world = policy.world
     while True:
         command = channel.receive()
-        op = command["op"]
-        if op == "train":
-            with world.collective(f"receiving the batch of step {command['step']}"):
-                batch = share_batch(world, None)
-            policy.train(batch, int(command["step"]))
-        elif op == "stream":
-            for _ in policy.gather_pass():
-                pass  # rank 0 publishes; this rank only takes part in each gather
-        elif op == "gather":
-            policy.full_state()
-        elif op == "save":
-            policy.save(
-                Path(command["root"]), step=int(command["step"]), tmp_name=command["tmp"],
-                model_sha256=command["sha"], policy_version=0, drafter_version=-1, keep_last=1,
-            )  # fmt: skip
-        elif op == "load":
-            policy.load(Path(command["path"]))
-        elif op in ("stop", "abort"):
-            log.info("rank %d: rank 0 says %s", world.rank, op)
-            return 0 if op == "stop" else 1
-        else:
-            raise TrainerRankError(f"unknown command {op!r} from rank 0 (version mismatch?)", [])
+        match command:
+            case Train(step=step):
+                with world.collective(f"receiving the batch of step {step}"):
+                    batch = share_batch(world, None)
+                policy.train(batch, step)
+            case Stream():
+                for _ in policy.gather_pass():
+                    pass  # rank 0 publishes; this rank only takes part in each gather
+            case Gather():
+                policy.full_state()
+            case Save(root=root, step=step, tmp=tmp, sha=sha):
+                policy.save(
+                    Path(root), step=step, tmp_name=tmp, model_sha256=sha,
+                    policy_version=0, drafter_version=-1, keep_last=1,
+                )  # fmt: skip
+            case Load(path=path):
+                policy.load(Path(path))
+            case Stop() | Abort():
+                log.info("rank %d: rank 0 says %s", world.rank, command.op)
+                return 0 if isinstance(command, Stop) else 1

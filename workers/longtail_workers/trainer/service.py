@@ -42,7 +42,8 @@ from http import HTTPStatus
 from pathlib import Path
 
 import torch
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from starlette.routing import Route
 
 from longtail_api import metrics as names
 from longtail_api.protocol import ProtocolError
@@ -50,7 +51,10 @@ from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
 from longtail_api.steprow import METRICS_FILE, SYNC_PHASES, StepRow
 from longtail_api.workerapi import (
+    CHECKPOINT_PATH,
     ROLE_PATH,
+    STATUS_PATH,
+    TRAINER_ACTIVITIES,
     CheckpointAnswer,
     RoleAck,
     RoleState,
@@ -58,32 +62,25 @@ from longtail_api.workerapi import (
     TrainerStatus,
 )
 from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
-from longtail_workers.drafter.exchange import DrafterEndpoints
+from longtail_workers.drafter.exchange import DrafterEndpoints, drafter_routes
 from longtail_workers.httpclient import request
 from longtail_workers.httprequest import JSONRequestHandler, fail
-from longtail_workers.httpserver import BackgroundHTTPServer
+from longtail_workers.httpserver import BackgroundHTTPServer, probe_routes, route
 from longtail_workers.jobspec import load_job_spec
 from longtail_workers.metricspec import counter_from_spec, gauge_from_spec, histogram_from_spec
-from longtail_workers.runtime import (
-    add_weight_sync_args,
-    answer_error,
-    role_device,
-    torch_threads,
-)
+from longtail_workers.runtime import add_weight_sync_args, role_device, torch_threads
 from longtail_workers.signals import install_stop_signals
-from longtail_workers.spot.cycle import RoleConflictError, answer_put_role
+from longtail_workers.spot.cycle import RoleConflictError, answer_put_role, check_activity
 from longtail_workers.trainer.checkpoint import latest_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed
 from longtail_workers.trainer.drafter_window import (
     TRAIN,
     WORKER_NAME,
-    TrainerHarvest,
-    check_trainer_role,
+    TrainerHarvestee,
 )
 from longtail_workers.trainer.driver import StepDriver
 from longtail_workers.trainer.ranks import launch_local_ranks, local_rank_of, run_follower
 from longtail_workers.trainer.world import TrainerWorld, join_world
-from longtail_workers.wire.rollout import WireError
 from longtail_workers.wire.samples import SAMPLES_PATH, StepSamples, parse_after
 
 log = logging.getLogger(__name__)
@@ -146,6 +143,7 @@ class TrainerMetrics:
 class TrainerApp(BackgroundHTTPServer):
     """Status / checkpoint / metrics surface of the trainer, and the drafter exchange."""
 
+    service = "trainer"
     thread_name = "trainer-http"
     started_log = "trainer listening on %s"
 
@@ -156,7 +154,7 @@ class TrainerApp(BackgroundHTTPServer):
         self.failed: str | None = None
         self.drafters: DrafterEndpoints | None = None
         """Set once the driver's drafter registry exists (``--drafters``)."""
-        self.harvest: TrainerHarvest | None = None
+        self.harvest: TrainerHarvestee | None = None
         """The trainer's own drafter training (set when the job makes it a harvest target)."""
         self.started = time.time()
         self.stop_requested: threading.Event | None = None
@@ -177,15 +175,15 @@ class TrainerApp(BackgroundHTTPServer):
 
     def role(self) -> RoleState:
         if self.harvest is not None:
-            return self.harvest.activity()
+            return self.harvest.role.activity()
         return RoleState(TRAIN, TRAIN, self.started)
 
     def set_role(self, role: object) -> RoleAck:
         """``PUT /v1/role``: the harvest's answer, or ``train`` only when it is off."""
         if self.harvest is not None:
-            return self.harvest.set_role(role)
+            return self.harvest.role.set_role(role)
         started = time.perf_counter()
-        if check_trainer_role(role) != TRAIN:
+        if check_activity(role, TRAINER_ACTIVITIES, "the trainer") != TRAIN:
             raise RoleConflictError(
                 "trainer harvesting is off: it needs harvest.enabled, drafterTraining.enabled, "
                 "'trainer' in harvest.eligibleRoles and a drafter registry (--drafters DIR)"
@@ -196,7 +194,7 @@ class TrainerApp(BackgroundHTTPServer):
         """``GET /v1/samples/latest[?after=N]``: 503 while starting, 400 for a bad ``after``."""
         try:
             after = parse_after(query)
-        except WireError as exc:
+        except ProtocolError as exc:
             fail(HTTPStatus.BAD_REQUEST, str(exc))
         d = self.driver
         if d is None:
@@ -238,64 +236,50 @@ class TrainerApp(BackgroundHTTPServer):
             role=self.role(),
             idle_since=started,
             idle_seconds=None if started is None else max(0.0, time.time() - started),
-            harvested_seconds=0.0 if self.harvest is None else self.harvest.harvested_seconds,
+            harvested_seconds=0.0 if self.harvest is None else self.harvest.role.harvested_seconds,
             drafter_training=None if self.harvest is None else self.harvest.status(),
             figures_step=None if row is None else row.step,
             worker_policy_versions=d.syncs.held_versions(),
         )
 
-    class handler_class(JSONRequestHandler):
-        app: TrainerApp
-        dispatch_methods = ("GET", "HEAD", "POST", "PUT")
+    def routes(self) -> list[Route]:
+        def status(handler: JSONRequestHandler) -> None:
+            handler.send_json(HTTPStatus.OK, self.status().to_dict())
 
-        def _dispatch(self, method: str) -> None:
-            app, path, query = self.app, self.path, self.query
-            try:
-                if DrafterEndpoints.owns(path):
-                    self._drafters(app, method, path, query)
-                elif path == "/healthz" and method in ("GET", "HEAD"):
-                    self.send_text(HTTPStatus.OK, "ok\n")
-                elif path == "/readyz" and method in ("GET", "HEAD"):
-                    why = app.unready()
-                    if why is None:
-                        self.send_text(HTTPStatus.OK, "ready\n")
-                    else:
-                        self.send_text(HTTPStatus.SERVICE_UNAVAILABLE, why + "\n")
-                elif path == "/v1/status" and method == "GET":
-                    self.send_json(HTTPStatus.OK, app.status().to_dict())
-                elif path == ROLE_PATH and method == "PUT":
-                    answer_put_role(self, WORKER_NAME, app.set_role, 64 * 1024)
-                elif path == SAMPLES_PATH and method == "GET":
-                    self.send_json(HTTPStatus.OK, app.samples(query).to_dict())
-                elif path == "/metrics" and method in ("GET", "HEAD"):
-                    body = generate_latest(app.metrics.registry)
-                    self.send_body(HTTPStatus.OK, body, "text/plain; version=0.0.4")
-                elif path == "/v1/checkpoint" and method == "POST":
-                    if app.driver is None:
-                        fail(HTTPStatus.SERVICE_UNAVAILABLE, "trainer still starting; retry")
-                    where = app.driver.checkpoint()
-                    answer = CheckpointAnswer(app.driver.state.step, str(where))
-                    self.send_json(HTTPStatus.OK, answer.to_dict())
-                else:
-                    fail(HTTPStatus.NOT_FOUND, f"unknown endpoint {method} {path}")
-            except Exception as exc:  # noqa: BLE001 - HTTP boundary: answer_error logs a 500
-                answer_error(self, exc, "trainer", method, path)
+        def samples(handler: JSONRequestHandler) -> None:
+            handler.send_json(HTTPStatus.OK, self.samples(handler.query).to_dict())
 
-        def _drafters(self, app: TrainerApp, method: str, path: str, query: str) -> None:
-            if app.drafters is not None:
-                app.drafters.handle(self, method, path, query)
-            elif app.driver is None:
-                fail(HTTPStatus.SERVICE_UNAVAILABLE, "trainer still starting (loading); retry")
-            else:
-                fail(
-                    HTTPStatus.NOT_FOUND,
-                    "this trainer keeps no drafter registry; start it with --drafters DIR "
-                    "(the operator does when drafterTraining is enabled)",
-                )
+        def role(handler: JSONRequestHandler) -> None:
+            answer_put_role(handler, WORKER_NAME, self.set_role, 64 * 1024)
 
-        def must_close(self) -> bool:
-            # An error answered before the request body was read: close rather than read it.
-            return self.unread_body() != 0
+        return [
+            *probe_routes(self.unready, self.metrics.registry),
+            route(STATUS_PATH, status, "GET"),
+            route(ROLE_PATH, role, "PUT"),
+            route(SAMPLES_PATH, samples, "GET"),
+            route(CHECKPOINT_PATH, self._checkpoint, "POST"),
+            *drafter_routes(self._exchange),
+        ]
+
+    def _checkpoint(self, handler: JSONRequestHandler) -> None:
+        """``POST /v1/checkpoint``: checkpoint now; the answer goes once it is on disk."""
+        if self.driver is None:
+            fail(HTTPStatus.SERVICE_UNAVAILABLE, "trainer still starting; retry")
+        where = self.driver.checkpoint()
+        answer = CheckpointAnswer(self.driver.state.step, str(where))
+        handler.send_json(HTTPStatus.OK, answer.to_dict())
+
+    def _exchange(self) -> DrafterEndpoints:
+        """The drafter exchange; 503 while the trainer loads, 404 when it keeps no registry."""
+        if self.drafters is not None:
+            return self.drafters
+        if self.driver is None:
+            fail(HTTPStatus.SERVICE_UNAVAILABLE, "trainer still starting (loading); retry")
+        fail(
+            HTTPStatus.NOT_FOUND,
+            "this trainer keeps no drafter registry; start it with --drafters DIR "
+            "(the operator does when drafterTraining is enabled)",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

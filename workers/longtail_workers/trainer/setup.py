@@ -19,6 +19,7 @@ function that stops the publisher. On a sharded trainer (``trainer/world.py``) t
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,7 +44,7 @@ from longtail_workers.trainer.candidate_checks import (
 )
 from longtail_workers.trainer.dispatch import RolloutPool
 from longtail_workers.trainer.drafter_window import (
-    TrainerHarvest,
+    TrainerHarvestee,
     build_trainer_harvest,
     trainer_harvest_enabled,
 )
@@ -150,19 +151,12 @@ def build_driver(
     pool = RolloutPool(parse_rollouts(args.rollout), timeout_s=args.rollout_timeout)
     verifier = VerifierClient(args.verifier_url)
     publisher, stop_publisher = make_publisher(args, spec, keep_last=3, world=world)
-    registry = checks = None
-    if args.drafters:
-        initial = job_drafter(spec, model)
-        reference = None if initial is None else DrafterReference.of(initial)
-        registry = DrafterRegistry(args.drafters, reference=reference)
-        # A sharded policy's forward pass needs every rank: no held-out sample there.
-        sample = None if world.sharded else HeldoutSample(spec.drafter_training)
-        checks = CandidateChecks(WindowLedger(), sample, initial)
+    registry, checks, harvest = drafter_parts(spec, model, args.drafters, world)
     run_dir.mkdir(parents=True, exist_ok=True)
     driver = StepDriver(
         spec, model, tokenizer, train, evals, pool, verifier, publisher,
         DriverConfig(run_dir=run_dir, checkpoint_dir=ckpt_dir), registry=registry,
-        harvest=_trainer_harvest(spec, model, registry, world), checks=checks, policy=leader,
+        harvest=harvest, checks=checks, policy=leader,
     )  # fmt: skip
     pool.on_assign = lambda name, busy: (
         driver.state.pending_workers.add(name)
@@ -172,20 +166,30 @@ def build_driver(
     return driver, stop_publisher
 
 
-def drafter_reference(spec: RLJobSpec, model: Any) -> DrafterReference | None:
-    """The job's drafter, which every candidate must match (``drafter/vetting.py``).
-
-    None, with a warning, when this trainer cannot read ``drafterTraining.initialDrafter`` (a
-    path mounted on the rollout pods only): candidates are then checked against each other at
-    the merge, and at upload for a readable, non-empty, finite weights file.
-    """
-    drafter = job_drafter(spec, model)
-    return None if drafter is None else DrafterReference.of(drafter)
+def drafter_parts(
+    spec: RLJobSpec, model: Any, drafters: str | None, world: TrainerWorld
+) -> tuple[DrafterRegistry | None, CandidateChecks | None, TrainerHarvestee | None]:
+    """The drafter registry (``--drafters``; None without), the checks its candidates go
+    through and the trainer's own harvest, all from one build of the job's initial drafter
+    (a ``builtin:`` one may be fitted on the way)."""
+    registry = checks = initial = None
+    if drafters:
+        initial = job_drafter(spec, model)
+        reference = None if initial is None else DrafterReference.of(initial)
+        registry = DrafterRegistry(drafters, reference=reference)
+        # A sharded policy's forward pass needs every rank: no held-out sample there.
+        sample = None if world.sharded else HeldoutSample(spec.drafter_training)
+        checks = CandidateChecks(WindowLedger(), sample, initial)
+    return registry, checks, _trainer_harvest(spec, model, registry, world, initial)
 
 
 def job_drafter(spec: RLJobSpec, model: Any) -> EagleDrafter | None:
-    """The job's initial drafter on ``model`` (see :func:`drafter_reference` for None); also
-    the version the first merge's candidates are judged against (``candidate_checks.py``)."""
+    """The job's initial drafter on ``model``: every candidate must match it
+    (``drafter/vetting.py``), and the first merge's candidates are judged against it
+    (``candidate_checks.py``). None, with a warning, when this trainer cannot read
+    ``drafterTraining.initialDrafter`` (a path mounted on the rollout pods only): candidates are
+    then checked against each other at the merge, and at upload for a readable, non-empty,
+    finite weights file."""
     try:
         drafter: EagleDrafter = initial_drafter(spec, model, spec.model.path)
     except (DrafterMismatchError, OSError) as exc:
@@ -216,8 +220,12 @@ def check_context(spec: RLJobSpec, model: Any, tokenizer: Any, examples: Sequenc
 
 
 def _trainer_harvest(
-    spec: RLJobSpec, model: Any, registry: DrafterRegistry | None, world: TrainerWorld
-) -> TrainerHarvest | None:
+    spec: RLJobSpec,
+    model: Any,
+    registry: DrafterRegistry | None,
+    world: TrainerWorld,
+    initial: EagleDrafter | None,
+) -> TrainerHarvestee | None:
     """The trainer's own drafter training when the job asks for it (else None)."""
     if not trainer_harvest_enabled(spec):
         return None
@@ -234,5 +242,12 @@ def _trainer_harvest(
             "start it with --drafters DIR (the operator and longtail run do) to harvest it"
         )
         return None
+    if initial is None:
+        raise ValueError(
+            "harvest.eligibleRoles has 'trainer' but this trainer cannot read "
+            f"drafterTraining.initialDrafter={spec.drafter_training.initial_drafter!r}: mount it "
+            "on the trainer too or remove 'trainer' from harvest.eligibleRoles"
+        )
     log.info("trainer harvest on: the trainer trains the drafter while it waits for rollouts")
-    return build_trainer_harvest(spec, model, registry)
+    # A copy: the harvest trains its drafter in place; the checks keep the job's drafter.
+    return build_trainer_harvest(spec, model, registry, copy.deepcopy(initial))

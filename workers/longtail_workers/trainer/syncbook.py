@@ -3,10 +3,10 @@
 The step driver (``trainer/driver.py``) tells it about every publish (:meth:`SyncBook.published`:
 the publisher's :class:`~longtail_workers.weights.sync.SyncPhases` and the publish's wall time)
 and hands it every rollout's generate replies (:meth:`SyncBook.replied`: each worker's
-``policyLoadSeconds``, the rollout pause its call spent obtaining and loading the version it
-names, and the version it holds now). A version's sync ends at the first generate calls that
-load it, one step after it was published, so the row of a step describes the version its
-rollout generated with (:meth:`SyncBook.fill`). The held versions (:attr:`SyncBook.held`) go
+``engine.policy_load_seconds``, the rollout pause its call spent obtaining and loading the
+version it names, and the version it holds now). A version's sync ends at the first generate
+calls that load it, one step after it was published, so the row of a step describes the version
+its rollout generated with (:meth:`SyncBook.fill`). The held versions (:attr:`SyncBook.held`) go
 into the trainer's status, and from there into the RLJob's ``status.weightSync``; they come from
 the generate replies, which every transport answers the same way.
 """
@@ -21,9 +21,6 @@ from longtail_api.steprow import StepRow
 from longtail_workers.weights.sync import SyncPhases
 from longtail_workers.wire.rollout import GenerateReply
 
-LOAD_SECONDS = "policyLoadSeconds"
-"""Key of a generate reply's ``engine`` figures: seconds the call spent loading the policy
-version it names (0 when the worker held it already)."""
 KEEP_VERSIONS = 4
 """Versions the book remembers (a row needs the one its rollout used; older ones are done)."""
 
@@ -79,7 +76,7 @@ class SyncBook:
         with self._lock:
             for reply in replies:
                 self.held[reply.worker] = reply.policy_version
-                seconds = reply.engine.get(LOAD_SECONDS, 0.0)
+                seconds = reply.engine.policy_load_seconds
                 sync = self._versions.get(reply.policy_version)
                 if sync is None or seconds <= 0.0:
                     continue  # held already (loaded by an earlier call), or an unknown version

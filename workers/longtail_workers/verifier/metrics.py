@@ -2,17 +2,17 @@
 
 Created once per :class:`~longtail_workers.verifier.server.VerifierServer`, each on its own
 ``CollectorRegistry`` (not the process-global default), so several servers can run in one
-process (tests, local mode) without "duplicated timeseries" errors. The HTTP handler calls
-:meth:`VerifierMetrics.observe_request` for every request and
-:meth:`VerifierMetrics.observe_batch` for every scored batch; ``GET /metrics`` serves
-:meth:`VerifierMetrics.render`.
+process (tests, local mode) without "duplicated timeseries" errors. The server calls
+:meth:`VerifierMetrics.observe_request` for every request and the verify endpoint
+:meth:`VerifierMetrics.observe_batch` for every scored batch; ``GET /metrics`` serves the
+registry (``httpserver.probe_routes``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from longtail_api import metrics as names
@@ -20,11 +20,7 @@ from longtail_workers.metricspec import counter_from_spec, gauge_from_spec, hist
 from longtail_workers.rewards import RewardResult
 
 # Re-exported for the callers that imported them from here before metricspec.py existed.
-__all__ = ["CONTENT_TYPE", "VerifierMetrics", "counter_from_spec", "gauge_from_spec",
-           "histogram_from_spec"]  # fmt: skip
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-"""Content type of the Prometheus text exposition format served on ``/metrics``."""
+__all__ = ["VerifierMetrics", "counter_from_spec", "gauge_from_spec", "histogram_from_spec"]
 
 
 class VerifierMetrics:
@@ -62,7 +58,3 @@ class VerifierMetrics:
         self.correct.labels(reward=reward_name).inc(correct)
         unformatted = len(results) - formatted
         self.unformatted.labels(reward=reward_name).inc(unformatted)
-
-    def render(self) -> bytes:
-        """The Prometheus text exposition of every metric on this registry."""
-        return generate_latest(self.registry)

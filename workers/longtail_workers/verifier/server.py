@@ -19,8 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from longtail_workers.httpserver import BackgroundHTTPServer
-from longtail_workers.verifier.handler import VerifierHandler
+from starlette.routing import Route
+
+from longtail_api.protocol import VERIFY_PATH
+from longtail_workers.httpserver import BackgroundHTTPServer, probe_routes, route
+from longtail_workers.verifier.handler import verify
 from longtail_workers.verifier.metrics import VerifierMetrics
 
 
@@ -47,7 +50,7 @@ class VerifierConfig:
 class VerifierServer(BackgroundHTTPServer):
     """A verifier HTTP server running in a background thread."""
 
-    handler_class = VerifierHandler
+    service = "verifier"
     thread_name = "verifier-http"
     started_log = "verifier listening on %s"
     stopped_log = "verifier stopped"
@@ -58,3 +61,12 @@ class VerifierServer(BackgroundHTTPServer):
             self.config.host, self.config.port, request_timeout_s=self.config.request_timeout_s
         )
         self.metrics = VerifierMetrics()
+
+    def routes(self) -> list[Route]:
+        return [
+            *probe_routes(self.unready, self.metrics.registry),
+            route(VERIFY_PATH, lambda handler: verify(handler, self.config, self.metrics), "POST"),
+        ]
+
+    def observe(self, endpoint: str, status: int, seconds: float) -> None:
+        self.metrics.observe_request(endpoint, status, seconds)

@@ -17,8 +17,6 @@ from collections.abc import Mapping
 import torch
 from safetensors.torch import save
 
-SHA256_HEX_LEN = 64
-
 
 def canonical_tensors(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state_dict`` as detached, contiguous CPU tensors in sorted key order.
@@ -60,8 +58,3 @@ def sha256_hex(data: bytes | bytearray | memoryview) -> str:
 def state_dict_checksum(state_dict: Mapping[str, torch.Tensor]) -> str:
     """sha256 (hex) of the canonical bytes of ``state_dict``."""
     return sha256_hex(serialize_state_dict(state_dict))
-
-
-def dtype_map(state_dict: Mapping[str, torch.Tensor]) -> dict[str, str]:
-    """``{name: dtype}`` with dtypes spelled like ``torch.bfloat16`` -> ``"bfloat16"``."""
-    return {k: str(state_dict[k].dtype).removeprefix("torch.") for k in sorted(state_dict)}

@@ -1,7 +1,7 @@
 """HTTP pull of versioned policy weights: the default transport, works anywhere.
 
-The trainer runs a :class:`WeightServer` (``httpserver.py``: uvicorn in a
-background thread) over a :class:`~longtail_workers.weights.store.WeightStore`; each rollout
+The trainer runs a :class:`WeightServer` (``httpserver.py``: uvicorn in a background thread,
+this route table) over a :class:`~longtail_workers.weights.store.WeightStore`; each rollout
 worker uses an :class:`HttpWeightClient` between rollouts::
 
     GET /v1/weights/latest              -> 200 JSON manifest {"version", "size", "dtypes",
@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
@@ -39,12 +38,13 @@ from http import HTTPStatus
 from pathlib import Path
 
 import torch
+from starlette.routing import Route
 
 from longtail_workers import httpclient
-from longtail_workers.httprequest import JSONRequestHandler, error_text
-from longtail_workers.httpserver import BackgroundHTTPServer
+from longtail_workers.httprequest import JSONRequestHandler, error_text, fail
+from longtail_workers.httpserver import BackgroundHTTPServer, route
 from longtail_workers.weights.pieces import DEFAULT_PIECE_BYTES, check_layout, tensors_from_bytes
-from longtail_workers.weights.store import VersionPending, WeightStore
+from longtail_workers.weights.store import PublishedWeights, VersionPending, WeightStore
 from longtail_workers.weights.sync import (
     Piece,
     Published,
@@ -67,67 +67,15 @@ MANIFEST_PATH = "/v1/weights/{version}/manifest"
 PIECE_PATH = "/v1/weights/{version}/pieces/{index}"
 VERSION_HEADER = "X-Longtail-Weights-Version"
 CHECKSUM_HEADER = "X-Longtail-Weights-Sha256"
-_VERSION_RE = re.compile(r"^/v1/weights/(\d{1,18})/(manifest|pieces/(\d{1,9}))$")
 NOTHING_PUBLISHED = "no policy weights published yet"
 PENDING_WAIT_S = 30.0
 """Longest a request for a version still being hashed waits before its 503."""
 
 
-class _Handler(JSONRequestHandler):
-    app: WeightServer
-    dispatch_methods = ("GET",)
-    json_separators = None  # json.dumps' default, with spaces
-
-    def _dispatch(self, method: str) -> None:
-        try:
-            self._answer(self.app.store, self.path)
-        except VersionPending as exc:
-            self.send_json(
-                HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)}, headers={"Retry-After": "1"}
-            )
-
-    def _answer(self, store: WeightStore, path: str) -> None:
-        if path == LATEST_PATH:
-            entry = store.latest(wait_s=PENDING_WAIT_S)
-            if entry is None:
-                self.send_json(HTTPStatus.NOT_FOUND, {"error": f"{NOTHING_PUBLISHED}; retry later"})
-            else:
-                self.send_json(HTTPStatus.OK, entry.manifest.to_dict())
-            return
-        match = _VERSION_RE.match(path)
-        if match is None:
-            self.send_json(
-                HTTPStatus.NOT_FOUND,
-                {"error": f"unknown path {path!r}; use {LATEST_PATH}, {MANIFEST_PATH} or "
-                 f"{PIECE_PATH}"},
-            )  # fmt: skip
-            return
-        version = int(match.group(1))
-        entry = store.get(version, wait_s=PENDING_WAIT_S)
-        if entry is None:
-            kept = store.versions()
-            message = f"version {version} is not kept; kept versions: {kept}"
-            self.send_json(HTTPStatus.NOT_FOUND, {"error": message})
-            return
-        if match.group(2) == "manifest":
-            self.send_json(HTTPStatus.OK, entry.manifest.to_dict())
-            return
-        index = int(match.group(3))
-        count = len(entry.manifest.pieces)
-        if index >= count:
-            message = f"version {version} has {count} pieces, no piece {index}"
-            self.send_json(HTTPStatus.NOT_FOUND, {"error": message})
-            return
-        piece = entry.manifest.pieces[index]
-        body = memoryview(entry.data)[piece.offset : piece.offset + piece.size]
-        headers = {VERSION_HEADER: str(version), CHECKSUM_HEADER: piece.sha256}
-        self.send_body(HTTPStatus.OK, body, "application/octet-stream", headers)
-
-
 class WeightServer(WeightPublisher, BackgroundHTTPServer):
     """Serves a :class:`WeightStore` over HTTP; ``publish`` goes straight to the store."""
 
-    handler_class = _Handler
+    service = "weight server"
     thread_name = "weights-http"
     started_log = "policy weights served on %s"
 
@@ -142,9 +90,49 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
         spool_dir: Path | None = None,
     ) -> None:
         super().__init__(host, port, request_timeout_s=request_timeout_s)
-        self.host = host
-        self.requested_port = port
         self.store = WeightStore(keep_last=keep_last, piece_bytes=piece_bytes, spool_dir=spool_dir)
+
+    def routes(self) -> list[Route]:
+        return [
+            route(LATEST_PATH, self._latest, "GET"),
+            route("/v1/weights/{version:int}/manifest", self._manifest, "GET"),
+            route("/v1/weights/{version:int}/pieces/{index:int}", self._piece, "GET"),
+        ]
+
+    def _latest(self, handler: JSONRequestHandler) -> None:
+        handler.send_json(HTTPStatus.OK, self._stored(None).manifest.to_dict())
+
+    def _manifest(self, handler: JSONRequestHandler) -> None:
+        entry = self._stored(handler.params["version"])
+        handler.send_json(HTTPStatus.OK, entry.manifest.to_dict())
+
+    def _piece(self, handler: JSONRequestHandler) -> None:
+        version, index = handler.params["version"], handler.params["index"]
+        entry = self._stored(version)
+        count = len(entry.manifest.pieces)
+        if index >= count:
+            fail(HTTPStatus.NOT_FOUND, f"version {version} has {count} pieces, no piece {index}")
+        piece = entry.manifest.pieces[index]
+        body = memoryview(entry.data)[piece.offset : piece.offset + piece.size]
+        headers = {VERSION_HEADER: str(version), CHECKSUM_HEADER: piece.sha256}
+        handler.send_body(HTTPStatus.OK, body, "application/octet-stream", headers)
+
+    def _stored(self, version: int | None) -> PublishedWeights:
+        """``version`` (None: the newest) from the store, waiting while it is hashed: 503 with
+        ``Retry-After`` past the wait (the client retries any 5xx), 404 when not kept."""
+        try:
+            if version is None:
+                entry = self.store.latest(wait_s=PENDING_WAIT_S)
+            else:
+                entry = self.store.get(version, wait_s=PENDING_WAIT_S)
+        except VersionPending as exc:
+            fail(HTTPStatus.SERVICE_UNAVAILABLE, str(exc), {"Retry-After": "1"})
+        if entry is None and version is None:
+            fail(HTTPStatus.NOT_FOUND, f"{NOTHING_PUBLISHED}; retry later")
+        if entry is None:
+            kept = self.store.versions()
+            fail(HTTPStatus.NOT_FOUND, f"version {version} is not kept; kept versions: {kept}")
+        return entry
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Published:
         return self.store.publish(version, state_dict)

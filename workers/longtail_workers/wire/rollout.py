@@ -9,10 +9,12 @@ that version before it generates (never a mix of versions within one call).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from longtail_api.protocol import ProtocolError
+from longtail_api.workerapi import Reader
 from longtail_workers.engine.interface import (
     GenerationRequest,
     GenerationResult,
@@ -29,19 +31,6 @@ WIRE_FIELDS = {
 """:class:`GenerationRequest` field -> its key in a generate call."""
 
 
-class WireError(ValueError):
-    """A generate call or reply does not have the expected shape (message names the field)."""
-
-
-def _get(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if key not in obj:
-        raise WireError(f"{where}.{key}: is required")
-    value = obj[key]
-    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-        raise WireError(f"{where}.{key}: must be {kind}, got {type(value).__name__}")
-    return value
-
-
 def request_to_dict(r: GenerationRequest) -> dict[str, Any]:
     return {
         "id": r.request_id,
@@ -54,38 +43,23 @@ def request_to_dict(r: GenerationRequest) -> dict[str, Any]:
     }
 
 
-def _token_ids(value: object, where: str) -> list[int]:
-    if not isinstance(value, list):
-        raise WireError(f"{where}: must be a list of token ids, got {type(value).__name__}")
-    for i, t in enumerate(value):
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise WireError(f"{where}[{i}]: must be an integer token id, got {t!r}")
-    return list(value)
-
-
-def request_from_dict(d: Mapping[str, Any], where: str) -> GenerationRequest:
-    seed = d.get("seed")
-    if seed is not None and not isinstance(seed, int):
-        raise WireError(f"{where}.seed: must be an integer or null")
-    prompt = _get(d, "promptTokenIds", list, where)
-    top_p = d.get("topP", 1.0)
-    if isinstance(top_p, bool) or not isinstance(top_p, int | float):
-        raise WireError(f"{where}.topP: must be a number, got {type(top_p).__name__}")
+def request_from_dict(d: object, where: str) -> GenerationRequest:
+    r = Reader(d, where)
     return GenerationRequest(
-        prompt_token_ids=_token_ids(prompt, f"{where}.promptTokenIds"),
-        max_new_tokens=int(_get(d, "maxNewTokens", int, where)),
-        temperature=float(_get(d, "temperature", (int, float), where)),
-        top_p=float(top_p),
-        seed=seed,
-        stop_token_ids=_token_ids(d.get("stopTokenIds", []), f"{where}.stopTokenIds"),
-        request_id=None if d.get("id") is None else str(d["id"]),
+        prompt_token_ids=r.ints("promptTokenIds"),
+        max_new_tokens=r.int_("maxNewTokens", minimum=None),
+        temperature=r.num("temperature"),
+        top_p=r.num("topP") if "topP" in r.obj else 1.0,
+        seed=r.opt_int("seed", minimum=None),
+        stop_token_ids=r.ints("stopTokenIds", required=False),
+        request_id=None if r.obj.get("id") is None else str(r.obj["id"]),
     )
 
 
 def check_call(call: GenerateCall, vocab_size: int, max_positions: int | None) -> None:
     """Refuse a call with a request this model cannot run (``GenerationRequest.validate``).
 
-    The rollout service answers 400 with the :class:`WireError`, which names the request and
+    The rollout service answers 400 with the :class:`ProtocolError`, which names the request and
     the field as the call spells it (``body.requests[3].maxNewTokens: ...``); NaN and
     infinities are refused. The trainer then fails the job with that message
     (``trainer/dispatch.py``) instead of re-dispatching to another worker.
@@ -95,7 +69,7 @@ def check_call(call: GenerateCall, vocab_size: int, max_positions: int | None) -
             request.validate(vocab_size, max_positions)
         except InvalidRequestError as exc:
             name = WIRE_FIELDS.get(exc.field, exc.field)
-            raise WireError(f"body.requests[{i}].{name}: {exc}") from exc
+            raise ProtocolError(f"body.requests[{i}].{name}", str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -115,15 +89,12 @@ class GenerateCall:
 
     @classmethod
     def from_dict(cls, d: object) -> GenerateCall:
-        if not isinstance(d, Mapping):
-            raise WireError("body: must be a JSON object {step, policyVersion, requests}")
-        raw = _get(d, "requests", list, "body")
+        r = Reader(d, "body")
+        raw = r.list_("requests")
         if not raw:
-            raise WireError("body.requests: must hold at least one request")
-        reqs = [request_from_dict(r, f"body.requests[{i}]") for i, r in enumerate(raw)]
-        return cls(
-            int(_get(d, "step", int, "body")), int(_get(d, "policyVersion", int, "body")), reqs
-        )
+            raise ProtocolError("body.requests", "must hold at least one request")
+        reqs = [request_from_dict(q, f"body.requests[{i}]") for i, q in enumerate(raw)]
+        return cls(r.int_("step", minimum=None), r.int_("policyVersion", minimum=None), reqs)
 
 
 @dataclass(frozen=True)
@@ -165,21 +136,62 @@ class Sample:
         }
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str) -> Sample:
-        out = [int(t) for t in _get(d, "outputTokenIds", list, where)]
-        logprobs = [float(x) for x in _get(d, "outputLogprobs", list, where)]
+    def from_dict(cls, d: object, where: str) -> Sample:
+        r = Reader(d, where)
+        out, logprobs = r.ints("outputTokenIds"), [float(x) for x in r.list_("outputLogprobs")]
         if len(out) != len(logprobs):
-            raise WireError(f"{where}: {len(out)} output tokens but {len(logprobs)} log-probs")
+            raise ProtocolError(where, f"{len(out)} output tokens but {len(logprobs)} log-probs")
         return cls(
-            None if d.get("id") is None else str(d["id"]),
-            [int(t) for t in _get(d, "promptTokenIds", list, where)],
+            None if r.obj.get("id") is None else str(r.obj["id"]),
+            r.ints("promptTokenIds"),
             out,
             logprobs,
-            str(d.get("finishReason", "stop")),
-            int(d.get("specSteps", 0)),
-            int(d.get("draftedTokens", 0)),
-            int(d.get("acceptedTokens", 0)),
+            str(r.obj.get("finishReason", "stop")),
+            int(r.obj.get("specSteps", 0)),
+            int(r.obj.get("draftedTokens", 0)),
+            int(r.obj.get("acceptedTokens", 0)),
         )
+
+
+@dataclass(frozen=True)
+class EngineDelta:
+    """The engine's figures for one generate call (``GenerateReply.engine``): the step driver
+    sums them into the step's row (``trainer/driver.py``) and the sync book
+    (``trainer/syncbook.py``) books :attr:`policy_load_seconds`."""
+
+    seconds: float = 0.0
+    """Wall time the call spent generating."""
+    decode_steps: int = 0
+    """Engine steps of the call."""
+    sd_steps: int = 0
+    """Of those, steps that ran speculative decoding."""
+    tokens: int = 0
+    """Tokens generated."""
+    sd_tokens: int = 0
+    """Of those, tokens generated by speculative steps."""
+    mean_accepted_length: float = 0.0
+    """Mean accepted length over :attr:`accepted_rows` (0 when SD never ran)."""
+    accepted_rows: int = 0
+    """Speculative rows whose accepted length was counted."""
+    policy_load_seconds: float = 0.0
+    """The rollout pause the call spent obtaining and loading the policy version it names (0
+    when the worker held it)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seconds": self.seconds, "decodeSteps": self.decode_steps,
+                "sdSteps": self.sd_steps, "tokens": self.tokens, "sdTokens": self.sd_tokens,
+                "meanAcceptedLength": self.mean_accepted_length,
+                "acceptedRows": self.accepted_rows,
+                "policyLoadSeconds": self.policy_load_seconds}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "reply.engine") -> EngineDelta:
+        r = Reader(data, path)
+        return cls(
+            r.num("seconds", minimum=0.0), r.int_("decodeSteps"), r.int_("sdSteps"),
+            r.int_("tokens"), r.int_("sdTokens"), r.num("meanAcceptedLength", minimum=0.0),
+            r.int_("acceptedRows"), r.num("policyLoadSeconds", minimum=0.0),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -190,11 +202,7 @@ class GenerateReply:
     policy_version: int
     drafter_version: int
     samples: list[Sample]
-    engine: dict[str, float] = field(default_factory=dict)
-    """``seconds``, ``decodeSteps``, ``sdSteps``, ``tokens``, ``sdTokens``,
-    ``meanAcceptedLength`` (0 when SD never ran) of this call, and ``policyLoadSeconds``: the
-    rollout pause the call spent obtaining and loading the policy version it names (0 when
-    the worker held it; the trainer books it, ``trainer/syncbook.py``)."""
+    engine: EngineDelta = field(default_factory=EngineDelta)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -202,21 +210,16 @@ class GenerateReply:
             "policyVersion": self.policy_version,
             "drafterVersion": self.drafter_version,
             "samples": [s.to_dict() for s in self.samples],
-            "engine": self.engine,
+            "engine": self.engine.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, d: object) -> GenerateReply:
-        if not isinstance(d, Mapping):
-            raise WireError("reply: must be a JSON object")
-        raw = _get(d, "samples", list, "reply")
-        engine = d.get("engine") or {}
-        if not isinstance(engine, Mapping):
-            raise WireError("reply.engine: must be a JSON object")
+        r = Reader(d, "reply")
         return cls(
-            str(_get(d, "worker", str, "reply")),
-            int(_get(d, "policyVersion", int, "reply")),
-            int(_get(d, "drafterVersion", int, "reply")),
-            [Sample.from_dict(s, f"reply.samples[{i}]") for i, s in enumerate(raw)],
-            {str(k): float(v) for k, v in engine.items()},
+            r.str_("worker"),
+            r.int_("policyVersion", minimum=None),
+            r.int_("drafterVersion", minimum=None),
+            [Sample.from_dict(s, f"reply.samples[{i}]") for i, s in enumerate(r.list_("samples"))],
+            EngineDelta.from_dict(r.obj.get("engine")),
         )

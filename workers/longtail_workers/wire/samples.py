@@ -22,13 +22,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from longtail_api.protocol import ProtocolError
+from longtail_api.workerapi import Reader
 from longtail_workers.httpclient import checked_base_url, http_json
-from longtail_workers.wire.rollout import WireError, _get, _token_ids
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +56,11 @@ class StepSequence:
 
     @classmethod
     def from_dict(cls, d: object, where: str) -> StepSequence:
-        if not isinstance(d, Mapping):
-            raise WireError(f"{where}: must be an object {{id, promptTokenIds, outputTokenIds}}")
-        rid = d.get("id")
-        if rid is not None and not isinstance(rid, str):
-            raise WireError(f"{where}.id: must be a string or null, got {type(rid).__name__}")
-        prompt = _token_ids(_get(d, "promptTokenIds", list, where), f"{where}.promptTokenIds")
+        r = Reader(d, where)
+        prompt = r.ints("promptTokenIds")
         if not prompt:
-            raise WireError(f"{where}.promptTokenIds: must hold at least one token id")
-        output = _token_ids(_get(d, "outputTokenIds", list, where), f"{where}.outputTokenIds")
-        return cls(rid, tuple(prompt), tuple(output))
+            raise ProtocolError(r.at("promptTokenIds"), "must hold at least one token id")
+        return cls(r.opt_str("id"), tuple(prompt), tuple(r.ints("outputTokenIds")))
 
 
 @dataclass(frozen=True)
@@ -87,14 +83,8 @@ class StepSamples:
 
     @classmethod
     def from_dict(cls, d: object) -> StepSamples:
-        if not isinstance(d, Mapping):
-            raise WireError("body: must be a JSON object {step, policyVersion, sequences}")
-        step = int(_get(d, "step", int, "body"))
-        version = int(_get(d, "policyVersion", int, "body"))
-        for name, value in (("step", step), ("policyVersion", version)):
-            if value < 0:
-                raise WireError(f"body.{name}: must be >= 0, got {value}")
-        raw = _get(d, "sequences", list, "body")
+        r = Reader(d, "body")
+        step, version, raw = r.int_("step"), r.int_("policyVersion"), r.list_("sequences")
         seqs = tuple(StepSequence.from_dict(s, f"body.sequences[{i}]") for i, s in enumerate(raw))
         return cls(step, version, seqs)
 
@@ -114,13 +104,13 @@ class StepSamples:
 
 
 def parse_after(query: str) -> int | None:
-    """The ``after`` of ``GET /v1/samples/latest?after=N``; ``WireError`` unless an int >= 0."""
+    """The ``after`` of ``GET /v1/samples/latest?after=N``; ``ProtocolError`` unless an int >= 0."""
     values = parse_qs(query, keep_blank_values=True).get("after")
     if not values:
         return None
     raw = values[-1]
     if not raw.isdigit():
-        raise WireError(f"query after={raw!r}: must be a step number >= 0")
+        raise ProtocolError(f"query after={raw!r}", "must be a step number >= 0")
     return int(raw)
 
 
@@ -148,7 +138,7 @@ class SampleFeed:
         """The last failed poll's error (None once a poll succeeds)."""
 
     def latest(self, after: int | None = None) -> StepSamples:
-        """One poll; ``OSError`` (unreachable, HTTP error) or ``WireError`` (unreadable answer)."""
+        """One poll; ``OSError`` (unreachable, HTTP error) or ``ProtocolError`` (bad answer)."""
         url = self.url if after is None else f"{self.url}?after={after}"
         return StepSamples.from_dict(http_json(url, None, self.request_timeout_s, "GET"))
 
@@ -165,7 +155,7 @@ class SampleFeed:
                 answered, self.last_error, delay = True, None, self.poll_s
                 if got.step > after and got.sequences:  # a resumed trainer: none until a step
                     return got
-            except (OSError, WireError, ValueError) as exc:
+            except (OSError, ValueError) as exc:
                 if self.last_error != str(exc):  # once per distinct problem, not every poll
                     log.warning("GET %s failed: %s; retrying with backoff", self.url, exc)
                 self.last_error = str(exc)
