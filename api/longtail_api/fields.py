@@ -114,9 +114,14 @@ def to_camel(name: str) -> str:
     return head + "".join(ACRONYMS.get(part, part[:1].upper() + part[1:]) for part in rest)
 
 
+WIRE_NAME = "wire_name"
+"""Field metadata key of a JSON name that is not the camelCase of the field's
+(``field(metadata={WIRE_NAME: "id"})``)."""
+
+
 def json_name(f: dataclasses.Field[Any]) -> str:
     """The name a field has in YAML/JSON."""
-    return to_camel(f.name)
+    return f.metadata.get(WIRE_NAME) or to_camel(f.name)
 
 
 @functools.cache

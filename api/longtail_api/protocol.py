@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from longtail_api.validation import show_value
+from longtail_api.validation import _NO_VALUE, show_value
 
 VERIFY_PATH = "/v1/verify"
 """Verifier endpoint: POST a :class:`VerifyRequest`, get a :class:`VerifyResponse`."""
@@ -32,8 +32,6 @@ READYZ_PATH = "/readyz"
 """Readiness: 200 ``ready`` when the worker accepts work, 503 while starting or stopping."""
 METRICS_PATH = "/metrics"
 """Prometheus text exposition of the worker's metrics."""
-
-_NO_VALUE: Any = object()
 
 
 class ProtocolError(ValueError):

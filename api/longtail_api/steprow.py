@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longtail_api.protocol import ProtocolError
-from longtail_api.workerapi import Reader
+from longtail_api.reader import Reader
 
 METRICS_FILE = "metrics.jsonl"
 """The trainer's rows in its run directory, one JSON object a line."""

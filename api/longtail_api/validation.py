@@ -16,7 +16,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from longtail_api.fields import Constraints, constraints, format_number, json_name
 
@@ -61,8 +61,9 @@ def show_value(value: Any, limit: int = 60) -> str:
 class _Parser:
     """One parse: walks types and data together, appending to ``errors``."""
 
-    def __init__(self) -> None:
+    def __init__(self, unknown: Literal["error", "ignore"] = "error") -> None:
         self.errors: list[FieldError] = []
+        self.unknown = unknown
 
     def fail(self, path: str, message: str, value: Any = _NO_VALUE, fix: str | None = None) -> Any:
         self.errors.append(FieldError(path, message, value, fix))
@@ -73,13 +74,13 @@ class _Parser:
             return self.fail(path, "must be a mapping", data)
         fields = {json_name(f): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         for key in data:
-            if key not in fields:
+            if key not in fields and self.unknown == "error":
                 close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
                 hint = f"did you mean '{close[0]}'?" if close else "remove it."
                 self.fail(
                     f"{path}.{key}", "unknown field", fix=f"{hint} Known: {', '.join(fields)}"
                 )
-        hints = typing.get_type_hints(cls)
+        hints = typing.get_type_hints(cls, include_extras=True)
         kwargs: dict[str, Any] = {}
         complete = True
         for name, f in fields.items():
@@ -98,6 +99,8 @@ class _Parser:
     def parse_value(self, tp: Any, data: Any, path: str, cons: Constraints) -> Any:
         origin = typing.get_origin(tp)
         args = typing.get_args(tp)
+        if origin is Annotated:  # a wire alias: Annotated[int, Constraints(minimum=0)]
+            return self.parse_value(args[0], data, path, args[1])
         if origin in (Union, types.UnionType):
             return self._union(args, data, path, cons)
         if dataclasses.is_dataclass(tp):
@@ -106,8 +109,11 @@ class _Parser:
             return self._literal(args, data, path, cons)
         if origin is list:
             return self._list(args[0], data, path, cons)
+        if origin is tuple and args[1:] == (...,):
+            items = self._list(args[0], data, path, cons)
+            return items if items is _NO_VALUE else tuple(items)
         if origin is dict:
-            return self._dict(args[1], data, path, cons)
+            return self._dict(args, data, path, cons)
         if tp is bool:
             return (
                 data if isinstance(data, bool) else self.fail(path, "must be true or false", data)
@@ -158,16 +164,25 @@ class _Parser:
         ]
         return _NO_VALUE if any(i is _NO_VALUE for i in items) else items
 
-    def _dict(self, value_tp: Any, data: Any, path: str, cons: Constraints) -> Any:
+    def _dict(self, args: tuple[Any, ...], data: Any, path: str, cons: Constraints) -> Any:
         if not isinstance(data, dict):
             return self.fail(path, "must be a mapping", data)
         if cons.free_form:
             return data
-        out = {
-            str(k): self.parse_value(value_tp, v, f"{path}.{k}", Constraints())
-            for k, v in data.items()
-        }
-        return _NO_VALUE if any(v is _NO_VALUE for v in out.values()) else out
+        key_tp, value_tp = args
+        out: dict[Any, Any] = {}
+        for k, v in data.items():
+            key: Any = str(k)
+            if key_tp is int:  # JSON keys are strings: "-1", "3"
+                key = (
+                    int(k)
+                    if re.fullmatch(r"-?[0-9]+", key)
+                    else self.fail(f"{path}.{k}", "must be keyed by an integer", k)
+                )
+            out[key] = self.parse_value(value_tp, v, f"{path}.{k}", Constraints())
+        if any(v is _NO_VALUE for v in (*out, *out.values())):
+            return _NO_VALUE
+        return out
 
     def _bounds(self, value: float, path: str, c: Constraints) -> Any:
         if c.minimum is not None and (
@@ -199,9 +214,12 @@ class _Parser:
         return value
 
 
-def parse(cls: type[T], data: Any, path: str) -> tuple[T | None, list[FieldError]]:
+def parse(
+    cls: type[T], data: Any, path: str, unknown: Literal["error", "ignore"] = "error"
+) -> tuple[T | None, list[FieldError]]:
     """Parse ``data`` into ``cls``; returns the instance (``None`` when it cannot be built) and
-    every field-level error found, in document order."""
-    parser = _Parser()
+    every field-level error found, in document order. ``unknown="ignore"`` skips keys ``cls``
+    does not know (a newer peer's wire body) instead of reporting them."""
+    parser = _Parser(unknown)
     result = parser.parse_dataclass(cls, data, path)
     return (None if result is _NO_VALUE else result), parser.errors

@@ -20,6 +20,7 @@ import httpx
 from longtail_api.auth import bearer_headers, is_write
 from longtail_api.harvest import Activity
 from longtail_api.protocol import ProtocolError
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_api.workerapi import (
     CHECKPOINT_PATH,
     ROLE_PATH,
@@ -108,7 +109,7 @@ class WorkerClient:
         if res.error is not None:
             return res.error
         try:
-            return RolloutWorkerStatus.from_dict(res.body)
+            return from_wire(RolloutWorkerStatus, res.body, "status")
         except ProtocolError as exc:
             return f"GET http://{host}:{port}{STATUS_PATH}: malformed status: {exc}"
 
@@ -117,12 +118,12 @@ class WorkerClient:
     ) -> RoleResult:
         if not host:
             return RoleResult(None, None, "the pod has no IP yet")
-        body = RoleRequest(activity).to_dict()
+        body = to_wire(RoleRequest(activity))
         res = call(host, port, "PUT", ROLE_PATH, body, timeout=self.timeout, token=token)
         if res.error is not None:
             return RoleResult(res.code, None, res.error)
         try:
-            return RoleResult(res.code, RoleAnswer.from_dict(res.body).role, None)
+            return RoleResult(res.code, from_wire(RoleAnswer, res.body, "response").role, None)
         except ProtocolError as exc:
             return RoleResult(res.code, None, f"PUT {ROLE_PATH}: malformed answer: {exc}")
 
@@ -138,7 +139,7 @@ class TrainerClient:
         if res.error is not None:
             return res.error
         try:
-            return TrainerStatus.from_dict(res.body)
+            return from_wire(TrainerStatus, res.body, "status")
         except ProtocolError as exc:
             return f"GET http://{host}:{port}{STATUS_PATH}: malformed trainer status: {exc}"
 
@@ -151,6 +152,6 @@ class TrainerClient:
         if res.error is not None:
             return res.error
         try:
-            return CheckpointAnswer.from_dict(res.body)
+            return from_wire(CheckpointAnswer, res.body, "response")
         except ProtocolError as exc:
             return f"POST {CHECKPOINT_PATH}: malformed answer: {exc}"

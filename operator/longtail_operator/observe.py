@@ -1,19 +1,17 @@
 """Read the operator's inputs into small typed views: worker pods, previous status, times.
 
 ``reconcile.py`` lists the job's pods and hands them to :meth:`PodView.from_pod`; the pure
-status derivation (``derive.py``) works on these views only. :func:`to_json` and
+status derivation (``derive.py``) works on these views only. ``wirecodec.to_wire`` and
 :func:`parse_status` convert :class:`~longtail_api.status.RLJobStatus` to and from the camelCase
 JSON the API server stores, so status is typed end to end.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from longtail_api.fields import json_name
 from longtail_api.status import RLJobStatus
 from longtail_api.validation import parse
 from longtail_operator.builders import (
@@ -113,17 +111,6 @@ def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def to_json(obj: Any) -> Any:
-    """A status dataclass (or list/dict of them) as camelCase JSON, ``None`` kept as null."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {json_name(f): to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, list):
-        return [to_json(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_json(v) for k, v in obj.items()}
-    return obj
 
 
 def parse_status(raw: Any) -> RLJobStatus:

@@ -25,6 +25,7 @@ import kopf
 from longtail_api.manifest import validate_manifest
 from longtail_api.scheduling import GROUP_APIS
 from longtail_api.spec import RLJobSpec
+from longtail_api.wirecodec import to_wire
 from longtail_api.workerapi import TrainerStatus
 from longtail_operator import (
     access,
@@ -42,7 +43,7 @@ from longtail_operator.derive import Event, Observed, Plan
 from longtail_operator.harvester import Harvester
 from longtail_operator.kube import Kube, KubeError
 from longtail_operator.metrics import OperatorMetrics
-from longtail_operator.observe import PodView, now_utc, parse_status, to_json
+from longtail_operator.observe import PodView, now_utc, parse_status
 from longtail_operator.settings import Settings
 from longtail_operator.sources import WorkerTarget
 
@@ -196,7 +197,7 @@ class Reconciler:
             self.kube.post_event(job, event)
         self._execute(job, plan)
         rt.counted.update(plan.counted)
-        new_status = prune_none(to_json(plan.status))
+        new_status = prune_none(to_wire(plan.status))
         if new_status != body.get("status"):
             self.kube.patch_status(
                 job.namespace, job.name, patch_for(body.get("status"), new_status)

@@ -6,7 +6,7 @@ unit tests (``tests/unit/operator/``), the control-plane tests (``tests/integrat
 ``sys.path`` (``tests/conftest.py`` puts it there). Handy too for trying the operator by hand on a
 control plane without a kubelet: serve one :class:`FakeWorker` per pod IP (``127.0.0.N``) and
 patch the pods' ``status.podIP`` to it. Bodies are built with :mod:`longtail_api.workerapi`
-``to_dict`` (the same types the operator parses), so they cannot drift from what the operator
+``to_wire`` (the same types the operator parses), so they cannot drift from what the operator
 reads; the real rollout worker's answers are checked against the same types in
 ``tests/unit/operator/test_workerapi.py``. With :attr:`token` set, writes without
 ``Authorization: Bearer <token>`` get 401 like the real workers' (``unauthorized`` counts them).
@@ -26,6 +26,7 @@ from typing import Any
 from longtail_api.auth import token_matches
 from longtail_api.harvest import Activity
 from longtail_api.protocol import ProtocolError
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_api.workerapi import (
     CHECKPOINT_PATH,
     ROLE_PATH,
@@ -113,7 +114,7 @@ class _Served:
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         if (method, path) == ("PUT", ROLE_PATH):
             try:
-                role = RoleRequest.from_dict(body).role
+                role = from_wire(RoleRequest, body, "request").role
             except ProtocolError as exc:
                 return int(HTTPStatus.BAD_REQUEST), {"error": str(exc)}
             with self.lock:
@@ -166,7 +167,7 @@ class FakeWorker(_Served):
                 idle_seconds=idle,
                 versions=WorkerVersions(policy=0, drafter=-1, step=0),
             )
-        return status.to_dict()
+        return to_wire(status)
 
     def switch_role(self, role: Activity) -> tuple[int, Any]:
         if self.refuse is not None:
@@ -175,7 +176,7 @@ class FakeWorker(_Served):
             self.since = time.time()
         self.desired = self.observed = role
         ack = RoleAck(role, role, self.since, pending=False, switch_seconds=0.0)
-        return 200, RoleAnswer(self.name, ack).to_dict()
+        return 200, to_wire(RoleAnswer(self.name, ack))
 
 
 class FakeTrainer(_Served):
@@ -203,13 +204,15 @@ class FakeTrainer(_Served):
         with self.lock:
             since = self.rollout_since
             idle = None if since is None else max(0.0, time.time() - since)
-            return dataclasses.replace(
-                self.status,
-                rollout_active=self.status.rollout_active or since is not None,
-                role=self.role,
-                idle_since=since,
-                idle_seconds=idle,
-            ).to_dict()
+            return to_wire(
+                dataclasses.replace(
+                    self.status,
+                    rollout_active=self.status.rollout_active or since is not None,
+                    role=self.role,
+                    idle_since=since,
+                    idle_seconds=idle,
+                )
+            )
 
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         if (method, path) != ("POST", CHECKPOINT_PATH):
@@ -217,7 +220,7 @@ class FakeTrainer(_Served):
         with self.lock:
             self.checkpoints.append(self.status.step)
             answer = CheckpointAnswer(self.status.step, f"/checkpoints/step-{self.status.step}")
-        return 200, answer.to_dict()
+        return 200, to_wire(answer)
 
     def switch_role(self, role: Activity) -> tuple[int, Any]:
         outside_rollout = role == "drafter-train" and self.rollout_since is None
@@ -226,4 +229,4 @@ class FakeTrainer(_Served):
         if role != self.role.observed:
             self.role = RoleState(role, role, time.time())
         ack = RoleAck(role, role, self.role.since, pending=False, switch_seconds=0.0)
-        return 200, RoleAnswer("trainer", ack).to_dict()
+        return 200, to_wire(RoleAnswer("trainer", ack))

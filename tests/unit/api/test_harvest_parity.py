@@ -24,6 +24,7 @@ import pytest
 
 from longtail_api.harvest import Activity
 from longtail_api.policies import HarvestSpec
+from longtail_api.wirecodec import to_wire
 from longtail_api.workerapi import (
     RoleAck,
     RoleAnswer,
@@ -201,12 +202,12 @@ class Local:
         name = parts.hostname or ""
         if method == "GET":
             if name == TRAINER:
-                return self.world.trainer_status().to_dict()
-            return self.world.worker_status(name).to_dict()
+                return to_wire(self.world.trainer_status())
+            return to_wire(self.world.worker_status(name))
         answer = self.world.put_role(name, body["role"])
         if isinstance(answer, str):
             raise WorkerBusy(answer)
-        return RoleAnswer(name, answer).to_dict()
+        return to_wire(RoleAnswer(name, answer))
 
     def poll(self) -> None:
         self.coord.poll_once()

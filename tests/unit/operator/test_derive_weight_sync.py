@@ -6,9 +6,10 @@ from __future__ import annotations
 from optest import all_pods, example, observed, spec_of
 
 from longtail_api.status import RLJobStatus, WeightSyncStatus
+from longtail_api.wirecodec import to_wire
 from longtail_api.workerapi import TrainerStatus
 from longtail_operator.derive import plan
-from longtail_operator.observe import parse_status, to_json
+from longtail_operator.observe import parse_status
 from longtail_operator.settings import Settings
 
 SETTINGS = Settings()
@@ -21,9 +22,9 @@ def test_held_versions_and_transport_land_in_status_and_survive_a_trainer_restar
     t = TrainerStatus(4, 10, "running", 5, -1, worker_policy_versions=held)
     p = plan(observed(manifest, pods, trainer=t), SETTINGS)
     assert p.status.weight_sync == WeightSyncStatus("http", held)  # CPU example: auto -> http
-    stored = to_json(p.status)["weightSync"]
+    stored = to_wire(p.status)["weightSync"]
     assert stored == {"transport": "http", "workerPolicyVersions": held}
-    assert parse_status(to_json(p.status)).weight_sync == p.status.weight_sync
+    assert parse_status(to_wire(p.status)).weight_sync == p.status.weight_sync
     # A restarted trainer has called no worker yet: the last known versions stay.
     fresh = TrainerStatus(4, 10, "running", 5, -1)
     again = plan(observed(manifest, pods, trainer=fresh, previous=p.status), SETTINGS)

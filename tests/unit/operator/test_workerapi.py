@@ -17,18 +17,21 @@ from typing import Any
 import pytest
 
 from longtail_api import workerapi
-from longtail_api.protocol import ProtocolError
-from longtail_api.workerapi import (
+from longtail_api.drafterstatus import (
     AcceptanceStats,
     BufferStats,
+    DrafterTrainingStatus,
+    SpotTrainerStatus,
+)
+from longtail_api.protocol import ProtocolError
+from longtail_api.wirecodec import from_wire, to_wire
+from longtail_api.workerapi import (
     CandidateSummary,
     CheckpointAnswer,
-    DrafterTrainingStatus,
     DrafterWorkerStatus,
     RoleAnswer,
     RoleRequest,
     RolloutWorkerStatus,
-    SpotTrainerStatus,
     TrainerStatus,
 )
 
@@ -73,26 +76,26 @@ def _call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
 
 def test_real_worker_status_and_role_round_trip(server: Any) -> None:
     _, raw = _call(server.url + workerapi.STATUS_PATH)
-    status = RolloutWorkerStatus.from_dict(raw)
-    assert status.to_dict() == raw  # nothing dropped, nothing renamed
+    status = from_wire(RolloutWorkerStatus, raw, "status")
+    assert to_wire(status) == raw  # nothing dropped, nothing renamed
     assert status.worker == "w7" and status.state == "idle" and not status.generating
     assert status.role.observed == "rollout" and status.versions.drafter == -1
     assert status.idle_seconds is not None and status.buffer.tokens > 0
 
     code, raw_ack = _call(
-        server.url + workerapi.ROLE_PATH, "PUT", RoleRequest("drafter-train").to_dict()
+        server.url + workerapi.ROLE_PATH, "PUT", to_wire(RoleRequest("drafter-train"))
     )
-    ack = RoleAnswer.from_dict(raw_ack)
-    assert code in (200, 202) and ack.to_dict() == raw_ack
+    ack = from_wire(RoleAnswer, raw_ack, "response")
+    assert code in (200, 202) and to_wire(ack) == raw_ack
     assert ack.worker == "w7" and ack.role.desired == "drafter-train"
     code, raw_ack = _call(server.url + workerapi.ROLE_PATH, "PUT", {"role": "rollout"})
-    back = RoleAnswer.from_dict(raw_ack)
+    back = from_wire(RoleAnswer, raw_ack, "response")
     assert back.role.desired == "rollout" and back.role.pending == (code == 202)
 
 
 def test_status_errors_name_the_field() -> None:
     with pytest.raises(ProtocolError, match=r"status\.worker: is required"):
-        RolloutWorkerStatus.from_dict({})
+        from_wire(RolloutWorkerStatus, {}, "status")
     good = {
         "worker": "w",
         "state": "idle",
@@ -111,23 +114,23 @@ def test_status_errors_name_the_field() -> None:
         },
         "futureField": "ignored: newer workers may add fields",
     }
-    assert RolloutWorkerStatus.from_dict(good).mean_accepted_length == 3.25
+    assert from_wire(RolloutWorkerStatus, good, "status").mean_accepted_length == 3.25
     bad = json.loads(json.dumps(good))
     bad["role"]["observed"] = "dance"
-    with pytest.raises(ProtocolError, match=r"status\.role\.observed: must be an activity"):
-        RolloutWorkerStatus.from_dict(bad)
+    with pytest.raises(ProtocolError, match=r"status\.role\.observed: must be one of"):
+        from_wire(RolloutWorkerStatus, bad, "status")
     bad = {**good, "running": -1}
     with pytest.raises(ProtocolError, match=r"status\.running: must be >= 0, got -1"):
-        RolloutWorkerStatus.from_dict(bad)
-    with pytest.raises(ProtocolError, match="role: must be an activity"):
-        RoleRequest.from_dict({"role": "fly"})
-    typed = RolloutWorkerStatus.from_dict(good)
+        from_wire(RolloutWorkerStatus, bad, "status")
+    with pytest.raises(ProtocolError, match=r"request\.role: must be one of"):
+        from_wire(RoleRequest, {"role": "fly"}, "request")
+    typed = from_wire(RolloutWorkerStatus, good, "status")
     assert typed.acceptance.by_drafter_version[2] == AcceptanceStats(4, 4, 12, 9)
-    assert RolloutWorkerStatus.from_dict(typed.to_dict()) == typed
+    assert from_wire(RolloutWorkerStatus, to_wire(typed), "status") == typed
     bad = json.loads(json.dumps(good))
     bad["acceptance"]["byDrafterVersion"]["2"]["specSteps"] = -1
     with pytest.raises(ProtocolError, match=r"status\.acceptance\.byDrafterVersion\.2\.specSteps"):
-        RolloutWorkerStatus.from_dict(bad)
+        from_wire(RolloutWorkerStatus, bad, "status")
 
 
 def test_trainer_status_round_trip_and_checks() -> None:
@@ -144,7 +147,7 @@ def test_trainer_status_round_trip_and_checks() -> None:
         step_seconds=workerapi.StepSeconds(rollout=10.0, tail=6.0, train=2.0),
         figures_step=3,  # step 4 trained, its figures not yet complete
     )
-    assert TrainerStatus.from_dict(status.to_dict()) == status
+    assert from_wire(TrainerStatus, to_wire(status), "status") == status
     minimal = {
         "step": 0,
         "totalSteps": 5,
@@ -152,14 +155,14 @@ def test_trainer_status_round_trip_and_checks() -> None:
         "policyVersion": 0,
         "drafterVersion": -1,
     }
-    parsed = TrainerStatus.from_dict(minimal)
+    parsed = from_wire(TrainerStatus, minimal, "status")
     assert parsed.reward_mean is None and parsed.step_seconds is None and parsed.message == ""
     with pytest.raises(ProtocolError, match=r"status\.phase: must be one of"):
-        TrainerStatus.from_dict({**minimal, "phase": "exploded"})
-    with pytest.raises(ProtocolError, match=r"status\.accuracy: must be in \[0, 1\]"):
-        TrainerStatus.from_dict({**minimal, "accuracy": 3})
+        from_wire(TrainerStatus, {**minimal, "phase": "exploded"}, "status")
+    with pytest.raises(ProtocolError, match=r"status\.accuracy: must be <= 1, got 3"):
+        from_wire(TrainerStatus, {**minimal, "accuracy": 3}, "status")
     with pytest.raises(ProtocolError, match=r"stepSeconds\.tail: is required"):
-        TrainerStatus.from_dict({**minimal, "stepSeconds": {"rollout": 1, "train": 1}})
+        from_wire(TrainerStatus, {**minimal, "stepSeconds": {"rollout": 1, "train": 1}}, "status")
     harvested = dataclasses.replace(
         status,
         rollout_active=True,
@@ -169,15 +172,15 @@ def test_trainer_status_round_trip_and_checks() -> None:
         harvested_seconds=12.0,
         drafter_training=TRAINING,
     )
-    assert TrainerStatus.from_dict(harvested.to_dict()) == harvested
+    assert from_wire(TrainerStatus, to_wire(harvested), "status") == harvested
     assert parsed.role is None and parsed.idle_seconds is None and parsed.harvested_seconds == 0
-    with pytest.raises(ProtocolError, match=r"status\.role\.observed: must be an activity"):
-        TrainerStatus.from_dict({**minimal, "role": {"desired": "train", "observed": "x",
-                                                     "since": 0}})  # fmt: skip
+    with pytest.raises(ProtocolError, match=r"status\.role\.observed: must be one of"):
+        from_wire(TrainerStatus, {**minimal, "role": {"desired": "train", "observed": "x",
+                                                     "since": 0}}, "status")  # fmt: skip
     with pytest.raises(ProtocolError, match=r"status\.idleSeconds: must be >= 0"):
-        TrainerStatus.from_dict({**minimal, "idleSeconds": -1})
+        from_wire(TrainerStatus, {**minimal, "idleSeconds": -1}, "status")
     answer = CheckpointAnswer(step=4, location="/checkpoints/step-4")
-    assert CheckpointAnswer.from_dict(answer.to_dict()) == answer
+    assert from_wire(CheckpointAnswer, to_wire(answer), "response") == answer
 
 
 def test_drafter_worker_status_round_trip_and_checks() -> None:
@@ -187,20 +190,22 @@ def test_drafter_worker_status_round_trip_and_checks() -> None:
         last_candidate=CandidateSummary(None, tokens=120, steps=7), last_error=None,
         drafter_training=TRAINING,
     )  # fmt: skip
-    raw = json.loads(json.dumps(status.to_dict()))
-    assert raw["role"] == "drafter" and DrafterWorkerStatus.from_dict(raw) == status
+    raw = json.loads(json.dumps(to_wire(status)))
+    assert raw["role"] == "drafter" and from_wire(DrafterWorkerStatus, raw, "status") == status
     with pytest.raises(ProtocolError, match=r"status\.lastCandidate\.tokens: is required"):
-        DrafterWorkerStatus.from_dict({**raw, "lastCandidate": {"steps": 1}})
-    with pytest.raises(ProtocolError, match=r"status\.outcomes: must map outcomes to window"):
-        DrafterWorkerStatus.from_dict({**raw, "outcomes": {"submitted": -1}})
+        from_wire(DrafterWorkerStatus, {**raw, "lastCandidate": {"steps": 1}}, "status")
+    with pytest.raises(ProtocolError, match=r"status\.outcomes\.submitted: must be >= 0"):
+        from_wire(DrafterWorkerStatus, {**raw, "outcomes": {"submitted": -1}}, "status")
     with pytest.raises(ProtocolError, match=r"status\.state: must be one of"):
-        DrafterWorkerStatus.from_dict({**raw, "state": "dreaming"})
+        from_wire(DrafterWorkerStatus, {**raw, "state": "dreaming"}, "status")
     bad = json.loads(json.dumps(raw))
     bad["drafterTraining"]["buffer"]["tokens"] = "many"
     with pytest.raises(ProtocolError, match=r"status\.drafterTraining\.buffer\.tokens: must be an"):
-        DrafterWorkerStatus.from_dict(bad)
+        from_wire(DrafterWorkerStatus, bad, "status")
     bad["drafterTraining"] = {**raw["drafterTraining"], "trainer": {"state": "dozing"}}
     with pytest.raises(ProtocolError, match=r"status\.drafterTraining\.trainer\.state: must be"):
-        DrafterWorkerStatus.from_dict(bad)
+        from_wire(DrafterWorkerStatus, bad, "status")
     diverged = json.loads(json.dumps(raw).replace('"lastLoss": 2.5', '"lastLoss": NaN'))
-    assert math.isnan(DrafterWorkerStatus.from_dict(diverged).drafter_training.trainer.last_loss)
+    assert math.isnan(
+        from_wire(DrafterWorkerStatus, diverged, "status").drafter_training.trainer.last_loss
+    )

@@ -26,6 +26,7 @@ import torch
 
 from longtail_api.policies import DrafterTrainingSpec
 from longtail_api.protocol import ProtocolError
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_api.workerapi import DrafterWorkerStatus
 from longtail_workers.drafter.exchange import DrafterEndpoints, RemoteDrafterRegistry
 from longtail_workers.drafter.model import EagleDrafter
@@ -65,7 +66,7 @@ def step_samples(results: list[GenerationResult], step: int, version: int) -> St
 
 def test_step_samples_round_trip_and_after(results) -> None:
     s = step_samples(results, step=3, version=3)
-    back = StepSamples.from_dict(json.loads(json.dumps(s.to_dict())))
+    back = from_wire(StepSamples, json.loads(json.dumps(to_wire(s))), "body")
     assert back == s and len(back.sequences) == 6 and back.sequences[0].request_id == "r0"
     assert s.after(None) is s and s.after(2) is s
     assert s.after(3) == StepSamples(3, 3) and s.after(7).sequences == ()
@@ -82,11 +83,11 @@ def one(seq: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("body", "why"),
     [
-        ([], "body: must be a JSON object"),
+        ([], "body: must be a mapping"),
         ({"step": 1, "sequences": []}, "body.policyVersion: is required"),
         ({"step": -1, "policyVersion": 0, "sequences": []}, "body.step: must be >= 0"),
         (one({"promptTokenIds": [], "outputTokenIds": [1]}),
-         r"body.sequences\[0\].promptTokenIds: must hold at least one"),
+         r"body.sequences\[0\].promptTokenIds: must have at least 1 item"),
         (one({"promptTokenIds": [1], "outputTokenIds": [1.5]}),
          r"body.sequences\[0\].outputTokenIds\[0\]: must be an integer"),
         (one({"id": 3, "promptTokenIds": [1], "outputTokenIds": []}),
@@ -95,7 +96,7 @@ def one(seq: dict[str, Any]) -> dict[str, Any]:
 )  # fmt: skip
 def test_malformed_step_samples_are_refused_naming_the_field(body: Any, why: str) -> None:
     with pytest.raises(ProtocolError, match=why):
-        StepSamples.from_dict(body)
+        from_wire(StepSamples, body, "body")
 
 
 # --- the trainer's endpoint -------------------------------------------------------------------
@@ -129,10 +130,10 @@ def test_trainer_serves_the_last_steps_samples(trainer: TrainerApp, results) -> 
     driver = _Driver()
     trainer.driver = driver  # type: ignore[assignment]
     code, body = get(trainer.url + "/v1/samples/latest")
-    assert code == 200 and StepSamples.from_dict(body) == StepSamples(0, 0)
+    assert code == 200 and from_wire(StepSamples, body, "body") == StepSamples(0, 0)
     driver.latest_samples = step_samples(results, step=2, version=2)
     code, body = get(trainer.url + "/v1/samples/latest?after=1")
-    assert code == 200 and StepSamples.from_dict(body) == driver.latest_samples
+    assert code == 200 and from_wire(StepSamples, body, "body") == driver.latest_samples
     code, body = get(trainer.url + "/v1/samples/latest?after=2")
     assert code == 200 and body["step"] == 2 and body["sequences"] == []
     code, body = get(trainer.url + "/v1/samples/latest?after=two")
@@ -195,7 +196,9 @@ def test_a_turn_trains_on_the_new_step_and_its_candidate_is_merged(
     assert worker.step == 3 and worker.policy_version == 3
     status = worker.status()  # the body of GET /v1/status survives JSON both ways
     assert status.outcomes["submitted"] == 1 and status.last_candidate is not None
-    assert DrafterWorkerStatus.from_dict(json.loads(json.dumps(status.to_dict()))) == status
+    assert (
+        from_wire(DrafterWorkerStatus, json.loads(json.dumps(to_wire(status))), "status") == status
+    )
     registry = trainer.drafters.registry  # type: ignore[union-attr]
     published = registry.merge_candidates(model, target_id="tiny")
     assert published is not None and published.meta.merged_from == ("drafter-0",)

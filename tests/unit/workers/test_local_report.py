@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_api.workerapi import StepSeconds, TrainerStatus
 from longtail_workers.local.coordinator import HarvestBooks
 from longtail_workers.local.progress import Progress, bar, live_line
@@ -166,7 +167,7 @@ def test_weight_sync_in_the_step_line_the_csv_and_the_summary(tmp_path: Path) ->
     Progress(out).update(TrainerStatus(2, 3, "running", 2, -1, step_seconds=seconds,
                                        figures_step=2), HarvestBooks())  # fmt: skip
     assert "train 2.0s sync 0.75s, 1.25 GB/s" in out.getvalue()
-    assert StepSeconds.from_dict(seconds.to_dict()) == seconds
+    assert from_wire(StepSeconds, to_wire(seconds), "stepSeconds") == seconds
     sync = {"sync_version": 1, "sync_transport": "broadcast", "sync_gather_s": 0.25,
             "sync_pack_s": 0.125, "sync_wire_s": 0.5, "sync_load_s": 0.125, "sync_pause_s": 1.0,
             "sync_bytes": 2_000_000_000, "sync_gb_per_s": 2.0}  # fmt: skip

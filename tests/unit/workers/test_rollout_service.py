@@ -21,6 +21,7 @@ import torch
 from tiny_targets import tiny_qwen2
 
 from longtail_api.policies import DrafterTrainingSpec, HarvestSpec
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
@@ -79,7 +80,7 @@ def test_wire_round_trip() -> None:
     assert [r.seed for r in back.requests] == [0, 1]
     sample = Sample("a", [1], [4, 5], [-0.5, -0.25], "stop", 1, 2, 1)
     reply = GenerateReply("w", 7, 2, [sample], EngineDelta(tokens=2, policy_load_seconds=0.5))
-    assert GenerateReply.from_dict(reply.to_dict()) == reply
+    assert from_wire(GenerateReply, to_wire(reply), "reply") == reply
 
 
 def test_shards_are_balanced_round_robin() -> None:

@@ -41,4 +41,4 @@ def test_mean_accepted_length_per_version_and_metrics() -> None:
     assert 'longtail_policy_accepted_length{policy_version="1"} 4.0' in text
     assert 'longtail_drafter_accepted_length{drafter_version="5"} 3.0' in text
     assert 'policy_version="2"' not in text  # no value without a speculative step
-    assert tracker.snapshot().to_dict()["byDrafterVersion"]["5"]["meanAcceptedLength"] == 3.0
+    assert tracker.snapshot().by_drafter_version[5].mean_accepted_length == 3.0

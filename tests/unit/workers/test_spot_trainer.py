@@ -10,6 +10,7 @@ from helpers import mean_accepted_length
 from tiny_targets import random_prompts
 
 from longtail_api.policies import DrafterTrainingSpec
+from longtail_api.wirecodec import to_wire
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
@@ -156,7 +157,7 @@ def test_quality_gate_keeps_a_better_window_and_reverts_a_worse_one(target, fill
     for name, param in t.drafter.named_parameters():
         torch.testing.assert_close(param, fitted[name], rtol=0, atol=0)
     assert t.pairs_since_base == 0 and t.status().rejected_windows == 1
-    assert t.status().to_dict()["rejectedWindows"] == 1
+    assert to_wire(t.status())["rejectedWindows"] == 1
     assert t.judge_against_base().trained_top1 == same.base_top1
 
 

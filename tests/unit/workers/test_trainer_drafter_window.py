@@ -23,6 +23,7 @@ from helpers import http_json
 
 from longtail_api.policies import DrafterTrainingSpec, HarvestSpec
 from longtail_api.steprow import StepRow
+from longtail_api.wirecodec import from_wire
 from longtail_api.workerapi import RoleAnswer, TrainerStatus
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterRegistry
@@ -161,7 +162,7 @@ def put_role(url: str, body: bytes) -> tuple[int, Any]:
 def status(url: str) -> TrainerStatus:
     code, body = http_json(url + "/v1/status")
     assert code == 200, body
-    return TrainerStatus.from_dict(body)
+    return from_wire(TrainerStatus, body, "status")
 
 
 def start_rollout(app: TrainerApp, harvest: TrainerHarvestee) -> None:
@@ -184,7 +185,7 @@ def test_trainer_role_over_http(app: TrainerApp, results) -> None:
     code, body = put_role(app.url, b"{nope")  # the body checks: test_rollout_http.py
     assert code == 400 and "malformed JSON" in body["error"], body
     code, body = put_role(app.url, b'{"role": "train"}')
-    assert code == 200 and RoleAnswer.from_dict(body).role.observed == "train"
+    assert code == 200 and from_wire(RoleAnswer, body, "response").role.observed == "train"
     before = status(app.url)
     assert before.role is not None and before.role.observed == "train"
     assert before.idle_seconds is None and before.drafter_training is not None
@@ -192,7 +193,7 @@ def test_trainer_role_over_http(app: TrainerApp, results) -> None:
     start_rollout(app, harvest)
     time.sleep(0.05)
     code, body = put_role(app.url, b'{"role": "drafter-train"}')
-    answer = RoleAnswer.from_dict(body)
+    answer = from_wire(RoleAnswer, body, "response")
     assert code == 200 and answer.worker == "trainer" and answer.role.observed == "drafter-train"
     wait_until(lambda: harvest.windows.spot.total_steps > 0)
     now = status(app.url)
@@ -209,7 +210,7 @@ def test_trainer_without_harvest_answers_train_only() -> None:
     server = TrainerApp("127.0.0.1", 0).start()
     try:
         code, body = put_role(server.url, b'{"role": "train"}')
-        assert code == 200 and RoleAnswer.from_dict(body).role.observed == "train"
+        assert code == 200 and from_wire(RoleAnswer, body, "response").role.observed == "train"
         code, body = put_role(server.url, b'{"role": "drafter-train"}')
         assert code == 409 and "trainer harvesting is off" in body["error"]
         code, body = put_role(server.url, b'{"role": "rollout"}')

@@ -19,6 +19,7 @@ from prometheus_client import generate_latest
 from tiny_targets import tiny_qwen2
 
 from longtail_api.steprow import StepRow
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_api.workerapi import TrainerStatus
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
@@ -104,8 +105,8 @@ def test_a_loaded_version_is_booked_per_phase_in_the_row_metrics_and_status(
     held = book.held_versions()
     assert held == {"rollout-0": 1, "rollout-1": 1}
     status = TrainerStatus(1, 3, "running", 2, -1, worker_policy_versions=held)
-    assert status.to_dict()["workerPolicyVersions"] == held
-    assert TrainerStatus.from_dict(status.to_dict()).worker_policy_versions == held
+    assert to_wire(status)["workerPolicyVersions"] == held
+    assert from_wire(TrainerStatus, to_wire(status), "status").worker_policy_versions == held
 
 
 def test_a_version_nobody_loaded_yet_has_the_trainers_side_only() -> None:
@@ -130,10 +131,11 @@ def _observed(r: StepRow) -> TrainerMetrics:
 
 
 def test_a_malformed_held_version_map_is_refused_naming_the_key() -> None:
-    body = TrainerStatus(1, 3, "running", 2, -1).to_dict()
+    body = to_wire(TrainerStatus(1, 3, "running", 2, -1))
     body["workerPolicyVersions"] = {"rollout-0": "2"}
-    with pytest.raises(ValueError, match=r"status\.workerPolicyVersions: must map worker names"):
-        TrainerStatus.from_dict(body)
+    named = r"status\.workerPolicyVersions\.rollout-0: must be an integer, got .2."
+    with pytest.raises(ValueError, match=named):
+        from_wire(TrainerStatus, body, "status")
 
 
 def test_a_load_before_a_refused_call_is_reported_by_the_retried_call(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from longtail_api.protocol import ProtocolError
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_workers.drafter.candidates import Candidate, CandidateInfo
 from longtail_workers.wire import ranks
 from longtail_workers.wire.rollout import EngineDelta, GenerateReply, Sample
@@ -22,15 +23,21 @@ def test_engine_delta_round_trips_in_a_reply_and_names_a_bad_field() -> None:
     delta = EngineDelta(2.5, 40, 12, 90, 60, 3.25, 11, 0.75)
     sample = Sample("a", [1], [4, 5], [-0.5, -0.25], "stop")
     reply = GenerateReply("w", 7, 2, [sample], delta)
-    raw = json.loads(json.dumps(reply.to_dict()))
+    raw = json.loads(json.dumps(to_wire(reply)))
     assert raw["engine"]["sdTokens"] == 60 and raw["engine"]["policyLoadSeconds"] == 0.75
-    assert GenerateReply.from_dict(raw) == reply
+    assert raw["samples"][0]["id"] == "a" and from_wire(GenerateReply, raw, "reply") == reply
     with pytest.raises(ProtocolError, match=r"reply\.engine\.sdTokens: must be an integer"):
-        GenerateReply.from_dict({**raw, "engine": {**raw["engine"], "sdTokens": "many"}})
+        from_wire(GenerateReply, {**raw, "engine": {**raw["engine"], "sdTokens": "many"}}, "reply")
     with pytest.raises(ProtocolError, match=r"reply\.engine\.seconds: must be >= 0"):
-        EngineDelta.from_dict({**delta.to_dict(), "seconds": -1.0})
-    with pytest.raises(ProtocolError, match=r"reply\.engine: must be a JSON object"):
-        GenerateReply.from_dict({k: v for k, v in raw.items() if k != "engine"})
+        from_wire(EngineDelta, {**to_wire(delta), "seconds": -1.0}, "reply.engine")
+    with pytest.raises(ProtocolError, match=r"reply\.engine: must be a mapping"):
+        from_wire(GenerateReply, {**raw, "engine": None}, "reply")
+    with pytest.raises(ProtocolError, match=r"2 output tokens but 1 log-probs"):
+        from_wire(
+            GenerateReply,
+            {**raw, "samples": [{**raw["samples"][0], "outputLogprobs": [0]}]},
+            "reply",
+        )
 
 
 def test_candidate_metadata_round_trips_through_the_query_and_the_answer() -> None:

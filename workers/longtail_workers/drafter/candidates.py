@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlencode
 import torch
 
 from longtail_api.protocol import ProtocolError
-from longtail_api.workerapi import Reader
+from longtail_api.reader import Reader
 from longtail_workers.drafter.model import EagleDrafter
 
 

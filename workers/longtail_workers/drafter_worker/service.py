@@ -29,6 +29,7 @@ from typing import Any
 
 from starlette.routing import Route
 
+from longtail_api.wirecodec import to_wire
 from longtail_api.workerapi import STATUS_PATH
 from longtail_workers.drafter_worker.worker import DrafterWorker, LoopTimes
 from longtail_workers.httpserver import BackgroundHTTPServer, probe_routes, route
@@ -64,7 +65,7 @@ class DrafterServer(BackgroundHTTPServer):
         return [
             *probe_routes(self.unready, worker.metrics_registry),
             route(
-                STATUS_PATH, lambda h: h.send_json(HTTPStatus.OK, worker.status().to_dict()), "GET"
+                STATUS_PATH, lambda h: h.send_json(HTTPStatus.OK, to_wire(worker.status())), "GET"
             ),
         ]
 

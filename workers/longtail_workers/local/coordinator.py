@@ -36,6 +36,7 @@ from longtail_api.harvestloop import (
 )
 from longtail_api.policies import HarvestSpec
 from longtail_api.protocol import ProtocolError
+from longtail_api.wirecodec import from_wire
 from longtail_api.workerapi import RoleAnswer, RolloutWorkerStatus, TrainerStatus
 from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, http_json
 
@@ -137,7 +138,7 @@ class Coordinator:
         for name, url in self.workers.items():
             try:
                 raw = self._http(url + "/v1/status", None, 5.0, "GET")
-                status = RolloutWorkerStatus.from_dict(raw)
+                status = from_wire(RolloutWorkerStatus, raw, "status")
             except (OSError, ValueError, ProtocolError):
                 self.statuses.pop(name, None)  # dead or restarting: its idleness is unknown
                 continue
@@ -164,14 +165,14 @@ class Coordinator:
 
     def _trainer_status(self) -> TrainerStatus:
         raw = self._http(self.trainer_url + "/v1/status", None, 5.0, "GET")
-        return TrainerStatus.from_dict(raw)
+        return from_wire(TrainerStatus, raw, "status")
 
     def _assign(self, name: str, role: Activity) -> RoleReply:
         """One ``PUT /v1/role``; counts switches and refusals."""
         url = self.trainer_url if name == TRAINER else self.workers[name]
         try:
             answer = self._http(url + "/v1/role", {"role": role}, 30.0, "PUT", self.token)
-            ack = RoleAnswer.from_dict(answer).role
+            ack = from_wire(RoleAnswer, answer, "response").role
         except WorkerBusy as exc:
             self.books.refusals += 1
             log.debug("%s refused %s: %s", name, role, exc)

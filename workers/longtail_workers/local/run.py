@@ -42,6 +42,7 @@ from longtail_api.context import spec_context_error
 from longtail_api.protocol import ProtocolError
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
+from longtail_api.wirecodec import from_wire
 from longtail_api.workerapi import TrainerStatus
 from longtail_workers.auth import export_run_token
 from longtail_workers.httpclient import http_json
@@ -388,7 +389,7 @@ def write_processes(
 
 def _poll_trainer(url: str) -> TrainerStatus | None:
     try:
-        return TrainerStatus.from_dict(http_json(url + "/v1/status", None, 5.0, "GET"))
+        return from_wire(TrainerStatus, http_json(url + "/v1/status", None, 5.0, "GET"), "status")
     except (OSError, ValueError, ProtocolError):
         return None
 

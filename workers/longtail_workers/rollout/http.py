@@ -25,6 +25,7 @@ from http import HTTPStatus
 
 from starlette.routing import Route
 
+from longtail_api.wirecodec import to_wire
 from longtail_api.workerapi import ROLE_PATH, STATUS_PATH
 from longtail_workers.httprequest import JSONRequestHandler
 from longtail_workers.httpserver import BackgroundHTTPServer, probe_routes, route
@@ -62,7 +63,7 @@ class ControlServer(BackgroundHTTPServer):
         return [
             *probe_routes(self.unready, worker.metrics_registry),
             route(
-                STATUS_PATH, lambda h: h.send_json(HTTPStatus.OK, worker.status().to_dict()), "GET"
+                STATUS_PATH, lambda h: h.send_json(HTTPStatus.OK, to_wire(worker.status())), "GET"
             ),
             route(ROLE_PATH, self._put_role, "PUT"),
         ]

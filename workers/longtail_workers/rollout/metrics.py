@@ -18,7 +18,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from longtail_api import metrics as names
-from longtail_api.workerapi import SpotTrainerState
+from longtail_api.drafterstatus import SpotTrainerState
 from longtail_workers.metricspec import (
     counter_family,
     counter_from_spec,

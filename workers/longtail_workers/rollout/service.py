@@ -39,6 +39,7 @@ from typing import Any
 
 from starlette.routing import Route
 
+from longtail_api.wirecodec import to_wire
 from longtail_workers.engine.interface import RolloutEngine
 from longtail_workers.engine.stats import RolloutMetrics
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
@@ -179,7 +180,7 @@ class RolloutServer(ControlServer):
             fail(HTTPStatus.CONFLICT, str(exc))
         except WeightSyncError as exc:
             fail(HTTPStatus.SERVICE_UNAVAILABLE, f"policy version {call.policy_version}: {exc}")
-        handler.send_json(HTTPStatus.OK, reply.to_dict())
+        handler.send_json(HTTPStatus.OK, to_wire(reply))
 
 
 class EngineUnavailableError(RuntimeError):

@@ -23,8 +23,8 @@ from dataclasses import replace
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from longtail_api.drafterstatus import AcceptanceSnapshot, AcceptanceStats
 from longtail_api.metrics import DRAFTER_ACCEPTED_LENGTH, POLICY_ACCEPTED_LENGTH
-from longtail_api.workerapi import AcceptanceSnapshot, AcceptanceStats
 from longtail_workers.engine.interface import GenerationResult
 from longtail_workers.metricspec import gauge_family
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from longtail_api.workerapi import BufferStats
+from longtail_api.drafterstatus import BufferStats
 from longtail_workers.drafter.pairs import sequence_from_result
 from longtail_workers.engine.interface import GenerationResult
 

@@ -34,6 +34,7 @@ from typing import get_args
 from torch import nn
 
 from longtail_api.harvest import Activity
+from longtail_api.wirecodec import to_wire
 from longtail_api.workerapi import RoleAck, RoleAnswer
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import (
@@ -112,7 +113,7 @@ def answer_put_role(
     except RoleConflictError as exc:
         fail(HTTPStatus.CONFLICT, f"role {role!r} refused: {exc}")
     code = HTTPStatus.ACCEPTED if ack.pending else HTTPStatus.OK
-    return handler.send_json(code, RoleAnswer(worker, ack).to_dict())
+    return handler.send_json(code, to_wire(RoleAnswer(worker, ack)))
 
 
 def newest_drafter(

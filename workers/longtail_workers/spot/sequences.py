@@ -33,8 +33,8 @@ from typing import Protocol
 
 import torch
 
+from longtail_api.drafterstatus import DrafterTrainingStatus
 from longtail_api.policies import DrafterTrainingSpec
-from longtail_api.workerapi import DrafterTrainingStatus
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterStore
 from longtail_workers.engine.interface import GenerationResult

@@ -42,8 +42,8 @@ from typing import ClassVar, Literal
 
 import torch
 
+from longtail_api.drafterstatus import SpotTrainerState, SpotTrainerStatus
 from longtail_api.policies import DrafterTrainingSpec
-from longtail_api.workerapi import SpotTrainerState, SpotTrainerStatus
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.spot.buffer import RolloutBuffer
 from longtail_workers.spot.windows import (

@@ -35,6 +35,7 @@ from typing import Any
 
 from longtail_api.harvest import DRAFTER_TRAIN, Activity
 from longtail_api.protocol import ProtocolError
+from longtail_api.wirecodec import from_wire
 from longtail_api.workerapi import STATUS_PATH, RolloutWorkerStatus
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, http_json, request
@@ -121,7 +122,7 @@ class RolloutPool:
     def _observed(self, name: str) -> Activity | None:
         try:
             raw = http_json(self.workers[name] + STATUS_PATH, None, 5.0, "GET")
-            return RolloutWorkerStatus.from_dict(raw).role.observed
+            return from_wire(RolloutWorkerStatus, raw, "status").role.observed
         except (OSError, ValueError, ProtocolError):
             return None
 
@@ -207,7 +208,7 @@ class RolloutPool:
                     "from the dataset's prompts) and run again"
                 ) from exc
             raise
-        reply = GenerateReply.from_dict(answer)
+        reply = from_wire(GenerateReply, answer, "reply")
         if len(reply.samples) != len(call.requests):
             raise ValueError(
                 f"{name} answered {len(reply.samples)} samples for {len(call.requests)} requests"

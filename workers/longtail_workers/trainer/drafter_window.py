@@ -43,9 +43,9 @@ from dataclasses import replace
 
 import torch
 
+from longtail_api.drafterstatus import DrafterTrainingStatus
 from longtail_api.harvest import Activity
 from longtail_api.spec import RLJobSpec
-from longtail_api.workerapi import DrafterTrainingStatus
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterRegistry, DrafterStore
 from longtail_workers.spot.harvested import HarvestedRole

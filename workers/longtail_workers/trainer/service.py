@@ -50,6 +50,7 @@ from longtail_api.protocol import ProtocolError
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
 from longtail_api.steprow import METRICS_FILE, SYNC_PHASES, StepRow
+from longtail_api.wirecodec import to_wire
 from longtail_api.workerapi import (
     CHECKPOINT_PATH,
     ROLE_PATH,
@@ -244,10 +245,10 @@ class TrainerApp(BackgroundHTTPServer):
 
     def routes(self) -> list[Route]:
         def status(handler: JSONRequestHandler) -> None:
-            handler.send_json(HTTPStatus.OK, self.status().to_dict())
+            handler.send_json(HTTPStatus.OK, to_wire(self.status()))
 
         def samples(handler: JSONRequestHandler) -> None:
-            handler.send_json(HTTPStatus.OK, self.samples(handler.query).to_dict())
+            handler.send_json(HTTPStatus.OK, to_wire(self.samples(handler.query)))
 
         def role(handler: JSONRequestHandler) -> None:
             answer_put_role(handler, WORKER_NAME, self.set_role, 64 * 1024)
@@ -267,7 +268,7 @@ class TrainerApp(BackgroundHTTPServer):
             fail(HTTPStatus.SERVICE_UNAVAILABLE, "trainer still starting; retry")
         where = self.driver.checkpoint()
         answer = CheckpointAnswer(self.driver.state.step, str(where))
-        handler.send_json(HTTPStatus.OK, answer.to_dict())
+        handler.send_json(HTTPStatus.OK, to_wire(answer))
 
     def _exchange(self) -> DrafterEndpoints:
         """The drafter exchange; 503 while the trainer loads, 404 when it keeps no registry."""

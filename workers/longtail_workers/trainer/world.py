@@ -34,6 +34,8 @@ HEARTBEAT_S = 0.5
 DIAGNOSE_S = 3.0
 """How long a failed collective watches the heartbeats before naming the stopped ranks: several
 beats, so a rank that is only slow is not named."""
+BEAT_JOIN_S = 10.0
+"""How long :meth:`TrainerWorld.close` waits for the heartbeat thread to leave its store call."""
 _PREFIX = "longtail/"  # our store keys, apart from the process group's own
 
 
@@ -60,6 +62,7 @@ class TrainerWorld:
     store: Any = None
     """The rendezvous ``TCPStore`` (rank 0 hosts it); None at world 1."""
     _beat_stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _beat_thread: threading.Thread | None = field(default=None, repr=False)
 
     @property
     def sharded(self) -> bool:
@@ -126,8 +129,19 @@ class TrainerWorld:
                 return  # the store (rank 0) is gone: the next collective or command says so
 
     def close(self) -> None:
-        """Stop the heartbeat and leave the process group (idempotent)."""
+        """Stop the heartbeat and leave the process group (idempotent).
+
+        The heartbeat thread is joined, not left to die with the process: a daemon thread still
+        inside a store call when the interpreter exits is ended by ``pthread_exit`` unwinding
+        through C++ frames, and the process aborts ("terminate called without an active
+        exception", exit -6) after its work is done."""
         self._beat_stop.set()
+        beat = self._beat_thread
+        if beat is not None and beat is not threading.current_thread():
+            beat.join(timeout=BEAT_JOIN_S)
+            if beat.is_alive():
+                log.warning("trainer rank %d: heartbeat still in a store call after %gs",
+                            self.rank, BEAT_JOIN_S)  # fmt: skip
         if self.sharded and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -170,6 +184,7 @@ def join_world(
             [],
         ) from exc
     world = TrainerWorld(rank=rank, size=size, local_rank=local_rank, device=device, store=store)
-    threading.Thread(target=world._beat, name="trainer-heartbeat", daemon=True).start()
+    world._beat_thread = threading.Thread(target=world._beat, name="trainer-heartbeat", daemon=True)
+    world._beat_thread.start()
     log.info("trainer rank %d of %d joined (%s on %s)", rank, size, backend, device)
     return world

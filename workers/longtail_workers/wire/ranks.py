@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from longtail_api.workerapi import Reader
+from longtail_api.reader import Reader
 
 
 @dataclass(frozen=True)

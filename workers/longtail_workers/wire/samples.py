@@ -3,7 +3,7 @@
 The trainer's HTTP surface (``trainer/service.py``) answers with :class:`StepSamples`, built by
 the step driver (``trainer/driver.py``) once a step's policy update, policy publish and drafter
 merge are done; the dedicated drafter worker (``drafter_worker/worker.py``) reads it with
-:class:`SampleFeed`. Both sides use these functions, so a field is spelled once; keys are
+:class:`SampleFeed`. Both sides use these types, so a field is spelled once; keys are
 camelCase like the other worker APIs::
 
     GET /v1/samples/latest[?after=N]
@@ -23,12 +23,13 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 from urllib.parse import parse_qs
 
+from longtail_api.fields import Constraints
 from longtail_api.protocol import ProtocolError
-from longtail_api.workerapi import Reader
+from longtail_api.wirecodec import WIRE_NAME, Count, from_wire
 from longtail_workers.httpclient import checked_base_url, http_json
 
 log = logging.getLogger(__name__)
@@ -40,53 +41,24 @@ SAMPLES_PATH = "/v1/samples/latest"
 class StepSequence:
     """One answer of a step: what a drafter window needs (no logprobs, no hidden states)."""
 
-    request_id: str | None
+    request_id: str | None = field(metadata={WIRE_NAME: "id"})
     """The generate request's id (``s{step}-p{prompt}-g{answer}``)."""
-    prompt_token_ids: tuple[int, ...]
+    prompt_token_ids: Annotated[tuple[int, ...], Constraints(min_items=1)]
     """Prompt token ids (at least one)."""
     output_token_ids: tuple[int, ...]
     """Generated token ids."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.request_id,
-            "promptTokenIds": list(self.prompt_token_ids),
-            "outputTokenIds": list(self.output_token_ids),
-        }
-
-    @classmethod
-    def from_dict(cls, d: object, where: str) -> StepSequence:
-        r = Reader(d, where)
-        prompt = r.ints("promptTokenIds")
-        if not prompt:
-            raise ProtocolError(r.at("promptTokenIds"), "must hold at least one token id")
-        return cls(r.opt_str("id"), tuple(prompt), tuple(r.ints("outputTokenIds")))
-
 
 @dataclass(frozen=True)
 class StepSamples:
-    """Body of ``GET /v1/samples/latest`` (see the module text)."""
+    """Body of ``GET /v1/samples/latest`` (see the module text); JSON by ``wirecodec``."""
 
-    step: int
+    step: Count
     """The newest completed RL step; 0 before the first one."""
-    policy_version: int
+    policy_version: Count
     """The policy version published after ``step`` (hidden states are recomputed with it)."""
     sequences: tuple[StepSequence, ...] = ()
     """The step's answers; empty before the first step and in a "nothing after N" answer."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "policyVersion": self.policy_version,
-            "sequences": [s.to_dict() for s in self.sequences],
-        }
-
-    @classmethod
-    def from_dict(cls, d: object) -> StepSamples:
-        r = Reader(d, "body")
-        step, version, raw = r.int_("step"), r.int_("policyVersion"), r.list_("sequences")
-        seqs = tuple(StepSequence.from_dict(s, f"body.sequences[{i}]") for i, s in enumerate(raw))
-        return cls(step, version, seqs)
 
     @classmethod
     def of(cls, step: int, policy_version: int, samples: Sequence[Any]) -> StepSamples:
@@ -140,7 +112,7 @@ class SampleFeed:
     def latest(self, after: int | None = None) -> StepSamples:
         """One poll; ``OSError`` (unreachable, HTTP error) or ``ProtocolError`` (bad answer)."""
         url = self.url if after is None else f"{self.url}?after={after}"
-        return StepSamples.from_dict(http_json(url, None, self.request_timeout_s, "GET"))
+        return from_wire(StepSamples, http_json(url, None, self.request_timeout_s, "GET"), "body")
 
     def wait_newer(self, after: int, timeout_s: float, stop: threading.Event) -> StepSamples | None:
         """The first answer with a step > ``after`` and its answers; None on ``stop`` or when
