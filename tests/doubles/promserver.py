@@ -12,7 +12,6 @@ same port and data directory is how a test takes Prometheus down and brings it b
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,14 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from httpcall import free_port
 
 from longtail_chart.monitoring import binaries_dir
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get_json(url: str, timeout: float = 10.0) -> Any:

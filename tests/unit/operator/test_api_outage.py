@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kopf
 import pytest
 import urllib3
+from httpcall import http
 from kubernetes import client
 
 from longtail_api import metrics as names
@@ -115,14 +114,6 @@ def test_backoff_is_capped_while_the_api_server_does_not_answer() -> None:
     assert waits[403][1:] == [1.0, 2.0, 4.0, 8.0, 16.0] + [MAX_BACKOFF_S] * 3
 
 
-def _readyz(port: int) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def test_the_job_loop_survives_the_outage_counts_it_and_readiness_follows_the_api(
     api_port: ApiPort,
 ) -> None:
@@ -139,8 +130,8 @@ def test_the_job_loop_survives_the_outage_counts_it_and_readiness_follows_the_ap
         return metrics.registry.get_sample_value(errors, {"reason": "ApiError"}) or 0.0
 
     try:
-        code, text = _readyz(server.port)
-        assert code == 503 and "the Kubernetes API server does not answer" in text, text
+        code, _, text = http(f"http://127.0.0.1:{server.port}/readyz")
+        assert code == 503 and b"the Kubernetes API server does not answer" in text, text
         for _ in range(100):  # up to 10 s for two failed reconciles (1 s apart)
             if counted() >= 2 or not loop.is_alive():
                 break
@@ -148,7 +139,7 @@ def test_the_job_loop_survives_the_outage_counts_it_and_readiness_follows_the_ap
         assert loop.is_alive(), "the job loop died on an API error"
         assert counted() >= 2
         api_port.back()
-        assert _readyz(server.port) == (200, "ready\n")
+        assert http(f"http://127.0.0.1:{server.port}/readyz")[::2] == (200, b"ready\n")
     finally:
         stopped.event.set()
         loop.join(timeout=10)

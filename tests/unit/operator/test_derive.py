@@ -148,15 +148,7 @@ def test_deadline_and_trainer_outcomes() -> None:
     started = RLJobStatus(phase="Running", start_time=rfc3339(NOW - timedelta(seconds=61)))
     p = plan(observed(manifest, pods, previous=started), SETTINGS)
     assert p.status.phase == "Failed" and conds(p)["Failed"] == ("True", "DeadlineExceeded")
-    t = TrainerStatus(
-        step=20,
-        total_steps=20,
-        phase="complete",
-        policy_version=20,
-        drafter_version=5,
-        reward_mean=0.5,
-        accepted_length=3.5,
-    )
+    t = TrainerStatus(20, 20, "complete", 20, 5, reward_mean=0.5, accepted_length=3.5)
     done = plan(observed(example(), pods, trainer=t), SETTINGS)
     assert done.status.phase == "Succeeded" and conds(done)["Complete"][0] == "True"
     assert done.status.step == 20 and done.status.reward_mean == 0.5
@@ -317,15 +309,7 @@ def test_a_restarted_operator_changes_nothing_and_loses_nothing() -> None:
 def test_a_collapsed_acceptance_is_a_condition_until_speculation_works_again() -> None:
     manifest = example()
     pods = all_pods(spec_of(manifest))
-    t = TrainerStatus(
-        step=7,
-        total_steps=20,
-        phase="running",
-        policy_version=7,
-        drafter_version=3,
-        accepted_length=1.0,
-        acceptance_collapsed=True,
-    )
+    t = TrainerStatus(7, 20, "running", 7, 3, accepted_length=1.0, acceptance_collapsed=True)
     p = plan(observed(manifest, pods, trainer=t), SETTINGS)
     assert conds(p)["AcceptanceCollapsed"] == ("True", "DrafterStale")
     [event] = [e for e in p.events if e.reason == "DrafterStale"]

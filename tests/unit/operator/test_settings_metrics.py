@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 import pytest
+from httpcall import http
 
 from longtail_api import metrics as names
 from longtail_operator.metrics import Health, HealthServer, OperatorMetrics
@@ -34,14 +32,6 @@ def test_settings_from_env() -> None:
         from_env({"LONGTAIL_OPERATOR_RECONCILE_PERIOD_S": "0"})
 
 
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def test_health_server_serves_every_operator_metric() -> None:
     clock = [0.0]
     metrics, health = OperatorMetrics(), Health(stale_after_s=30.0, clock=lambda: clock[0])
@@ -56,12 +46,13 @@ def test_health_server_serves_every_operator_metric() -> None:
     server = HealthServer(metrics, health, "127.0.0.1", 0).start()
     try:
         base = f"http://127.0.0.1:{server.port}"
-        assert _get(base + "/readyz") == (503, "starting\n")
+        assert http(base + "/readyz")[::2] == (503, b"starting\n")
         health.started = True
-        assert _get(base + "/readyz")[0] == 200 and _get(base + "/healthz")[0] == 200
+        assert http(base + "/readyz")[0] == 200 and http(base + "/healthz")[0] == 200
         clock[0] = 31.0  # heartbeat stale: the event loop is stuck
-        assert _get(base + "/healthz")[0] == 503
-        code, text = _get(base + "/metrics")
+        assert http(base + "/healthz")[0] == 503
+        code, _, raw = http(base + "/metrics")
+        text = raw.decode()
         assert code == 200
         for spec in names.OPERATOR_METRICS:
             assert f"# HELP {spec.name} " in text, spec.name

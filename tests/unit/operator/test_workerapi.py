@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from httpcall import http_json
 
 from longtail_api import workerapi
 from longtail_api.drafterstatus import (
@@ -67,28 +67,20 @@ def server() -> Iterator[Any]:
         worker.trainer.stop(timeout=5.0)
 
 
-def _call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return resp.status, json.loads(resp.read())
-
-
 def test_real_worker_status_and_role_round_trip(server: Any) -> None:
-    _, raw = _call(server.url + workerapi.STATUS_PATH)
+    _, raw = http_json(server.url + workerapi.STATUS_PATH)
     status = from_wire(RolloutWorkerStatus, raw, "status")
     assert to_wire(status) == raw  # nothing dropped, nothing renamed
     assert status.worker == "w7" and status.state == "idle" and not status.generating
     assert status.role.observed == "rollout" and status.versions.drafter == -1
     assert status.idle_seconds is not None and status.buffer.tokens > 0
 
-    code, raw_ack = _call(
-        server.url + workerapi.ROLE_PATH, "PUT", to_wire(RoleRequest("drafter-train"))
-    )
+    role = json.dumps(to_wire(RoleRequest("drafter-train"))).encode()
+    code, raw_ack = http_json(server.url + workerapi.ROLE_PATH, "PUT", role)
     ack = from_wire(RoleAnswer, raw_ack, "response")
     assert code in (200, 202) and to_wire(ack) == raw_ack
     assert ack.worker == "w7" and ack.role.desired == "drafter-train"
-    code, raw_ack = _call(server.url + workerapi.ROLE_PATH, "PUT", {"role": "rollout"})
+    code, raw_ack = http_json(server.url + workerapi.ROLE_PATH, "PUT", b'{"role": "rollout"}')
     back = from_wire(RoleAnswer, raw_ack, "response")
     assert back.role.desired == "rollout" and back.role.pending == (code == 202)
 

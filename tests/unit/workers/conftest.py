@@ -3,7 +3,8 @@
 worker-test modules share: ``model``, the tiny policy the drafter-window tests
 (``test_trainer_drafter_window.py``, ``test_drafter_worker.py``) train on, and ``target``, the
 policy drafters are fitted and trusted on, which a module sizes with a ``TARGET`` dict of
-``tiny_qwen2`` keywords (a module that defines its own ``model`` or ``target`` overrides it)."""
+``tiny_qwen2`` keywords, then ``trainer`` and ``weights`` (a module that defines its own
+fixture of one of these names overrides it)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,15 @@ def target(request: pytest.FixtureRequest) -> torch.nn.Module:
     torch.set_num_threads(1)
     default = {"seed": 0, "vocab_size": 48, "sharpness": 30.0}
     return tiny_qwen2(**getattr(request.module, "TARGET", default))
+
+
+@pytest.fixture
+def weights() -> Iterator[Any]:
+    """A started weight server (loopback, any port) that keeps the last three versions."""
+    from longtail_workers.weights.http_sync import WeightServer
+
+    with WeightServer(port=0, keep_last=3) as server:
+        yield server
 
 
 @pytest.fixture

@@ -1,19 +1,20 @@
 """Small pieces several worker-test modules share (imported by name: ``conftest.py`` puts this
-directory on sys.path): one HTTP request that returns error answers instead of raising,
-speculative decoding at one draft depth and the accepted length it reaches, a drafter whose
-weights all hold one value, and the trainer and upload a drafter candidate goes through."""
+directory on sys.path): speculative decoding at one draft depth and the accepted length it
+reaches, a drafter whose weights all hold one value, the trainer and upload a drafter
+candidate goes through, and the CLI run where vLLM cannot be imported."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import urllib.error
-import urllib.request
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
-from email.message import Message
 from pathlib import Path
 
 import torch
+from httpcall import http
 from tiny_targets import random_prompts
 
 from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
@@ -26,28 +27,6 @@ from longtail_workers.drafter.vetting import DrafterReference
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
 from longtail_workers.trainer.service import TrainerApp
-
-
-def http(
-    url: str,
-    method: str = "GET",
-    body: bytes | None = None,
-    headers: dict[str, str] | None = None,
-    timeout: float = 10.0,
-) -> tuple[int, Message, bytes]:
-    """One request; (status, headers, body) for 2xx and error answers alike."""
-    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.headers, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers, exc.read()
-
-
-def http_json(url: str, method: str = "GET", body: bytes | None = None, **kw) -> tuple[int, object]:
-    """:func:`http` with the answer's JSON body."""
-    status, _, raw = http(url, method, body, **kw)
-    return status, json.loads(raw)
 
 
 def fixed_sd(depth: int = 3, threshold: int = 64, warmup: int = 0) -> SpeculativeSpec:
@@ -124,3 +103,20 @@ def rejected_metric(app: TrainerApp, stage: str) -> float:
     line = f'longtail_trainer_drafter_candidates_rejected_total{{stage="{stage}"}} '
     found = [ln for ln in text.splitlines() if ln.startswith(line)]
     return float(found[0].split()[-1]) if found else 0.0
+
+
+def cli_without_vllm(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m longtail_cli.main *args`` where ``import vllm`` fails as it does in an
+    environment without vLLM (a shadow package on PYTHONPATH), with ``env`` added."""
+    shadow = tmp_path / "no-vllm" / "vllm"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'vllm'\", name='vllm')\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "longtail_cli.main", *args],
+        env={**os.environ, "PYTHONPATH": str(shadow.parent), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import candidate_body, constant_drafter, http_json, post_candidate, rejected_metric
+from helpers import candidate_body, constant_drafter, post_candidate, rejected_metric
+from httpcall import http_json
 from safetensors.torch import load_file
 from tiny_targets import random_prompts
 
@@ -145,35 +146,23 @@ def test_a_forged_useless_candidate_is_refused_and_the_published_version_is_no_w
     assert refusal and "below" in refusal[0] and f"{current_top1:.3f}" in refusal[0]
 
 
+@pytest.mark.parametrize("base", [0, None])  # None: the first merge
 def test_a_useless_candidate_alone_publishes_nothing(
-    target, drafters, step_answers, tmp_path
+    target, drafters, step_answers, tmp_path, base: int | None
 ) -> None:
     registry = DrafterRegistry(tmp_path)
-    registry.publish(drafters["current"], policy_version=0)
+    if base is not None:
+        registry.publish(drafters["current"], policy_version=0)
     ledger = WindowLedger()
-    ledger.record_rollout(0, [reply("w-forger", step_answers)])
+    ledger.record_rollout(base, [reply("w-forger", step_answers)])
     sample = HeldoutSample(SPEC)
     sample.refresh(target, step_answers, policy_version=1)
-    info = CandidateInfo("w-forger", 0, policy_version=1, tokens=10**9, steps=1, heldout_top1=1.0)
+    info = CandidateInfo("w-forger", base, 1, tokens=10**9, steps=1, heldout_top1=1.0)
     registry.submit_candidate(drafters["useless"], info)
-    gate = CandidateChecks(ledger, sample)
+    initial = drafters["current"] if base is None else None  # the job's, before any publish
+    gate = CandidateChecks(ledger, sample, initial=initial)
     assert registry.merge_candidates(target, target_id=TID, gate=gate) is None
-    assert registry.latest_version() == 0 and registry.rejected["merge"] == 1
-
-
-def test_the_first_merge_is_judged_against_the_jobs_initial_drafter(
-    target, drafters, step_answers, tmp_path
-) -> None:
-    registry = DrafterRegistry(tmp_path)  # nothing published: workers draft with the initial
-    ledger = WindowLedger()
-    ledger.record_rollout(None, [reply("w-forger", step_answers)])
-    sample = HeldoutSample(SPEC)
-    sample.refresh(target, step_answers, policy_version=1)
-    info = CandidateInfo("w-forger", None, policy_version=1, tokens=10**9, steps=1)
-    registry.submit_candidate(drafters["useless"], info)
-    gate = CandidateChecks(ledger, sample, initial=drafters["current"])
-    assert registry.merge_candidates(target, target_id=TID, gate=gate) is None
-    assert registry.latest_version() is None
+    assert registry.latest_version() == base and registry.rejected["merge"] == 1
 
 
 def test_the_held_out_sample_is_computed_only_when_a_candidate_is_scored(

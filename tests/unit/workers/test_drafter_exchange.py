@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import candidate_body, constant_drafter, post_candidate
+from httpcall import free_port
 
 from longtail_workers.drafter.exchange import (
     DrafterEndpoints,
@@ -194,12 +195,6 @@ def test_malformed_uploads_get_400_naming_the_problem(
     assert status == 400 and message in error, error
     assert registry.candidates(None) == []
     assert not list((registry.root / ".staging").iterdir())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_trainer_that_is_down_is_a_clear_error_after_bounded_retries(tmp_path) -> None:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from httpcall import http, http_json
 
 from longtail_api.policies import DrafterTrainingSpec
 from longtail_api.protocol import ProtocolError
@@ -116,27 +115,19 @@ def trainer(tmp_path: Path) -> Iterator[TrainerApp]:
     app.stop()
 
 
-def get(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
 def test_trainer_serves_the_last_steps_samples(trainer: TrainerApp, results) -> None:
-    code, body = get(trainer.url + "/v1/samples/latest")
+    code, body = http_json(trainer.url + "/v1/samples/latest")
     assert code == 503 and "starting" in body["error"]
     driver = _Driver()
     trainer.driver = driver  # type: ignore[assignment]
-    code, body = get(trainer.url + "/v1/samples/latest")
+    code, body = http_json(trainer.url + "/v1/samples/latest")
     assert code == 200 and from_wire(StepSamples, body, "body") == StepSamples(0, 0)
     driver.latest_samples = step_samples(results, step=2, version=2)
-    code, body = get(trainer.url + "/v1/samples/latest?after=1")
+    code, body = http_json(trainer.url + "/v1/samples/latest?after=1")
     assert code == 200 and from_wire(StepSamples, body, "body") == driver.latest_samples
-    code, body = get(trainer.url + "/v1/samples/latest?after=2")
+    code, body = http_json(trainer.url + "/v1/samples/latest?after=2")
     assert code == 200 and body["step"] == 2 and body["sequences"] == []
-    code, body = get(trainer.url + "/v1/samples/latest?after=two")
+    code, body = http_json(trainer.url + "/v1/samples/latest?after=two")
     assert code == 400 and "after='two'" in body["error"]
 
 
@@ -227,21 +218,14 @@ def test_an_unreachable_trainer_is_a_timeout_naming_the_url() -> None:
 def test_the_workers_readyz_is_503_once_its_loop_ended_or_while_stopping(
     model, trainer, weights
 ) -> None:
-    def readyz(url: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=10) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
     worker = worker_on(model, trainer, weights)
     with DrafterServer(worker, "127.0.0.1", 0) as server:
-        assert readyz(server.url) == (200, "ready\n")
-        assert get(server.url + "/v1/status")[0] == 200
-        code, body = get(server.url + "/v1/role")  # not this worker's: the route table's 404
+        assert http(server.url + "/readyz")[::2] == (200, b"ready\n")
+        assert http_json(server.url + "/v1/status")[0] == 200
+        code, body = http_json(server.url + "/v1/role")  # not this worker's: the route table's 404
         assert code == 404 and "/v1/status" in body["error"]
         worker.fatal = "drafter training crashed: boom"
         worker.stop.set()  # what the loop does when it crashes
-        assert readyz(server.url) == (503, "drafter training crashed: boom\n")
+        assert http(server.url + "/readyz")[::2] == (503, b"drafter training crashed: boom\n")
         worker.fatal = None  # asked to stop
-        assert readyz(server.url) == (503, "stopping\n")
+        assert http(server.url + "/readyz")[::2] == (503, b"stopping\n")

@@ -14,15 +14,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_targets import tiny_qwen2
+from httpcall import http_json
 
 from longtail_api.context import BUILTIN_MODEL_POSITIONS, model_positions, spec_context_error
 from longtail_workers.data import Example
@@ -41,22 +39,11 @@ GOOD = {"id": "r0", "promptTokenIds": [1, 2, 3], "maxNewTokens": 4, "temperature
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RolloutServer]:
-    torch.set_num_threads(1)
-    model = tiny_qwen2(seed=5, vocab_size=32, hidden_size=32, intermediate_size=64)
+def server(model: torch.nn.Module) -> Iterator[RolloutServer]:
     worker = GeneratingWorker(TorchEngine(model), target_id="tiny", name="rollout-0", weights=None)
     srv = RolloutServer(worker, ControlConfig(port=0)).start()
     yield srv
     srv.stop(grace_s=0.5)
-
-
-def post_raw(url: str, body: str) -> tuple[int, dict[str, object]]:
-    req = urllib.request.Request(url + GENERATE_PATH, data=body.encode(), method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=30.0) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 @pytest.mark.parametrize(
@@ -76,7 +63,8 @@ def post_raw(url: str, body: str) -> tuple[int, dict[str, object]]:
 )
 def test_value_errors_answer_400_naming_the_field(server, change, field: str) -> None:
     body = json.dumps({"step": 1, "policyVersion": 0, "requests": [GOOD, {**GOOD, **change}]})
-    status, answer = post_raw(server.url, body)  # json.dumps writes NaN / Infinity as JS does
+    # json.dumps writes NaN / Infinity as JS does
+    status, answer = http_json(server.url + GENERATE_PATH, "POST", body.encode(), timeout=30.0)
     assert status == 400, answer
     assert f"body.requests[1].{field}: " in str(answer["error"]), answer
 

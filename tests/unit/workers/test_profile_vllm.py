@@ -5,12 +5,10 @@ fallback)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import cli_without_vllm
 
 from longtail_api.profile import EngineProfile
 from longtail_workers.profile.main import main
@@ -56,19 +54,9 @@ def test_vllm_beside_neighbour_engines_is_refused(tmp_path: Path, capsys) -> Non
 
 
 def test_profile_of_vllm_without_it_fails_naming_the_fix(tmp_path: Path) -> None:
-    shadow = tmp_path / "no-vllm" / "vllm"  # what an environment without vLLM looks like
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'vllm'\", name='vllm')\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(shadow.parent)}
-    argv = [sys.executable, "-m", "longtail_cli.main", "profile", "--engine", "vllm"]
-    proc = subprocess.run(
-        [*argv, "--model", "builtin:tiny", "--quick", "--out", str(tmp_path / "p.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    out = ["--out", str(tmp_path / "p.json")]
+    proc = cli_without_vllm(
+        tmp_path, "profile", "--engine", "vllm", "--model", "builtin:tiny", "--quick", *out
     )
     assert proc.returncode == 2, proc.stderr
     assert "--engine vllm: vLLM cannot be imported" in proc.stderr

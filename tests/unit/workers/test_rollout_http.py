@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import http
+from httpcall import http
 
 from longtail_api.policies import DrafterTrainingSpec
 from longtail_workers.engine.interface import GenerationRequest

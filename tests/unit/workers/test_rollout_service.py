@@ -49,12 +49,6 @@ def reqs(n: int, max_new: int = 12) -> list[GenerationRequest]:
 
 
 @pytest.fixture
-def weights() -> Iterator[WeightServer]:
-    with WeightServer(port=0, keep_last=3) as server:
-        yield server
-
-
-@pytest.fixture
 def servers(weights: WeightServer, tmp_path: Path) -> Iterator[list[RolloutServer]]:
     registry = DrafterRegistry(tmp_path / "drafters")
     out = []

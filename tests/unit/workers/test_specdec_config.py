@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+from helpers import fixed_sd
 from tiny_targets import tiny_qwen2
 
-from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_api.policies import SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import TorchEngine
+
+SD = fixed_sd(threshold=8)
 
 
 @pytest.fixture(scope="module")
@@ -18,36 +23,25 @@ def model() -> torch.nn.Module:
     return tiny_qwen2(seed=12, vocab_size=24, sharpness=10.0, dtype=torch.float64)
 
 
-def _spec(**kwargs) -> SpeculativeSpec:
-    kwargs.setdefault("strategies", [StrategySpec(draft_depth=3)])
-    return SpeculativeSpec(
-        enabled=True,
-        batch_threshold=8,
-        warmup_steps=0,
-        selector=SelectorSpec(type="fixed"),
-        **kwargs,
-    )
-
-
 def test_enabled_without_drafter_is_an_error(model) -> None:
     with pytest.raises(ValueError, match=r"speculative\.enabled is true but no drafter"):
-        TorchEngine(model, speculative=_spec())
+        TorchEngine(model, speculative=SD)
 
 
 def test_drafter_of_another_model_instance_is_refused(model) -> None:
     twin = tiny_qwen2(seed=12, vocab_size=24, sharpness=10.0, dtype=torch.float64)
     with pytest.raises(ValueError, match="another model instance"):
-        TorchEngine(model, speculative=_spec(), drafter=EagleDrafter(twin, target_id="t"))
+        TorchEngine(model, speculative=SD, drafter=EagleDrafter(twin, target_id="t"))
 
 
 def test_drafter_in_training_mode_is_refused(model) -> None:
     drafter = EagleDrafter(model, target_id="t").train()
     with pytest.raises(ValueError, match=r"drafter\.eval\(\)"):
-        TorchEngine(model, speculative=_spec(), drafter=drafter)
+        TorchEngine(model, speculative=SD, drafter=drafter)
 
 
 def test_tree_drafting_strategy_is_refused(model) -> None:
-    spec = _spec(strategies=[StrategySpec(draft_depth=3, verify_tokens=9)])
+    spec = replace(SD, strategies=[StrategySpec(draft_depth=3, verify_tokens=9)])
     with pytest.raises(ValueError, match=r"strategies\[0\]\.verifyTokens=9"):
         TorchEngine(model, speculative=spec, drafter=EagleDrafter(model, target_id="t"))
 
@@ -67,7 +61,7 @@ def test_disabled_spec_never_speculates_even_with_a_drafter(model) -> None:
 
 
 def test_swapping_drafter_versions_between_rollouts(model) -> None:
-    engine = TorchEngine(model, speculative=_spec(), drafter=EagleDrafter(model, target_id="t"))
+    engine = TorchEngine(model, speculative=SD, drafter=EagleDrafter(model, target_id="t"))
     reqs = [GenerationRequest([1, 2, 3], max_new_tokens=10, temperature=0.0)]
     first = engine.generate(reqs)
     drafts_before = engine.stats.drafted

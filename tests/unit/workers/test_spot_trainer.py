@@ -26,16 +26,12 @@ VOCAB = 48
 SPEC = DrafterTrainingSpec(learning_rate=3e-3, window_tokens=32, max_steps_per_window=10_000)
 
 
-def _prompts(seed: int, n: int) -> list[list[int]]:
-    return random_prompts(seed, n, VOCAB)
-
-
 @pytest.fixture(scope="module")
 def filled(target) -> RolloutBuffer:
     """A buffer filled by real rollouts of the target (the worker's capture path)."""
     reqs = [
         GenerationRequest(p, max_new_tokens=48, temperature=1.0, seed=i, return_hidden_states=True)
-        for i, p in enumerate(_prompts(seed=0, n=64))
+        for i, p in enumerate(random_prompts(0, 64, VOCAB))
     ]
     buf = RolloutBuffer(max_tokens=100_000, max_bytes=1 << 30)
     buf.add_results(TorchEngine(target).generate(reqs), policy_version=0, step=0)

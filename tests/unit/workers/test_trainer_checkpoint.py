@@ -162,9 +162,11 @@ def test_batch_from_engine_results_reproduces_rollout_logprobs() -> None:
     assert torch.allclose(lp[mask], batch.old_logprobs[mask], atol=1e-4)
 
 
-def test_batch_rejects_inconsistent_samples() -> None:
-    bad = Sample("x", [1, 2], [3, 4], [-0.1], "stop")
+def test_inconsistent_samples_and_advantages_are_refused() -> None:
+    # A sample whose log-probs do not match its tokens cannot even be made (nor read off the
+    # wire), so no batch is ever built from one.
     with pytest.raises(ValueError, match="2 output tokens but 1 log-probs"):
-        build_grpo_batch([bad], [1.0], pad_id=0)
+        Sample("x", [1, 2], [3, 4], [-0.1], "stop")
+    ok = Sample("x", [1, 2], [3, 4], [-0.1, -0.2], "stop")
     with pytest.raises(ValueError, match="one advantage per answer"):
-        build_grpo_batch([bad], [1.0, 2.0], pad_id=0)
+        build_grpo_batch([ok], [1.0, 2.0], pad_id=0)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import http_json
+from httpcall import http_json
 
 from longtail_api.policies import DrafterTrainingSpec, HarvestSpec
 from longtail_api.steprow import StepRow

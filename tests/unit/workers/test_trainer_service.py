@@ -8,19 +8,11 @@ operator's pods probe ``/readyz``, so a trainer pod is Ready, and the RLJob Runn
 from __future__ import annotations
 
 import threading
-import urllib.error
-import urllib.request
 from types import SimpleNamespace
 
+from httpcall import http
+
 from longtail_workers.trainer.service import TrainerApp
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def test_readyz_is_503_until_the_model_is_loaded_and_while_stopping_or_failed() -> None:
@@ -28,16 +20,16 @@ def test_readyz_is_503_until_the_model_is_loaded_and_while_stopping_or_failed() 
     stop = threading.Event()
     app.stop_requested = stop
     try:
-        code, text = get(app.url + "/readyz")
-        assert code == 503 and "loading the policy" in text
-        assert get(app.url + "/healthz") == (200, "ok\n")  # alive while it loads
+        code, _, text = http(app.url + "/readyz")
+        assert code == 503 and b"loading the policy" in text
+        assert http(app.url + "/healthz")[::2] == (200, b"ok\n")  # alive while it loads
         app.driver = SimpleNamespace()  # type: ignore[assignment]  # built: model and weights
-        assert get(app.url + "/readyz") == (200, "ready\n")
+        assert http(app.url + "/readyz")[::2] == (200, b"ready\n")
         stop.set()  # SIGTERM: it checkpoints and stops
-        assert get(app.url + "/readyz") == (503, "stopping\n")
+        assert http(app.url + "/readyz")[::2] == (503, b"stopping\n")
         stop.clear()
         app.failed = "RuntimeError: CUDA error"
-        code, text = get(app.url + "/readyz")
-        assert code == 503 and "training failed: RuntimeError: CUDA error" in text
+        code, _, text = http(app.url + "/readyz")
+        assert code == 503 and b"training failed: RuntimeError: CUDA error" in text
     finally:
         app.stop()

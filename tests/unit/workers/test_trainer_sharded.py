@@ -11,7 +11,6 @@ that dies inside an update fails it on rank 0 with an error naming that rank, ne
 from __future__ import annotations
 
 import errno
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import sharded_rank
 import torch
+from httpcall import free_port
 from tmpfs import small_disk
 
 from longtail_workers.trainer.checkpoint import latest_checkpoint, read_state
@@ -29,12 +29,6 @@ from longtail_workers.weights.store import WeightStore
 
 SCRIPT = Path(sharded_rank.__file__)
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_world(scenario: str, out: Path, world: int = 2) -> list[subprocess.Popen[str]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import signal
@@ -12,9 +11,11 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from typing import Any
 
 import pytest
+from httpcall import http, http_json
 
 from longtail_workers.rewards import RewardResult, register_reward, unregister_reward
 from longtail_workers.verifier import (
@@ -41,30 +42,15 @@ def server() -> Iterator[VerifierServer]:
         yield srv
 
 
-def call(
-    srv: VerifierServer, method: str, path: str, body: bytes | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    """One request with urllib; returns (status, headers, body) for 2xx and error answers."""
-    req = urllib.request.Request(srv.url + path, data=body, method=method)
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, dict(resp.headers), resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read()
-
-
-def verify(srv: VerifierServer, payload: Any) -> tuple[int, dict[str, Any]]:
+def verify(srv: VerifierServer, payload: Any) -> tuple[int, Any]:
     raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    status, _, body = call(srv, "POST", "/v1/verify", raw)
-    return status, json.loads(body)
+    return http_json(srv.url + "/v1/verify", "POST", raw)
 
 
 def test_health_and_readiness(server: VerifierServer) -> None:
-    assert call(server, "GET", "/healthz")[::2] == (200, b"ok\n")
-    assert call(server, "GET", "/readyz")[::2] == (200, b"ready\n")
-    status, headers, body = call(server, "HEAD", "/healthz")
+    assert http(server.url + "/healthz")[::2] == (200, b"ok\n")
+    assert http(server.url + "/readyz")[::2] == (200, b"ready\n")
+    status, headers, body = http(server.url + "/healthz", "HEAD")
     assert (status, body, headers["Content-Length"]) == (200, b"", "3")
 
 
@@ -112,7 +98,7 @@ def test_bad_requests_get_clear_errors_and_server_keeps_serving(
     server: VerifierServer, payload: bytes | str, status: int, message: str
 ) -> None:
     raw = payload.encode() if isinstance(payload, str) else payload
-    got_status, _, body = call(server, "POST", "/v1/verify", raw)
+    got_status, _, body = http(server.url + "/v1/verify", "POST", raw)
     assert got_status == status
     assert message in json.loads(body)["error"]
     assert verify(server, GOOD)[0] == 200  # still serving
@@ -136,14 +122,14 @@ def test_unknown_reward_lists_math(server: VerifierServer) -> None:
 def test_wrong_path_or_method(
     server: VerifierServer, method: str, path: str, status: int, allow: str | None
 ) -> None:
-    got, headers, body = call(server, method, path, b"{}" if method == "POST" else None)
+    got, headers, body = http(server.url + path, method, b"{}" if method == "POST" else None)
     assert got == status
     assert json.loads(body)["error"]
     assert headers.get("Allow") == allow
 
 
 def test_content_length_cap_is_checked_before_reading(server: VerifierServer) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn = HTTPConnection("127.0.0.1", server.port, timeout=10)
     conn.putrequest("POST", "/v1/verify")
     conn.putheader("Content-Length", str(10 * 1024 * 1024))
     conn.endheaders()  # the 10 MiB body is never sent: the server must answer anyway
@@ -155,7 +141,7 @@ def test_content_length_cap_is_checked_before_reading(server: VerifierServer) ->
 
 
 def test_missing_content_length(server: VerifierServer) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn = HTTPConnection("127.0.0.1", server.port, timeout=10)
     conn.putrequest("POST", "/v1/verify")
     conn.endheaders()
     resp = conn.getresponse()
@@ -176,7 +162,7 @@ def test_missing_content_length(server: VerifierServer) -> None:
 def test_keep_alive_connection_survives_errors(
     server: VerifierServer, method: str, path: str, body: bytes, status: int
 ) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn = HTTPConnection("127.0.0.1", server.port, timeout=10)
     conn.request(method, path, body=body)
     first = conn.getresponse()
     assert first.status == status and first.getheader("Connection") is None
@@ -204,8 +190,8 @@ def test_buggy_reward_gives_500_naming_it(server: VerifierServer) -> None:
 def test_metrics_count_requests_and_items(server: VerifierServer) -> None:
     verify(server, GOOD)
     verify(server, b"not json")
-    call(server, "GET", "/nope")
-    status, headers, body = call(server, "GET", "/metrics")
+    http(server.url + "/nope")
+    status, headers, body = http(server.url + "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
     text = body.decode()
     assert 'longtail_verifier_requests_total{code="200",endpoint="/v1/verify"} 1.0' in text
@@ -222,7 +208,7 @@ def test_two_servers_have_separate_metrics(server: VerifierServer) -> None:
     with VerifierServer(VerifierConfig(port=0)) as other:
         verify(other, GOOD)
         assert other.port != server.port
-        assert b'code="200",endpoint="/v1/verify"' not in call(server, "GET", "/metrics")[2]
+        assert b'code="200",endpoint="/v1/verify"' not in http(server.url + "/metrics")[2]
 
 
 def test_stop_turns_readiness_off_and_closes() -> None:
@@ -284,8 +270,7 @@ def test_main_serves_until_sigterm() -> None:
         line = proc.stdout.readline()
         assert line.startswith(LISTENING_PREFIX), (line, proc.stderr and proc.stderr.read())
         url = line.removeprefix(LISTENING_PREFIX).strip()
-        with urllib.request.urlopen(url + "/healthz", timeout=5) as resp:
-            assert resp.read() == b"ok\n"
+        assert http(url + "/healthz")[::2] == (200, b"ok\n")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:

@@ -11,9 +11,6 @@ engines are module fixtures, closed at the end.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import fixed_sd
+from helpers import cli_without_vllm, fixed_sd
 from lossless import chi_square, exact_distribution
 from tiny_targets import tiny_qwen2
 
-from longtail_api.policies import DrafterTrainingSpec, SpeculativeSpec
+from longtail_api.policies import DrafterTrainingSpec
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
@@ -40,10 +37,6 @@ VllmEngine, VllmEngineConfig = vllm_engine.VllmEngine, vllm_engine.VllmEngineCon
 
 pytestmark = pytest.mark.slow
 THRESHOLD = 4
-
-
-def _spec(depth: int = 4, threshold: int = THRESHOLD) -> SpeculativeSpec:
-    return fixed_sd(depth=depth, threshold=threshold)
 
 
 def _drafter(model: torch.nn.Module, seed: int = 0) -> EagleDrafter:
@@ -75,7 +68,7 @@ def sd_engine(tiny) -> Iterator[VllmEngine]:
     engine = VllmEngine(
         model,
         path,
-        speculative=_spec(),
+        speculative=fixed_sd(depth=4, threshold=THRESHOLD),
         drafter=_drafter(model),
         config=VllmEngineConfig(threads=1),
     )
@@ -263,7 +256,7 @@ def test_sampling_matches_the_target_distribution(small_vocab, speculative: bool
     engine = VllmEngine(
         model,
         path,
-        speculative=_spec(depth=2, threshold=256) if speculative else None,
+        speculative=fixed_sd(depth=2, threshold=256) if speculative else None,
         drafter=_drafter(model, seed=5) if speculative else None,
         config=VllmEngineConfig(threads=1),
     )
@@ -290,20 +283,8 @@ def test_a_worker_asked_for_vllm_without_it_fails_naming_the_field(tmp_path, rep
     job["spec"]["rollout"]["engine"] = "vllm"
     job["spec"]["drafterTraining"]["layout"] = "eagle1"
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    shadow = tmp_path / "no-vllm" / "vllm"  # what an environment without vLLM looks like
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'vllm'\", name='vllm')\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(shadow.parent), "LONGTAIL_AUTH_TOKEN": "t0ken"}
-    argv = [sys.executable, "-m", "longtail_cli.main", "worker", "rollout"]
-    proc = subprocess.run(
-        [*argv, "--job", str(tmp_path / "job.yaml"), "--port", "0"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    args = ["worker", "rollout", "--job", str(tmp_path / "job.yaml"), "--port", "0"]
+    proc = cli_without_vllm(tmp_path, *args, LONGTAIL_AUTH_TOKEN="t0ken")
     assert proc.returncode == 2, proc.stderr
     assert "rollout.engine is 'vllm' but vLLM cannot be imported" in proc.stderr
     assert "rollout.engine: torch" in proc.stderr and "Traceback" not in proc.stderr

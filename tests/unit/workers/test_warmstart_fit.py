@@ -20,14 +20,10 @@ from longtail_workers.warmstart.fit import (
 VOCAB = 48
 
 
-def _prompts(seed: int, n: int) -> list[list[int]]:
-    return random_prompts(seed, n, VOCAB)
-
-
 def test_fitted_drafter_beats_untrained_one_in_the_engine(target) -> None:
     requests = [
         GenerationRequest(p, max_new_tokens=48, temperature=1.0, seed=i)
-        for i, p in enumerate(_prompts(seed=0, n=64))
+        for i, p in enumerate(random_prompts(0, 64, VOCAB))
     ]
     seqs = collect_training_sequences(
         TorchEngine(target, config=EngineConfig(max_running=64)), requests

@@ -6,13 +6,13 @@ The broadcast transport is tested in ``test_weight_sync_broadcast*.py``.
 from __future__ import annotations
 
 import dataclasses
-import socket
 import threading
 import time
 from typing import Any
 
 import pytest
 import torch
+from httpcall import free_port
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -55,12 +55,6 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 def client(server: WeightServer, **kwargs: Any) -> HttpWeightClient:
     return HttpWeightClient(server.url, timeout_s=10, backoff_s=0.05, **kwargs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- checksum ----------------------------------------------------------------------------------

@@ -16,13 +16,13 @@ import json
 import logging
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 
 import pytest
 from broadcast_harness import PHASE_TIMEOUT_S, Cluster, Processes, expected_sha, go, policy
 from broadcast_harness import cluster as cluster  # the fixture
+from httpcall import free_port
 
 from longtail_workers.weights.membership import STALE_S
 
@@ -103,17 +103,11 @@ def test_a_restarted_trainer_is_rejoined_by_every_receiver_and_broadcasts_again(
         assert event["via"] == "broadcast" and event["sha"] == expected_sha(2)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_trainer_killed_mid_broadcast_leaves_the_receivers_on_their_version_and_a_new_one_goes_on(
     tmp_path: Path,
 ) -> None:
     procs = Processes(tmp_path)
-    port, http_port = _free_port(), _free_port()
+    port, http_port = free_port(), free_port()
     addr, url = f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}"
     trainer = ["--port", str(port), "--http-port", str(http_port), "--out", str(tmp_path)]
     trainer += ["--wait", A, B]

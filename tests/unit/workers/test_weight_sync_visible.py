@@ -35,12 +35,6 @@ from longtail_workers.wire.rollout import GenerateCall
 
 
 @pytest.fixture
-def weights() -> Iterator[WeightServer]:
-    with WeightServer(port=0, keep_last=3) as server:
-        yield server
-
-
-@pytest.fixture
 def workers(weights: WeightServer) -> Iterator[list[RolloutServer]]:
     torch.set_num_threads(1)
     out = []

@@ -11,15 +11,12 @@ import json
 import os
 import sys
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from tiny_targets import tiny_qwen2
+from httpcall import http
 
 from longtail_api.auth import TOKEN_ENV, token_matches
 from longtail_api.policies import HarvestSpec
@@ -55,15 +52,10 @@ TID = "tiny-auth"
 
 def call(url: str, method: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    if token is not None:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            raw, code, ctype = resp.read(), resp.status, resp.headers["Content-Type"] or ""
-    except urllib.error.HTTPError as exc:
-        raw, code, ctype = exc.read(), exc.code, exc.headers["Content-Type"] or ""
-    return code, json.loads(raw) if ctype.startswith("application/json") else raw
+    auth = {} if token is None else {"Authorization": f"Bearer {token}"}
+    code, headers, raw = http(url, method, data, auth, timeout=30)
+    json_body = (headers["Content-Type"] or "").startswith("application/json")
+    return code, json.loads(raw) if json_body else raw
 
 
 def assert_guarded(url: str, method: str, body: Any = None) -> None:
@@ -73,12 +65,6 @@ def assert_guarded(url: str, method: str, body: Any = None) -> None:
         assert code == 401, (url, method, token, code, answer)
         assert "unauthorized" in answer["error"] and TOKEN_ENV in answer["error"]
         assert TOKEN not in answer["error"]
-
-
-@pytest.fixture(scope="module")
-def model() -> torch.nn.Module:
-    torch.set_num_threads(1)
-    return tiny_qwen2(seed=5, vocab_size=32, hidden_size=32, intermediate_size=64)
 
 
 @pytest.fixture(scope="module")
