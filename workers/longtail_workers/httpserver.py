@@ -28,6 +28,7 @@ connection whose request headers are not complete ``header_timeout_s`` (default
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import functools
@@ -94,7 +95,7 @@ def probe_routes(unready: Callable[[], str | None], registry: CollectorRegistry)
     ]
 
 
-class BackgroundHTTPServer:
+class BackgroundHTTPServer(abc.ABC):
     """A uvicorn server on its own event loop in a daemon thread; subclasses give ``routes``.
 
     A stopped server cannot be started again unless a subclass resets it (``WeightServer``).
@@ -188,15 +189,15 @@ class BackgroundHTTPServer:
         self.log.info(self.started_log, self.url)
         return self
 
+    @abc.abstractmethod
     def routes(self) -> list[Route]:
         """The server's route table (rows of :func:`route`); read once, by ``start``."""
-        raise NotImplementedError(f"{type(self).__name__} must declare its routes")
 
     def unready(self) -> str | None:
         """Why ``/readyz`` answers 503, None when ready; subclasses add their own reasons."""
         return None if self._ready else "stopping"
 
-    def observe(self, endpoint: str, status: int, seconds: float) -> None:
+    def observe(self, endpoint: str, status: int, seconds: float) -> None:  # noqa: B027 (optional hook)
         """Count one answered request (``endpoint``: its route's path, ``other`` for a 404);
         servers with request metrics override it."""
 

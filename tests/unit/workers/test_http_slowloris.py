@@ -13,6 +13,7 @@ import select
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -90,7 +91,12 @@ def test_a_kept_alive_connection_idle_past_the_deadline_still_serves(app: Traine
         conn.close()
 
 
+class NoRoutes(BackgroundHTTPServer):
+    def routes(self) -> list[Any]:
+        return []
+
+
 def test_the_default_deadline_and_a_bad_one() -> None:
     assert 5.0 <= TrainerApp("127.0.0.1", 0).header_timeout_s == HEADER_TIMEOUT_S <= 30.0
     with pytest.raises(ValueError, match=r"header_timeout_s=0.*must be > 0"):
-        BackgroundHTTPServer("127.0.0.1", 0, request_timeout_s=1.0, header_timeout_s=0)
+        NoRoutes("127.0.0.1", 0, request_timeout_s=1.0, header_timeout_s=0)
