@@ -150,11 +150,21 @@ def cond(j: dict[str, Any], ctype: str) -> tuple[str, str] | None:
 def wait_phase(
     cp: ControlPlane, ns: str, phase: str, name: str = "tiny", timeout: float = 60
 ) -> dict[str, Any]:
+    seen: list[str] = []
+
     def check() -> dict[str, Any] | None:
         j = job(cp, ns, name)
-        return j if j.get("status", {}).get("phase") == phase else None
+        now = j.get("status", {}).get("phase")
+        if not seen or seen[-1] != now:
+            seen.append(str(now))
+        return j if now == phase else None
 
-    return cp.wait_for(check, timeout=timeout, what=f"rljob {ns}/{name} phase {phase}")
+    what = f"rljob {ns}/{name} phase {phase}"
+    try:
+        return cp.wait_for(check, timeout=timeout, what=what)
+    except AssertionError as e:  # say where it stood: the phases seen and the live pods
+        pods_now = sorted(live_pods(cp, ns))
+        raise AssertionError(f"{e}; phases seen {seen}; live pods {pods_now}") from e
 
 
 def live_pods(cp: ControlPlane, ns: str) -> set[str]:

@@ -167,8 +167,14 @@ def test_a_trainer_group_restart_keeps_one_group(
     trainer = trainer_at(kubelet, settings, ns)
     try:
         apply(cp, gang_job(ns, GANGS["coscheduling"]))
-        cp.wait_for(lambda: gang_bind(cp, ns) or None, timeout=60, what="the gang bound")
-        wait_phase(cp, ns, "Running", timeout=90)
+
+        # Bind on every poll until Running: a bind refused by a busy API server (or a pod
+        # replaced meanwhile) is retried, as a gang scheduler would.
+        def running() -> bool:
+            gang_bind(cp, ns)
+            return get(cp, ns, "rljob", "tiny").get("status", {}).get("phase") == "Running"
+
+        cp.wait_for(running, timeout=150, what="the gang bound and the job Running")
         group = podgroup(cp, ns, "coscheduling")
         assert group is not None
         before = {n: p["metadata"]["uid"] for n, p in pods(cp, ns).items()}
