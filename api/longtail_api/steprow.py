@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longtail_api.protocol import ProtocolError
-from longtail_api.reader import Reader
+from longtail_api.wirecodec import Count, NonNegative, Version, from_wire
 
 METRICS_FILE = "metrics.jsonl"
 """The trainer's rows in its run directory, one JSON object a line."""
@@ -45,11 +45,11 @@ _LISTS = ("response_lengths", "prompt_lengths", "answer_spec_steps", "answer_acc
 class StepRow:
     """What one RL step did: versions, rewards, answer lengths, time split, speculation."""
 
-    step: int
+    step: Count
     """The RL step, 1-based."""
-    policy_version: int
+    policy_version: Count
     """Policy weights version after this step's update."""
-    drafter_version: int
+    drafter_version: Version
     """Drafter version the rollout workers drafted with at the end of the step (-1: none)."""
     reward_mean: float
     """Mean reward of the step's answers."""
@@ -65,23 +65,23 @@ class StepRow:
     """Wall time of the whole step."""
     sync_s: float = 0.0
     """Publishing the new policy weights (and merging drafter candidates)."""
-    answers: int = 0
+    answers: Count = 0
     """Answers generated (prompts x group size)."""
     mean_length: float = 0.0
     """Mean answer length in tokens."""
-    max_length: int = 0
+    max_length: Count = 0
     """Longest answer in tokens."""
     sd_fraction: float | None = None
     """Share of the generated tokens that came from speculative steps."""
     mean_accepted_length: float | None = None
     """Mean tokens gained per sequence per speculative step (0: no speculation this step)."""
-    redispatched: int = 0
+    redispatched: Count = 0
     """Requests sent again to another worker after theirs failed."""
     failed_workers: list[str] = field(default_factory=list)
     """Rollout workers that failed during the step, sorted."""
-    drafter_candidates_rejected: int = 0
+    drafter_candidates_rejected: Count = 0
     """Drafter candidates the trainer refused during the step."""
-    drafter_candidates: int | None = None
+    drafter_candidates: Count | None = None
     """Drafter candidates waiting for the merge after this step's update (each worker's
     newest; 0: no merge ran; None: a row written before it was recorded). The step simulator
     replays a run's merges with it (``sim/runs.py``)."""
@@ -103,36 +103,36 @@ class StepRow:
     """Seconds each rollout worker spent in its generate call (drafter refresh, engine, capture
     for drafter training), by worker: the rollout less the slowest of these is dispatch, the
     policy pull and transport."""
-    sync_version: int | None = None
+    sync_version: Count | None = None
     """The policy version the ``sync_*`` figures describe: the one this step's rollout generated
     with (published at the end of the previous step, or at the start for the first)."""
     sync_transport: str | None = None
     """How it travelled: ``http`` or ``broadcast`` (None: the publisher did not say)."""
-    sync_gather_s: float | None = None
+    sync_gather_s: NonNegative | None = None
     """Trainer: producing the whole tensors (:data:`SYNC_PHASES` says what each phase is)."""
-    sync_pack_s: float | None = None
+    sync_pack_s: NonNegative | None = None
     """Trainer: casting, copying and hashing them into pieces/buckets."""
-    sync_wire_s: float | None = None
+    sync_wire_s: NonNegative | None = None
     """Trainer: waiting for the broadcast buckets on the wire (0 over HTTP)."""
-    sync_load_s: float | None = None
+    sync_load_s: NonNegative | None = None
     """The slowest rollout worker's load of the version (HTTP: its pull included)."""
-    sync_pause_s: float | None = None
+    sync_pause_s: NonNegative | None = None
     """The trainer's publish (wall time) plus the slowest load: what the sync adds to a step."""
-    sync_bytes: int | None = None
+    sync_bytes: Count | None = None
     """Bytes of the version as it travels (the engine's dtype)."""
-    sync_gb_per_s: float | None = None
+    sync_gb_per_s: NonNegative | None = None
     """``sync_bytes`` / ``sync_pause_s`` in GB/s (1e9 bytes): the end-to-end rate."""
     worker_load_s: dict[str, float] = field(default_factory=dict)
     """Seconds each rollout worker spent obtaining and loading version :attr:`sync_version` at
     its first generate call with it (the rollout pause each one saw), by worker."""
-    response_lengths: list[int] = field(default_factory=list)
+    response_lengths: list[Count] = field(default_factory=list)
     """Response tokens of every answer, in request order (prompt i's answers are
     ``[i*group:(i+1)*group]``): the long tail ``longtail simulate --lengths run:DIR`` replays."""
-    prompt_lengths: list[int] = field(default_factory=list)
+    prompt_lengths: list[Count] = field(default_factory=list)
     """Prompt tokens of every prompt of the step, in order."""
-    answer_spec_steps: list[int] = field(default_factory=list)
+    answer_spec_steps: list[Count] = field(default_factory=list)
     """Speculative steps of every answer, in request order (0: it never speculated)."""
-    answer_accepted_drafts: list[int] = field(default_factory=list)
+    answer_accepted_drafts: list[Count] = field(default_factory=list)
     """Draft tokens accepted for every answer over those steps: its accepted length is
     ``1 + accepted / steps``, which the simulator replays per answer (the long answers of the
     tail accept fewer than the step's mean)."""
@@ -164,95 +164,12 @@ class StepRow:
     def from_dict(cls, data: object, path: str = "row") -> StepRow:
         """A row read back; a missing required key or a value of the wrong type raises
         :class:`~longtail_api.protocol.ProtocolError` naming it (``row.reward_mean``)."""
-        r = Reader(data, path)
-        failed = r.raw("failed_workers", required=False) or []
-        if not isinstance(failed, list) or not all(isinstance(w, str) for w in failed):
-            raise ProtocolError(r.at("failed_workers"), "must be a list of names", failed)
-        return cls(
-            step=r.int_("step"),
-            policy_version=r.int_("policy_version"),
-            drafter_version=r.int_("drafter_version", minimum=-1),
-            reward_mean=r.num("reward_mean"),
-            accuracy=r.num("accuracy"),
-            rollout_s=r.num("rollout_s"),
-            tail_s=r.num("tail_s"),
-            train_s=r.num("train_s"),
-            step_s=r.num("step_s"),
-            sync_s=r.opt_num("sync_s") or 0.0,
-            answers=r.opt_int("answers") or 0,
-            mean_length=r.opt_num("mean_length") or 0.0,
-            max_length=r.opt_int("max_length") or 0,
-            sd_fraction=r.opt_num("sd_fraction"),
-            mean_accepted_length=r.opt_num("mean_accepted_length"),
-            redispatched=r.opt_int("redispatched") or 0,
-            failed_workers=list(failed),
-            drafter_candidates_rejected=r.opt_int("drafter_candidates_rejected") or 0,
-            drafter_candidates=r.opt_int("drafter_candidates"),
-            train=_train_stats(r.obj, r),
-            acceptance_collapsed=bool(r.obj.get("acceptance_collapsed", False)),
-            trainer_harvested_s=r.opt_num("trainer_harvested_s"),
-            eval_accuracy=r.opt_num("eval_accuracy"),
-            eval_sampled_accuracy=r.opt_num("eval_sampled_accuracy"),
-            idle_s=r.opt_num("idle_s"),
-            harvested_s=r.opt_num("harvested_s"),
-            worker_generate_s=_seconds_by_name(r, "worker_generate_s"),
-            **_sync_fields(r),
-            worker_load_s=_seconds_by_name(r, "worker_load_s"),
-            response_lengths=_counts(r, "response_lengths"),
-            prompt_lengths=_counts(r, "prompt_lengths"),
-            answer_spec_steps=_counts(r, "answer_spec_steps"),
-            answer_accepted_drafts=_counts(r, "answer_accepted_drafts"),
-        )
-
-
-def _sync_fields(r: Reader) -> dict[str, Any]:
-    """The optional ``sync_*`` keys (absent in rows of older versions and before the first
-    sync was measured)."""
-    transport = r.raw("sync_transport", required=False)
-    if transport is not None and not isinstance(transport, str):
-        raise ProtocolError(r.at("sync_transport"), "must be a string (http, broadcast)", transport)
-    seconds = {f"sync_{p}_s": r.opt_num(f"sync_{p}_s", minimum=0.0) for p in SYNC_PHASES}
-    return {
-        "sync_version": r.opt_int("sync_version"),
-        "sync_transport": transport,
-        "sync_bytes": r.opt_int("sync_bytes"),
-        "sync_gb_per_s": r.opt_num("sync_gb_per_s", minimum=0.0),
-        **seconds,
-    }
-
-
-def _seconds_by_name(r: Reader, key: str) -> dict[str, float]:
-    """An optional ``{name: seconds}`` object; absent in rows of older versions."""
-    value = r.raw(key, required=False)
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-        for k, v in value.items()
-    ):
-        raise ProtocolError(r.at(key), "must map worker names to seconds", value)
-    return {k: float(v) for k, v in value.items()}
-
-
-def _counts(r: Reader, key: str) -> list[int]:
-    """An optional list of token counts (ints >= 0); absent in rows of older versions."""
-    value = r.raw(key, required=False)
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-    ):
-        raise ProtocolError(r.at(key), "must be a list of token counts (integers >= 0)", value)
-    return list(value)
-
-
-def _train_stats(obj: Mapping[str, Any], r: Reader) -> dict[str, float]:
-    """The ``train_<name>`` keys but ``train_s``; a diverged loss (NaN, inf) is kept as is."""
-    out: dict[str, float] = {}
-    for key, value in obj.items():
-        if not key.startswith(TRAIN_PREFIX) or key == "train_s":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ProtocolError(r.at(key), "must be a number", value)
-        out[key.removeprefix(TRAIN_PREFIX)] = value
-    return out
+        if not isinstance(data, Mapping):
+            raise ProtocolError(path, "must be a JSON object", data)
+        train: dict[str, float] = {}
+        for key, value in data.items():  # a diverged loss (NaN, inf) is kept as is
+            if key.startswith(TRAIN_PREFIX) and key != "train_s":
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ProtocolError(f"{path}.{key}", "must be a number", value)
+                train[key.removeprefix(TRAIN_PREFIX)] = value
+        return from_wire(cls, {**data, "train": train}, path, snake_case=True)

@@ -9,13 +9,16 @@ types and :class:`~longtail_api.fields.Constraints`; cross-field rules live in `
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import json
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union
 
 from longtail_api.fields import Constraints, constraints, format_number, json_name
@@ -61,9 +64,12 @@ def show_value(value: Any, limit: int = 60) -> str:
 class _Parser:
     """One parse: walks types and data together, appending to ``errors``."""
 
-    def __init__(self, unknown: Literal["error", "ignore"] = "error") -> None:
+    def __init__(
+        self, unknown: Literal["error", "ignore"], names: Callable[[dataclasses.Field[Any]], str]
+    ) -> None:
         self.errors: list[FieldError] = []
         self.unknown = unknown
+        self.names = names
 
     def fail(self, path: str, message: str, value: Any = _NO_VALUE, fix: str | None = None) -> Any:
         self.errors.append(FieldError(path, message, value, fix))
@@ -72,7 +78,7 @@ class _Parser:
     def parse_dataclass(self, cls: type[T], data: Any, path: str) -> Any:
         if not isinstance(data, dict):
             return self.fail(path, "must be a mapping", data)
-        fields = {json_name(f): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        fields = {self.names(f): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         for key in data:
             if key not in fields and self.unknown == "error":
                 close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
@@ -107,7 +113,7 @@ class _Parser:
             return self.parse_dataclass(tp, data, path)  # type: ignore[arg-type]
         if origin is Literal:
             return self._literal(args, data, path, cons)
-        if origin is list:
+        if origin is list or origin is collections.abc.Sequence:  # read as a list
             return self._list(args[0], data, path, cons)
         if origin is tuple and args[1:] == (...,):
             items = self._list(args[0], data, path, cons)
@@ -126,10 +132,11 @@ class _Parser:
             if isinstance(data, bool) or not isinstance(data, int | float):
                 return self.fail(path, "must be a number", data)
             return self._bounds(float(data), path, cons)
-        if tp is str:
+        if tp is str or tp is Path:  # a Path (wire bodies only) is sent as its string
             if not isinstance(data, str):
                 return self.fail(path, "must be a string", data)
-            return self._string(data, path, cons)
+            text = self._string(data, path, cons)
+            return Path(text) if tp is Path and text is not _NO_VALUE else text
         raise TypeError(f"{path}: unsupported annotation {tp!r} in the API model")
 
     def _union(self, args: tuple[Any, ...], data: Any, path: str, cons: Constraints) -> Any:
@@ -215,11 +222,16 @@ class _Parser:
 
 
 def parse(
-    cls: type[T], data: Any, path: str, unknown: Literal["error", "ignore"] = "error"
+    cls: type[T],
+    data: Any,
+    path: str,
+    unknown: Literal["error", "ignore"] = "error",
+    names: Callable[[dataclasses.Field[Any]], str] = json_name,
 ) -> tuple[T | None, list[FieldError]]:
     """Parse ``data`` into ``cls``; returns the instance (``None`` when it cannot be built) and
     every field-level error found, in document order. ``unknown="ignore"`` skips keys ``cls``
-    does not know (a newer peer's wire body) instead of reporting them."""
-    parser = _Parser(unknown)
+    does not know (a newer peer's wire body) instead of reporting them; ``names`` gives each
+    field's key (the camelCase :func:`~longtail_api.fields.json_name` unless told)."""
+    parser = _Parser(unknown, names)
     result = parser.parse_dataclass(cls, data, path)
     return (None if result is _NO_VALUE else result), parser.errors

@@ -46,10 +46,12 @@ def to_wire(obj: Any) -> Any:
     return obj
 
 
-def from_wire(cls: type[T], data: Any, path: str) -> T:
+def from_wire(cls: type[T], data: Any, path: str, *, snake_case: bool = False) -> T:
     """``data`` read as ``cls`` (unknown keys ignored); :class:`ProtocolError` (a ValueError)
-    names the first bad field, with up to two more after it."""
-    obj, errors = parse(cls, data, path, unknown="ignore")
+    names the first bad field, with up to two more after it. ``snake_case``: the keys are the
+    fields' Python names (files written with ``dataclasses.asdict``: a step row, a candidate)."""
+    names = (lambda f: f.name) if snake_case else json_name
+    obj, errors = parse(cls, data, path, unknown="ignore", names=names)
     if errors:
         first = errors[0]
         exc = ProtocolError(first.path, first.message, first.value, first.fix)

@@ -19,11 +19,8 @@ block: torch, scoring, role switches) with a
 discarded by uvicorn when the connection is kept; large bodies are sent in pieces, so a slow
 reader holds no second copy of policy weights.
 
-uvicorn times out only an idle kept-alive connection, never one that is still sending its
-request line and headers, so a client trickling header bytes (slow loris) held a connection
-forever. :class:`_HeaderDeadlineProtocol` (uvicorn's h11 protocol plus one timer) closes a
-connection whose request headers are not complete ``header_timeout_s`` (default
-:data:`HEADER_TIMEOUT_S`) after it opened, or after the first byte of a later request on it.
+Every server runs uvicorn with :class:`~longtail_workers.headerdeadline.HeaderDeadlineProtocol`
+(a deadline on a request's line and headers, which uvicorn lacks: slow-loris bound).
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import ClassVar, Self
 
-import h11
 import uvicorn
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
@@ -50,9 +46,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
+from longtail_workers.headerdeadline import HEADER_TIMEOUT_S, HeaderDeadlineProtocol
 from longtail_workers.httprequest import CLIENT_CLOSED, Answer, JSONRequestHandler
 
 Endpoint = Callable[[JSONRequestHandler], object]
@@ -63,9 +59,6 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _PIECE = 1 << 20
 """Bodies over this go out in pieces of this size (uvicorn waits for each to drain)."""
 _START_TIMEOUT_S = 30.0
-HEADER_TIMEOUT_S = 15.0
-"""Seconds a client may take to send a request's line and headers (slow-loris bound); the
-workers' clients send theirs in one write, so only a stalled or hostile client meets it."""
 
 
 def route(path: str, endpoint: Endpoint, *methods: str) -> Route:
@@ -154,7 +147,7 @@ class BackgroundHTTPServer(abc.ABC):
         config = uvicorn.Config(
             app,
             # h11 keeps header names' case (httptools lowercases them); plus a header deadline
-            http=_HeaderDeadlineProtocol.bound(self.header_timeout_s, self.log),
+            http=HeaderDeadlineProtocol.bound(self.header_timeout_s, self.log),
             loop="asyncio",
             ws="none",
             lifespan="off",
@@ -325,54 +318,6 @@ async def _serve(endpoint: Endpoint, request: Request) -> Response:
     elif handler.close_connection:
         answer.headers["Connection"] = "close"
     return server._answered(request, answer, status, started)
-
-
-class _HeaderDeadlineProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline on the request line and headers (module text)."""
-
-    header_timeout_s: ClassVar[float] = HEADER_TIMEOUT_S
-    log: ClassVar[logging.Logger] = logging.getLogger(__name__)
-    _deadline: asyncio.TimerHandle | None = None
-
-    @classmethod
-    def bound(cls, header_timeout_s: float, log: logging.Logger) -> type[H11Protocol]:
-        """This protocol with the server's timeout and logger (uvicorn takes a class)."""
-        attrs = {"header_timeout_s": header_timeout_s, "log": log}
-        return type("HeaderDeadlineProtocol", (cls,), attrs)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]
-        self._arm()
-
-    def data_received(self, data: bytes) -> None:
-        if self._deadline is None and self.conn.their_state is h11.IDLE:
-            self._arm()  # a later request's first byte (the idle wait is keep-alive's)
-        super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # the request line and headers are in
-            self._disarm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _arm(self) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(self.header_timeout_s, self._expired)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _expired(self) -> None:
-        self._deadline = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.log.info(
-                "closed a connection from %s: no complete request headers within %gs",
-                f"{self.client[0]}:{self.client[1]}" if self.client else "?",
-                self.header_timeout_s,
-            )
-            self.transport.close()
 
 
 def _error_answer(status: int, text: str) -> Answer:

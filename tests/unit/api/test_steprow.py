@@ -67,15 +67,15 @@ def test_a_diverged_loss_still_loads() -> None:
     [
         ({"step": "3"}, "row.step: must be an integer"),
         ({"reward_mean": None}, "row.reward_mean: must be a number"),
-        ({"failed_workers": "w1"}, "row.failed_workers: must be a list of names"),
+        ({"failed_workers": "w1"}, "row.failed_workers: must be a list"),
         ({"train_loss": "x"}, "row.train_loss: must be a number"),
-        ({"response_lengths": [3, -1]}, "row.response_lengths: must be a list of token counts"),
-        ({"prompt_lengths": [2.5]}, "row.prompt_lengths: must be a list of token counts"),
-        ({"worker_generate_s": {"w": "x"}}, "row.worker_generate_s: must map worker names"),
+        ({"response_lengths": [3, -1]}, "row.response_lengths[1]: must be >= 0"),
+        ({"prompt_lengths": [2.5]}, "row.prompt_lengths[0]: must be an integer"),
+        ({"worker_generate_s": {"w": "x"}}, "row.worker_generate_s.w: must be a number"),
         ({"sync_transport": 3}, "row.sync_transport: must be a string"),
         ({"sync_load_s": -1.0}, "row.sync_load_s: must be >= 0"),
         ({"sync_bytes": 1.5}, "row.sync_bytes: must be an integer"),
-        ({"worker_load_s": [1.0]}, "row.worker_load_s: must map worker names"),
+        ({"worker_load_s": [1.0]}, "row.worker_load_s: must be a mapping"),
     ],
 )
 def test_malformed_rows_are_refused_naming_the_key(change: dict[str, object], named: str) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from longtail_workers.headerdeadline import HEADER_TIMEOUT_S
 from longtail_workers.httpclient import request
-from longtail_workers.httpserver import HEADER_TIMEOUT_S, BackgroundHTTPServer
+from longtail_workers.httpserver import BackgroundHTTPServer
 from longtail_workers.trainer.service import TrainerApp
 
 DEADLINE_S = 1.0

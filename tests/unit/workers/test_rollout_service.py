@@ -11,6 +11,7 @@ its drafter candidate, which the pool's bounded wait before the merge sees.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -68,7 +69,7 @@ def servers(weights: WeightServer, tmp_path: Path) -> Iterator[list[RolloutServe
 
 def test_wire_round_trip() -> None:
     call = GenerateCall(3, 7, reqs(2))
-    back = GenerateCall.from_dict(call.to_dict())
+    back = from_wire(GenerateCall, json.loads(json.dumps(to_wire(call))), "body")
     assert back.step == 3 and back.policy_version == 7
     assert [r.prompt_token_ids for r in back.requests] == [[1, 2, 0], [1, 2, 1]]
     assert [r.seed for r in back.requests] == [0, 1]

@@ -47,7 +47,7 @@ def test_candidate_metadata_round_trips_through_the_query_and_the_answer() -> No
     assert CandidateInfo.from_query(query) == info
     judged = CandidateInfo("9", 2, policy_version=3, tokens=120, steps=7, heldout_top1=0.5)
     assert CandidateInfo.from_query(judged.to_query()) == judged  # a numeric worker name
-    cand = Candidate(Path("/c/w0-1"), **vars(info), created_unix=1700000000.5)
+    cand = Candidate(**vars(info), path=Path("/c/w0-1"), created_unix=1700000000.5)
     assert Candidate.from_dict(json.loads(json.dumps(cand.to_dict()))) == cand
     stored = {k: v for k, v in cand.to_dict().items() if k != "path"}  # candidate.json
     assert Candidate.from_dict(stored, cand.path) == cand

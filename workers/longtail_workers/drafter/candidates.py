@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlencode
 import torch
 
 from longtail_api.protocol import ProtocolError
-from longtail_api.reader import Reader
+from longtail_api.wirecodec import Count, NonNegative, from_wire
 from longtail_workers.drafter.model import EagleDrafter
 
 
@@ -36,22 +36,22 @@ class StaleCandidateError(RuntimeError):
 class CandidateInfo:
     """What a worker says about the drafter it submits (one window's work): the one argument of
     every ``submit_candidate`` (directory registry, the trainer's HTTP exchange, their callers);
-    ``candidate.json`` stores it with ``created_unix``."""
+    ``candidate.json`` stores it with ``created_unix``; its keys are the fields' names."""
 
     worker: str
     """The submitting worker's name (it names a directory: non-empty, no ``/``)."""
-    base_version: int | None
+    base_version: Count | None
     """The published drafter version the window trained from (None: the initial drafter)."""
-    policy_version: int
+    policy_version: Count
     """The newest policy version whose samples the window trained on."""
-    tokens: int
+    tokens: Count
     """Training pairs since the base version: the candidate's weight in the merge, capped by
     the tokens the trainer handed out in the window when it checks (``candidate_checks.py``)."""
-    steps: int
+    steps: Count
     """The spot trainer's optimizer steps over its life when the window ended."""
     train_loss: float | None = None
     """The window's mean training loss (None: unknown)."""
-    heldout_top1: float | None = None
+    heldout_top1: NonNegative | None = None
     """Held-out top-1 accuracy of the trained drafter (None: not judged)."""
 
     def __post_init__(self) -> None:
@@ -63,14 +63,9 @@ class CandidateInfo:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: object, path: str = "candidate") -> CandidateInfo:
+    def from_dict(cls, data: object, where: str = "candidate") -> CandidateInfo:
         """Read :meth:`to_dict`'s JSON; :class:`ProtocolError` (a ValueError) names the field."""
-        r = Reader(data, path)
-        return cls(
-            r.str_("worker"), r.opt_int("base_version"), r.int_("policy_version"),
-            r.int_("tokens"), r.int_("steps"), r.opt_num("train_loss"),
-            r.opt_num("heldout_top1", minimum=0.0),
-        )  # fmt: skip
+        return from_wire(cls, data, where, snake_case=True)
 
     def to_query(self) -> str:
         """The exchange's upload query string (``exchange.py``): the fields that are set."""
@@ -89,7 +84,7 @@ class CandidateInfo:
             if len(values) != 1:
                 raise ProtocolError(f"query.{name}", f"given {len(values)} times; give it once")
             fields[name] = values[0] if name == "worker" else _number(values[0])
-        return cls.from_dict(fields, "query")
+        return cls.from_dict({"base_version": None, **fields}, "query")  # None: not sent
 
 
 def _number(text: str) -> object:
@@ -100,19 +95,12 @@ def _number(text: str) -> object:
         return text
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A worker's drafter trained from ``base_version`` in one window (``candidate.json``); the
-    fields of :class:`CandidateInfo` with where it is stored and when."""
+@dataclass(frozen=True, kw_only=True)
+class Candidate(CandidateInfo):
+    """A worker's drafter trained from ``base_version`` in one window (``candidate.json``): its
+    :class:`CandidateInfo` with where it is stored and when."""
 
     path: Path
-    worker: str
-    base_version: int | None
-    policy_version: int
-    tokens: int
-    steps: int
-    train_loss: float | None
-    heldout_top1: float | None
     created_unix: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,13 +108,12 @@ class Candidate:
         return {**dataclasses.asdict(self), "path": str(self.path)}
 
     @classmethod
-    def from_dict(cls, data: object, path: Path | None = None) -> Candidate:
+    def from_dict(cls, data: object, path: Path | str | None = None) -> Candidate:
         """Read :meth:`to_dict`'s JSON, or ``candidate.json`` (no ``path`` key) stored in
         ``path``; :class:`ProtocolError` (a ValueError) names the field."""
-        r = Reader(data, "candidate")
-        info = CandidateInfo.from_dict(data)
-        where = Path(r.str_("path")) if path is None else path
-        return cls(where, **dataclasses.asdict(info), created_unix=r.num("created_unix"))
+        if path is not None and isinstance(data, dict):
+            data = {**data, "path": str(path)}
+        return from_wire(cls, data, "candidate", snake_case=True)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
+
+from longtail_api.fields import WIRE_NAME
 
 if TYPE_CHECKING:
     import torch
@@ -56,7 +58,7 @@ class GenerationRequest:
     """Tokens that end the sequence (EOS and friends); the stop token is kept in the output."""
     return_hidden_states: bool = False
     """Also return the target's last-layer hidden states of the generated tokens."""
-    request_id: str | None = None
+    request_id: str | None = field(default=None, metadata={WIRE_NAME: "id"})
     """Caller's identifier, echoed in the result."""
 
     def validate(self, vocab_size: int, max_positions: int | None) -> None:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from longtail_api.policies import DrafterTrainingSpec
-from longtail_api.wirecodec import from_wire
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
@@ -87,7 +87,7 @@ def _timed_call(
     """``(wall s, s in the engine's step records, engine steps)`` of one call over HTTP."""
     recorder.records.clear()
     t0 = time.perf_counter()
-    answer = http_json(url, GenerateCall(step, 0, requests).to_dict(), CALL_TIMEOUT_S, "POST")
+    answer = http_json(url, to_wire(GenerateCall(step, 0, requests)), CALL_TIMEOUT_S, "POST")
     from_wire(GenerateReply, answer, "reply")  # decoded as the trainer decodes it
     wall = time.perf_counter() - t0
     inside = sum(r.latency_s for r in recorder.records)

@@ -39,7 +39,7 @@ from typing import Any
 
 from starlette.routing import Route
 
-from longtail_api.wirecodec import to_wire
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_workers.engine.interface import RolloutEngine
 from longtail_workers.engine.stats import RolloutMetrics
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
@@ -170,7 +170,7 @@ class RolloutServer(ControlServer):
         body = handler.read_body(MAX_GENERATE_BODY, _GENERATE_BODY_ERRORS)
         target = worker.engine.target  # vocabulary and context of the served model
         try:
-            call = GenerateCall.from_dict(json.loads(body))
+            call = from_wire(GenerateCall, json.loads(body), "body")
             check_call(call, target.vocab_size, target.max_positions)
         except ValueError as exc:  # a ProtocolError names the field: a config error
             fail(HTTPStatus.BAD_REQUEST, f"bad generate call: {exc}")

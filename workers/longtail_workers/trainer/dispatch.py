@@ -35,7 +35,7 @@ from typing import Any
 
 from longtail_api.harvest import DRAFTER_TRAIN, Activity
 from longtail_api.protocol import ProtocolError
-from longtail_api.wirecodec import from_wire
+from longtail_api.wirecodec import from_wire, to_wire
 from longtail_api.workerapi import STATUS_PATH, RolloutWorkerStatus
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, http_json, request
@@ -198,7 +198,7 @@ class RolloutPool:
     def _post(self, name: str, call: GenerateCall) -> GenerateReply:
         url = self.workers[name] + GENERATE_PATH
         try:
-            answer = http_json(url, call.to_dict(), self.timeout_s, "POST", self.token)
+            answer = http_json(url, to_wire(call), self.timeout_s, "POST", self.token)
         except WorkerHTTPError as exc:
             if 400 <= exc.code < 500:  # 409 is WorkerBusy: never here
                 raise RolloutRejected(

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from longtail_api.reader import Reader
+from longtail_api.protocol import ProtocolError
+from longtail_api.wirecodec import from_wire
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,10 @@ class Abort:
 
 
 RankCommand = Train | Stream | Gather | Save | Load | Stop | Abort
-_NO_FIELDS: dict[str, Callable[[], RankCommand]] = {c.op: c for c in (Stream, Gather, Stop, Abort)}
-OPS = ("train", "save", "load", *_NO_FIELDS)
+_BY_OP: dict[str, type[RankCommand]] = {
+    c.op: c for c in (Train, Stream, Gather, Save, Load, Stop, Abort)
+}
+OPS = tuple(_BY_OP)
 """Every command's ``op``."""
 
 
@@ -93,12 +95,8 @@ def encode(command: RankCommand) -> str:
 def decode(text: str) -> RankCommand:
     """The command in ``text``; :class:`~longtail_api.protocol.ProtocolError` (a ValueError)
     names the field when it is malformed (rank 0 of another version?)."""
-    r = Reader(json.loads(text), "command")
-    op = r.choice("op", OPS)
-    if op == "train":
-        return Train(r.int_("step"))
-    if op == "save":
-        return Save(r.str_("root"), r.int_("step"), r.str_("tmp"), r.opt_str("sha"))
-    if op == "load":
-        return Load(r.str_("path"))
-    return _NO_FIELDS[op]()
+    data = json.loads(text)
+    op = data.get("op") if isinstance(data, dict) else None
+    if op not in _BY_OP:
+        raise ProtocolError("command.op", f"must be one of {', '.join(map(repr, OPS))}", op)
+    return from_wire(_BY_OP[op], data, "command")

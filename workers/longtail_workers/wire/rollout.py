@@ -2,20 +2,20 @@
 
 The step driver (``trainer/dispatch.py``) sends one :class:`GenerateCall` per worker shard;
 the rollout service (``rollout/service.py``) answers with a :class:`GenerateReply`. Both sides
-use these functions, so a field is spelled once. Keys are camelCase like the other worker
-APIs. A call names the policy version the answers must come from: the worker loads exactly
-that version before it generates (never a mix of versions within one call).
+read and write them with ``longtail_api.wirecodec``, so a field is spelled once. Keys are
+camelCase like the other worker APIs. A call names the policy version the answers must come
+from: the worker loads exactly that version before it generates (never a mix of versions
+within one call).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from longtail_api.fields import WIRE_NAME
+from longtail_api.fields import WIRE_NAME, json_name, spec_field
 from longtail_api.protocol import ProtocolError
-from longtail_api.reader import Reader
 from longtail_api.wirecodec import Count, NonNegative
 from longtail_workers.engine.interface import (
     GenerationRequest,
@@ -24,38 +24,8 @@ from longtail_workers.engine.interface import (
 )
 
 GENERATE_PATH = "/v1/generate"
-WIRE_FIELDS = {
-    "prompt_token_ids": "promptTokenIds",
-    "max_new_tokens": "maxNewTokens",
-    "temperature": "temperature",
-    "top_p": "topP",
-}
+WIRE_FIELDS = {f.name: json_name(f) for f in dataclasses.fields(GenerationRequest)}
 """:class:`GenerationRequest` field -> its key in a generate call."""
-
-
-def request_to_dict(r: GenerationRequest) -> dict[str, Any]:
-    return {
-        "id": r.request_id,
-        "promptTokenIds": [int(t) for t in r.prompt_token_ids],
-        "maxNewTokens": r.max_new_tokens,
-        "temperature": r.temperature,
-        "topP": r.top_p,
-        "seed": r.seed,
-        "stopTokenIds": [int(t) for t in r.stop_token_ids],
-    }
-
-
-def request_from_dict(d: object, where: str) -> GenerationRequest:
-    r = Reader(d, where)
-    return GenerationRequest(
-        prompt_token_ids=r.ints("promptTokenIds"),
-        max_new_tokens=r.int_("maxNewTokens", minimum=None),
-        temperature=r.num("temperature"),
-        top_p=r.num("topP") if "topP" in r.obj else 1.0,
-        seed=r.opt_int("seed", minimum=None),
-        stop_token_ids=r.ints("stopTokenIds", required=False),
-        request_id=None if r.obj.get("id") is None else str(r.obj["id"]),
-    )
 
 
 def check_call(call: GenerateCall, vocab_size: int, max_positions: int | None) -> None:
@@ -76,27 +46,12 @@ def check_call(call: GenerateCall, vocab_size: int, max_positions: int | None) -
 
 @dataclass(frozen=True)
 class GenerateCall:
-    """Body of ``POST /v1/generate``."""
+    """Body of ``POST /v1/generate``; JSON by ``longtail_api.wirecodec``
+    (``from_wire(GenerateCall, body, "body")``; a request's ``request_id`` is its ``id``)."""
 
     step: int
     policy_version: int
-    requests: Sequence[GenerationRequest]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "policyVersion": self.policy_version,
-            "requests": [request_to_dict(r) for r in self.requests],
-        }
-
-    @classmethod
-    def from_dict(cls, d: object) -> GenerateCall:
-        r = Reader(d, "body")
-        raw = r.list_("requests")
-        if not raw:
-            raise ProtocolError("body.requests", "must hold at least one request")
-        reqs = [request_from_dict(q, f"body.requests[{i}]") for i, q in enumerate(raw)]
-        return cls(r.int_("step", minimum=None), r.int_("policyVersion", minimum=None), reqs)
+    requests: Sequence[GenerationRequest] = spec_field(min_items=1)
 
 
 @dataclass(frozen=True)
