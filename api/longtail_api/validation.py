@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import difflib
+import functools
 import json
 import re
 import types
@@ -61,6 +62,17 @@ def show_value(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_PLAIN: dict[type, tuple[type, ...]] = {int: (int,), float: (int, float), str: (str,)}
+"""Unconstrained list items read without a per-item walk: item type -> JSON types it takes
+(``type(v) is``: a bool is not an int here, as in :meth:`_Parser.parse_value`)."""
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's resolved field types, once per class (resolving them is most of a parse)."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
 class _Parser:
     """One parse: walks types and data together, appending to ``errors``."""
 
@@ -86,7 +98,7 @@ class _Parser:
                 self.fail(
                     f"{path}.{key}", "unknown field", fix=f"{hint} Known: {', '.join(fields)}"
                 )
-        hints = typing.get_type_hints(cls, include_extras=True)
+        hints = _hints(cls)  # type: ignore[arg-type]
         kwargs: dict[str, Any] = {}
         complete = True
         for name, f in fields.items():
@@ -166,6 +178,12 @@ class _Parser:
             return self.fail(path, f"must have at least {cons.min_items} item(s)", data, cons.fix)
         if cons.max_items is not None and len(data) > cons.max_items:
             return self.fail(path, f"must have at most {cons.max_items} items", data, cons.fix)
+        if (
+            isinstance(item_tp, type)
+            and item_tp in _PLAIN
+            and all(type(v) in _PLAIN[item_tp] for v in data)
+        ):
+            return [item_tp(v) for v in data]  # token ids, log-probs: no per-item walk
         items = [
             self.parse_value(item_tp, v, f"{path}[{i}]", Constraints()) for i, v in enumerate(data)
         ]
