@@ -48,6 +48,8 @@ class Constraints:
     """Most allowed list items."""
     free_form: bool = False
     """An object whose content Kubernetes keeps as is (pod template overrides)."""
+    finite: bool = False
+    """Refuse NaN and infinities (wire bodies: JSON as Python writes it may carry them)."""
     fix: str | None = None
     """Advice appended to every error about this field."""
 

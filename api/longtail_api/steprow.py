@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longtail_api.protocol import ProtocolError
-from longtail_api.wirecodec import Count, NonNegative, Version, from_wire
+from longtail_api.wirecodec import Count, Finite, NonNegative, Version, from_wire
 
 METRICS_FILE = "metrics.jsonl"
 """The trainer's rows in its run directory, one JSON object a line."""
@@ -51,29 +51,29 @@ class StepRow:
     """Policy weights version after this step's update."""
     drafter_version: Version
     """Drafter version the rollout workers drafted with at the end of the step (-1: none)."""
-    reward_mean: float
+    reward_mean: Finite
     """Mean reward of the step's answers."""
-    accuracy: float
+    accuracy: Finite
     """Fraction of the step's answers the verifier scored correct."""
-    rollout_s: float
+    rollout_s: Finite
     """Step start until the last answer arrived (includes :attr:`tail_s`)."""
-    tail_s: float
+    tail_s: Finite
     """From the first rollout worker running out of work until the last answer: the long tail."""
-    train_s: float
+    train_s: Finite
     """Rewards, advantages and the policy update."""
-    step_s: float
+    step_s: Finite
     """Wall time of the whole step."""
-    sync_s: float = 0.0
+    sync_s: Finite = 0.0
     """Publishing the new policy weights (and merging drafter candidates)."""
     answers: Count = 0
     """Answers generated (prompts x group size)."""
-    mean_length: float = 0.0
+    mean_length: Finite = 0.0
     """Mean answer length in tokens."""
     max_length: Count = 0
     """Longest answer in tokens."""
-    sd_fraction: float | None = None
+    sd_fraction: Finite | None = None
     """Share of the generated tokens that came from speculative steps."""
-    mean_accepted_length: float | None = None
+    mean_accepted_length: Finite | None = None
     """Mean tokens gained per sequence per speculative step (0: no speculation this step)."""
     redispatched: Count = 0
     """Requests sent again to another worker after theirs failed."""
@@ -89,15 +89,15 @@ class StepRow:
     """The optimizer's statistics (loss, grad norm, ...), ``train_<name>`` in the JSON."""
     acceptance_collapsed: bool = False
     """Speculation accepts almost nothing after it once worked: the drafter went stale."""
-    trainer_harvested_s: float | None = None
+    trainer_harvested_s: Finite | None = None
     """Seconds of the trainer's waits spent training the drafter (None: trainer harvest off)."""
-    eval_accuracy: float | None = None
+    eval_accuracy: Finite | None = None
     """Greedy held-out accuracy, on the steps that evaluate."""
-    eval_sampled_accuracy: float | None = None
+    eval_sampled_accuracy: Finite | None = None
     """Sampled held-out accuracy, on the steps that evaluate."""
-    idle_s: float | None = None
+    idle_s: Finite | None = None
     """``longtail run`` only: GPU-seconds rollout workers sat idle (from the harvest books)."""
-    harvested_s: float | None = None
+    harvested_s: Finite | None = None
     """``longtail run`` only: of those, seconds spent training the drafter."""
     worker_generate_s: dict[str, float] = field(default_factory=dict)
     """Seconds each rollout worker spent in its generate call (drafter refresh, engine, capture

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import math
 import re
 import types
 import typing
@@ -210,6 +211,8 @@ class _Parser:
         return out
 
     def _bounds(self, value: float, path: str, c: Constraints) -> Any:
+        if c.finite and not math.isfinite(value):
+            return self.fail(path, "must be a finite number", value, c.fix)
         if c.minimum is not None and (
             value <= c.minimum if c.exclusive_minimum else value < c.minimum
         ):

@@ -23,13 +23,24 @@ from longtail_api.protocol import ProtocolError
 from longtail_api.validation import parse
 
 T = TypeVar("T")
-__all__ = ["WIRE_NAME", "Count", "Fraction", "NonNegative", "Version", "from_wire", "to_wire"]
+__all__ = [
+    "WIRE_NAME",
+    "Count",
+    "Finite",
+    "Fraction",
+    "NonNegative",
+    "Version",
+    "from_wire",
+    "to_wire",
+]
 
 Count = Annotated[int, Constraints(minimum=0)]
 """An integer >= 0 (tokens, steps, versions)."""
-NonNegative = Annotated[float, Constraints(minimum=0)]
-"""A number >= 0 (durations, Unix times, rates)."""
-Fraction = Annotated[float, Constraints(minimum=0, maximum=1)]
+Finite = Annotated[float, Constraints(finite=True)]
+"""A number, not NaN or infinite (a loss that may diverge is a plain ``float``)."""
+NonNegative = Annotated[float, Constraints(minimum=0, finite=True)]
+"""A finite number >= 0 (durations, Unix times, rates)."""
+Fraction = Annotated[float, Constraints(minimum=0, maximum=1, finite=True)]
 """A number in [0, 1]."""
 Version = Annotated[int, Constraints(minimum=-1)]
 """A drafter version: -1 for the unpublished initial drafter."""

@@ -67,6 +67,8 @@ def test_a_diverged_loss_still_loads() -> None:
     [
         ({"step": "3"}, "row.step: must be an integer"),
         ({"reward_mean": None}, "row.reward_mean: must be a number"),
+        ({"reward_mean": float("nan")}, "row.reward_mean: must be a finite number"),
+        ({"sync_pause_s": float("inf")}, "row.sync_pause_s: must be a finite number"),
         ({"failed_workers": "w1"}, "row.failed_workers: must be a list"),
         ({"train_loss": "x"}, "row.train_loss: must be a number"),
         ({"response_lengths": [3, -1]}, "row.response_lengths[1]: must be >= 0"),

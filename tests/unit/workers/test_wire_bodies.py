@@ -51,6 +51,8 @@ def test_candidate_metadata_round_trips_through_the_query_and_the_answer() -> No
     assert Candidate.from_dict(json.loads(json.dumps(cand.to_dict()))) == cand
     stored = {k: v for k, v in cand.to_dict().items() if k != "path"}  # candidate.json
     assert Candidate.from_dict(stored, cand.path) == cand
+    with pytest.raises(ProtocolError, match=r"candidate\.train_loss: must be a finite number"):
+        Candidate.from_dict({**stored, "train_loss": float("nan")}, cand.path)  # diverged window
 
 
 @pytest.mark.parametrize(

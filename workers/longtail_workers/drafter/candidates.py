@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlencode
 import torch
 
 from longtail_api.protocol import ProtocolError
-from longtail_api.wirecodec import Count, NonNegative, from_wire
+from longtail_api.wirecodec import Count, Finite, NonNegative, from_wire
 from longtail_workers.drafter.model import EagleDrafter
 
 
@@ -49,7 +49,7 @@ class CandidateInfo:
     the tokens the trainer handed out in the window when it checks (``candidate_checks.py``)."""
     steps: Count
     """The spot trainer's optimizer steps over its life when the window ended."""
-    train_loss: float | None = None
+    train_loss: Finite | None = None
     """The window's mean training loss (None: unknown)."""
     heldout_top1: NonNegative | None = None
     """Held-out top-1 accuracy of the trained drafter (None: not judged)."""
