@@ -4,9 +4,12 @@ Every prompt plus ``algorithm.maxNewTokens`` must fit the model's ``max_position
 or the rollout workers refuse the job's generate calls (400) and the run fails. Checked with
 what each caller can see cheaply, always naming ``spec.algorithm.maxNewTokens`` and the fix:
 
+- a built-in model (:data:`BUILTIN_MODEL_POSITIONS`): by the spec's validation itself
+  (``rules._context``), so whatever validates a spec refuses it, the operator included (an
+  invalid edit: a running job keeps its last accepted spec);
 - ``longtail validate`` (``longtail_cli/main.py``) and ``longtail run`` (``local/run.py``)
   before anything starts, when :func:`model_positions` knows the context without loading the
-  model (a built-in model's recipe, or a local directory's ``config.json``); a prompt counts
+  model (also a local directory's ``config.json``, which only they can read); a prompt counts
   as at least one token there;
 - the trainer at start (``trainer/setup.py``), with the loaded model's context and the
   longest tokenized prompt of the job's datasets.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 
+from longtail_api.context import BUILTIN_MODEL_POSITIONS, context_error
 from longtail_api.scheduling import gang_problems
 from longtail_api.spec import RLJobSpec
 from longtail_api.validation import FieldError
@@ -193,6 +194,18 @@ def _gang(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
         yield FieldError(f"spec.scheduling.gang.{field}", why, fix=fix), ("spec.scheduling.gang",)
 
 
+def _context(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    """A built-in model's context, known everywhere without loading it: the operator refuses
+    an answer budget its workers would refuse, as ``longtail validate`` does (a local
+    directory's context is checked where it is readable: ``context.spec_context_error``)."""
+    positions = BUILTIN_MODEL_POSITIONS.get(s.model.path)
+    if positions is None:
+        return
+    error = context_error(s.algorithm.max_new_tokens, positions, s.model.path)
+    if error is not None:
+        yield error, ("spec.algorithm.maxNewTokens", "spec.model.path")
+
+
 RULES: tuple[Rule, ...] = (
     _drafter_source,
     _builtin_drafter,
@@ -200,6 +213,7 @@ RULES: tuple[Rule, ...] = (
     _harvest,
     _roles,
     _gang,
+    _context,
 )
 
 

@@ -73,6 +73,10 @@ class DrafterStatus:
     """Mean accepted tokens per verify step in the last rollout."""
     last_trained: str | None = spec_field(None)
     """When the newest version was published (RFC 3339)."""
+    unpublished: str | None = spec_field(None)
+    """Why the trainer has published no online drafter version yet (e.g. every candidate
+    scored below the initial drafter on its held-out sample, or no idle window trained one);
+    absent once one is published."""
 
 
 @dataclass

@@ -4,7 +4,9 @@ Reads the settings from ``LONGTAIL_OPERATOR_*`` (docs/operator.md), then runs ko
 (no kopf peering objects) on the configured namespaces, or cluster-wide. With leader election
 (the default) several replicas may run: one acts, the others wait for its Lease
 (``leader.py``). Exit status: 0 after a signal (SIGTERM, Ctrl-C), 1 after losing the Lease (as
-controller-runtime does: the restarted process campaigns afresh), 2 on bad settings.
+controller-runtime does: the restarted container campaigns afresh, and being the same pod
+re-takes its Lease at once), 2 on bad settings. Whatever kopf ran, the Lease is released on the
+way out if this process holds it.
 """
 
 from __future__ import annotations
@@ -29,16 +31,21 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     handlers.configure(settings)
-    lost = asyncio.Event()  # set on the kopf loop by handlers._lost
-    handlers.exit_on_lost(lost)
-    kopf.run(
-        standalone=True,
-        namespaces=list(settings.namespaces),
-        clusterwide=not settings.namespaces,
-        stop_flag=lost,
-    )
-    handlers.stop_job_loops()
-    return 1 if lost.is_set() else 0
+    stop = asyncio.Event()  # kopf's stop flag: set on its loop by handlers._lost
+    handlers.exit_on_lost(stop)
+    try:
+        kopf.run(
+            standalone=True,
+            namespaces=list(settings.namespaces),
+            clusterwide=not settings.namespaces,
+            stop_flag=stop,
+        )
+    finally:
+        handlers.stop_job_loops()
+        # kopf runs no cleanup handler after a cancelled start-up (SIGTERM to a standby) or a
+        # crash: never exit holding the Lease or with the elector still campaigning.
+        handlers.stop_elector()
+    return 1 if handlers.lost_lease() else 0
 
 
 if __name__ == "__main__":

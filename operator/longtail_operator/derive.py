@@ -9,7 +9,8 @@ is observed now, never on which event woke the reconcile, so running it twice is
 The spec planned with is the one ``specgate.py`` chose: the edit as written, or, for an invalid
 edit or a frozen field changed while the job runs, the last accepted spec (``SpecAccepted``
 says which and why; the pods stay managed). Phase, in order of precedence: a finished job stays
-finished; a job that never had a valid spec changes nothing (ValidationFailed);
+finished; a job that never had a valid spec changes nothing (ValidationFailed; reason
+``ChildRejected`` when the API server refuses objects made from it, ``Observed.rejected``);
 ``activeDeadlineSeconds`` passed -> Failed/DeadlineExceeded; the trainer
 reports complete -> Succeeded, failed -> Failed/TrainerFailed; a role's failed pods exceed
 ``backoffLimit`` -> Failed/BackoffLimitExceeded (both operator-made failures first ask the
@@ -23,7 +24,8 @@ fails: nothing is harvested then.
 The trainer pods are one group (``trainergroup.py``): one failed, exited or deleted trainer pod
 restarts all of them, counted once against ``backoffLimit``; ``TrainerReady`` says why
 (``TrainerGroupRestarting``) until the new group is ready, and ``status.trainer`` holds the
-world size and the last restart.
+world size and the last restart. What each condition says, and the events their changes post,
+is ``conditions.py``.
 """
 
 from __future__ import annotations
@@ -34,46 +36,29 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from longtail_api.spec import RLJobSpec
-from longtail_api.status import SPEC_ACCEPTED, Condition, RLJobStatus, RoleStatus
+from longtail_api.status import RLJobStatus, RoleStatus
 from longtail_api.workerapi import TrainerStatus
 from longtail_operator import access, builders, kueue, placement, trainergroup
 from longtail_operator.builders import JobRef
+from longtail_operator.conditions import (
+    TERMINAL,
+    Event,
+    condition_events,
+    condition_type,
+    job_conditions,
+    merge_conditions,
+    spec_conditions,
+)
 from longtail_operator.harvester import HarvestSnapshot
 from longtail_operator.observe import PodView, parse_time, rfc3339
 from longtail_operator.settings import Settings
 from longtail_operator.specgate import SpecGate
 from longtail_operator.trainergroup import GroupPlan
 
-TERMINAL = ("Succeeded", "Failed")
 QUEUE_LABEL = kueue.QUEUE_LABEL
 CHECKPOINT_BEFORE = {"BackoffLimitExceeded": "backoff-limit", "DeadlineExceeded": "deadline"}
 """Failures the operator decides (not the trainer): the running trainer is asked for a last
 checkpoint before its pods go, so the run can be continued from it (checkpoint reason)."""
-WARNING_REASONS = frozenset(
-    {
-        "InvalidSpec",
-        "ImmutableFieldChanged",
-        "DrafterStale",
-        "DeadlineExceeded",
-        "TrainerFailed",
-        "BackoffLimitExceeded",
-        "WorkerFailed",
-        "CheckpointFailed",
-        "RoleSwitchUnacknowledged",
-        "JobFailed",
-        "WorkersUnreachable",
-        "IdlenessSourceFailing",
-        "KueueNotInstalled",
-    }
-)
-"""Event reasons posted as ``Warning``; every other reason is ``Normal``."""
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str
-    reason: str
-    message: str
 
 
 @dataclass
@@ -95,6 +80,10 @@ class Observed:
     harvest: HarvestSnapshot | None = None
     counted: frozenset[str] = frozenset()
     """UIDs of failed pods already counted against backoffLimit."""
+    rejected: tuple[str, ...] = ()
+    """The API server's refusals of objects made from the spec as written (``Kube.refusal``:
+    a dry run of every object a plan creates), each naming the object and the API's message;
+    handled as validation errors, with reason ``ChildRejected``."""
     network_policy: bool | None = None
     """Whether the job's NetworkPolicy exists; None when the operator manages none."""
     trainer_policy: bool | None = None
@@ -137,10 +126,6 @@ class Plan:
     counted: list[str] = field(default_factory=list)
     patches: list[tuple[str, str, str, dict[str, Any], bool]] = field(default_factory=list)
     """Merge patches of custom objects: (apiVersion, plural, name, patch, of its status)."""
-
-
-def condition_type(role: str) -> str:
-    return f"{role.capitalize()}Ready"
 
 
 def _phase(obs: Observed, spec: RLJobSpec, roles: dict[str, RoleStatus]) -> tuple[str, str, str]:
@@ -263,199 +248,6 @@ def _weight_sync_policy(obs: Observed, spec: RLJobSpec, settings: Settings, p: P
         p.delete_objects.append(("NetworkPolicy", access.weight_sync_policy_name(obs.job.name)))
 
 
-def _conditions(
-    obs: Observed,
-    spec: RLJobSpec,
-    phase: str,
-    reason: str,
-    message: str,
-    roles: dict[str, RoleStatus],
-    restarting: str | None,
-) -> dict[str, tuple[str, str, str]]:
-    want: dict[str, tuple[str, str, str]] = {}
-    finished = phase in TERMINAL
-    for role, rs in roles.items():
-        if role == "trainer" and restarting is not None and not finished:
-            want[condition_type(role)] = ("False", trainergroup.RESTARTING, restarting)
-        elif finished:
-            want[condition_type(role)] = ("False", "JobFinished", f"job {phase.lower()}")
-        elif phase == "Suspended":
-            want[condition_type(role)] = ("False", "JobSuspended", "worker pods deleted")
-        elif phase == "Queued":
-            want[condition_type(role)] = ("False", "JobQueued", "waiting for admission")
-        elif rs.ready >= rs.total:
-            want[condition_type(role)] = (
-                "True",
-                "AllReplicasReady",
-                f"{rs.ready}/{rs.total} ready",
-            )
-        else:
-            want[condition_type(role)] = (
-                "False",
-                "ReplicasNotReady",
-                f"{rs.ready}/{rs.total} ready",
-            )
-    want["DrafterTraining"] = _drafter_condition(obs, spec, phase, roles)
-    reach = _reachability(obs, phase)
-    if reach is not None:
-        want["WorkersUnreachable"] = reach
-    if phase == "Queued":
-        want["Queued"] = ("True", reason, message)
-    elif any(c.type == "Queued" for c in obs.previous.conditions):
-        want["Queued"] = ("False", "NotQueued", f"no {QUEUE_LABEL} label: no admission asked")
-    want.update(placement.kueue_conditions(obs))
-    idleness = _idleness(obs, phase)
-    if idleness is not None:
-        want["IdlenessUnavailable"] = idleness
-    collapsed = _acceptance(obs, phase)
-    if collapsed is not None:
-        want["AcceptanceCollapsed"] = collapsed
-    if spec.suspend or any(c.type == "Suspended" for c in obs.previous.conditions):
-        if spec.suspend and not finished:
-            want["Suspended"] = ("True", "JobSuspended", "spec.suspend is true")
-        else:
-            want["Suspended"] = ("False", "JobResumed", "spec.suspend is false")
-    if phase == "Succeeded":
-        want["Complete"] = ("True", reason, message)
-    if phase == "Failed":
-        want["Failed"] = ("True", reason, message)
-    want.update(_spec_conditions(obs))
-    return want
-
-
-def _spec_conditions(obs: Observed) -> dict[str, tuple[str, str, str]]:
-    """``ValidationFailed`` (the edit's errors; shown once it was True) and ``SpecAccepted``
-    (whether the job runs the spec as written, ``specgate.py``)."""
-    want: dict[str, tuple[str, str, str]] = {}
-    if obs.errors or obs.spec is None:
-        errors = "; ".join(obs.errors) or "the spec could not be parsed"
-        want["ValidationFailed"] = ("True", "InvalidSpec", errors[:32000])
-    elif any(c.type == "ValidationFailed" for c in obs.previous.conditions):
-        want["ValidationFailed"] = ("False", "SpecValid", "the spec passed validation")
-    gate = obs.gate
-    if gate is None or gate.accepted:
-        want[SPEC_ACCEPTED] = ("True", "Accepted", "the job runs the spec as written")
-    else:
-        want[SPEC_ACCEPTED] = ("False", gate.reason, gate.message)
-    return want
-
-
-def _condition_events(previous: list[Condition], changed: list[Condition]) -> list[Event]:
-    """Events of changed conditions, without repeats: an invalid edit is told once (by
-    ``ValidationFailed``, with its errors), and a job's first ``SpecAccepted`` True is no news."""
-    had = {c.type for c in previous}
-    return [
-        _event_for(c)
-        for c in changed
-        if c.type != SPEC_ACCEPTED
-        or (c.reason != "InvalidSpec" and (c.status == "False" or SPEC_ACCEPTED in had))
-    ]
-
-
-def _drafter_condition(
-    obs: Observed, spec: RLJobSpec, phase: str, roles: dict[str, RoleStatus]
-) -> tuple[str, str, str]:
-    h = obs.harvest
-    if phase != "Running" and phase != "Initializing":
-        return ("False", "JobNotRunning", f"job is {phase}")
-    if h is not None and h.unacknowledged:
-        names = ", ".join(h.unacknowledged[:5])
-        return ("False", "RoleSwitchUnacknowledged", f"waiting for {names} to acknowledge")
-    dedicated = roles["drafter"].ready if "drafter" in roles else 0
-    if h is not None and h.training_workers:
-        also = f", and {dedicated} dedicated drafter pods" if dedicated else ""
-        text = f"{h.training_workers} workers train the drafter{also}"
-        return ("True", "IdleGpusHarvested", text)
-    if dedicated:
-        return ("True", "DedicatedDrafters", f"{dedicated} drafter pods ready")
-    if not spec.harvest.enabled or not spec.drafter_training.enabled:
-        return ("False", "HarvestDisabled", "harvest or drafterTraining is disabled")
-    return ("False", "NoIdleWorkers", "no worker is idle long enough to be harvested")
-
-
-def _acceptance(obs: Observed, phase: str) -> tuple[str, str, str] | None:
-    """``AcceptanceCollapsed``: once the trainer reports a collapse (or it was shown before)."""
-    t = obs.trainer
-    old = next((c for c in obs.previous.conditions if c.type == "AcceptanceCollapsed"), None)
-    if old is None and (t is None or not t.acceptance_collapsed):
-        return None
-    if t is not None and t.acceptance_collapsed and phase in ("Running", "Initializing"):
-        text = (
-            f"speculative decoding accepts almost nothing (mean accepted length "
-            f"{t.accepted_length or 0:.2f}) after it once worked: the drafter no longer matches "
-            "the policy; check the trainer log for refused drafter candidates"
-        )
-        return ("True", "DrafterStale", text)
-    if t is None and old is not None:  # the trainer did not answer: keep what was shown
-        return (old.status, old.reason, old.message)
-    return ("False", "DrafterAccepted", "speculation accepts drafts")
-
-
-def _reachability(obs: Observed, phase: str) -> tuple[str, str, str] | None:
-    """``WorkersUnreachable``: only once the harvest loop polls (or it was shown before)."""
-    h = obs.harvest
-    if h is None and not any(c.type == "WorkersUnreachable" for c in obs.previous.conditions):
-        return None
-    if phase not in ("Running", "Initializing"):
-        return ("False", "JobNotRunning", f"job is {phase}")
-    if h is not None and h.unreachable:
-        shown = "; ".join(u[:200] for u in h.unreachable[:5])
-        more = f" and {len(h.unreachable) - 5} more" if len(h.unreachable) > 5 else ""
-        text = f"{len(h.unreachable)} worker(s) fail their status polls: {shown}{more}"
-        return ("True", "WorkersUnreachable", text)
-    return ("False", "WorkersAnswer", "every polled worker answers GET /v1/status")
-
-
-def _idleness(obs: Observed, phase: str) -> tuple[str, str, str] | None:
-    """``IdlenessUnavailable``: once a Prometheus source is polled (or it was shown before).
-    True while its query fails: nothing is harvested then (no fall-back to another source)."""
-    h = obs.harvest
-    shown = any(c.type == "IdlenessUnavailable" for c in obs.previous.conditions)
-    if not shown and (h is None or h.source != "prometheus"):
-        return None
-    if phase not in ("Running", "Initializing"):
-        return ("False", "JobNotRunning", f"job is {phase}")
-    if h is not None and h.source_error is not None:
-        text = f"{h.source_error[:900]}; no GPU is harvested until it answers"
-        return ("True", "IdlenessSourceFailing", text)
-    if h is None:  # not polled since (e.g. the operator restarted): keep what was shown
-        old = next(c for c in obs.previous.conditions if c.type == "IdlenessUnavailable")
-        return (old.status, old.reason, old.message)
-    return ("False", "IdlenessRead", f"the {h.source} source answers")
-
-
-def merge_conditions(
-    previous: list[Condition], want: dict[str, tuple[str, str, str]], now: str, generation: int
-) -> tuple[list[Condition], list[Condition]]:
-    """New condition list (lastTransitionTime kept unless status changed) and the conditions
-    whose status or reason changed (each becomes an Event)."""
-    prev = {c.type: c for c in previous}
-    out, changed = [], []
-    for ctype, (status, reason, message) in want.items():
-        old = prev.get(ctype)
-        moved = old is None or old.status != status
-        cond = Condition(
-            type=ctype,
-            status=status,  # type: ignore[arg-type]
-            reason=reason,
-            last_transition_time=now if moved or old is None else old.last_transition_time,
-            message=message,
-            observed_generation=generation,
-        )
-        out.append(cond)
-        if moved or (old is not None and old.reason != reason):
-            changed.append(cond)
-    return out, changed
-
-
-def _event_for(cond: Condition) -> Event:
-    warn = cond.reason in WARNING_REASONS or (
-        cond.status == "True" and cond.type in ("Failed", "ValidationFailed")
-    )
-    text = f"{cond.type} is {cond.status}: {cond.message}".rstrip(": ")
-    return Event("Warning" if warn else "Normal", cond.reason, text)
-
-
 def _invalid(obs: Observed) -> Plan:
     """A job that never had a valid spec: conditions only, nothing else touched."""
     st = copy.deepcopy(obs.previous)
@@ -463,10 +255,10 @@ def _invalid(obs: Observed) -> Plan:
     want: dict[str, tuple[str, str, str]] = {
         c.type: (c.status, c.reason, c.message) for c in st.conditions
     }
-    want.update(_spec_conditions(obs))
+    want.update(spec_conditions(obs))
     now = rfc3339(obs.now)
     st.conditions, changed = merge_conditions(st.conditions, want, now, obs.job.generation)
-    return Plan(status=st, events=_condition_events(obs.previous.conditions, changed))
+    return Plan(status=st, events=condition_events(obs.previous.conditions, changed))
 
 
 def _last_checkpoint(obs: Observed, p: Plan) -> bool:
@@ -542,11 +334,11 @@ def plan(obs: Observed, settings: Settings) -> Plan:
         p.events.append(Event(kind, f"Job{phase}", message or f"phase {prev.phase} -> {phase}"))
     st.phase = phase  # type: ignore[assignment]
     restarting = group.restarting if group is not None else None
-    want = _conditions(obs, spec, phase, reason, message, st.roles, restarting)
+    want = job_conditions(obs, spec, phase, reason, message, st.roles, restarting)
     st.conditions, changed = merge_conditions(
         prev.conditions, want, rfc3339(obs.now), obs.job.generation
     )
-    p.events.extend(_condition_events(prev.conditions, changed))
+    p.events.extend(condition_events(prev.conditions, changed))
     _action_events(obs, p)
     return p
 
@@ -599,6 +391,8 @@ def _copy_progress(obs: Observed, spec: RLJobSpec, st: RLJobStatus) -> None:
         st.drafter.version = version
         if t.accepted_length is not None:
             st.drafter.acceptance_length = t.accepted_length
+        merges = t.drafter_merges
+        st.drafter.unpublished = merges.unpublished if merges is not None else None
         if t.worker_policy_versions:  # empty from a trainer that has not called them yet
             st.weight_sync.worker_policy_versions = dict(t.worker_policy_versions)
     st.weight_sync.transport = spec.weight_sync_transport()

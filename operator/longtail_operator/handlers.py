@@ -3,9 +3,10 @@
 Run it with ``python -m longtail_operator`` (which calls ``kopf.run`` with the namespaces from
 ``LONGTAIL_OPERATOR_NAMESPACES``) or ``kopf run --standalone -m longtail_operator.handlers``.
 Everything here is thin: each RLJob gets two daemons (``runtime.Operator.run_job`` reconciles,
-``run_harvest`` reassigns idle GPUs), watch events of the RLJob or of its pods only wake
-the job's reconcile loop, and deleting a job queued by Kueue releases its Workload. The
-decisions live in pure modules (``builders``, ``derive``, ``longtail_api.harvestloop``).
+``run_harvest`` reassigns idle GPUs), watch events of the RLJob, of its pods or of its Kueue
+Workload only wake the job's reconcile loop, and deleting a job queued by Kueue releases its
+Workload. The decisions live in pure modules (``builders``, ``derive``,
+``longtail_api.harvestloop``).
 
 Start-up, in order: the metrics/health server (so ``/healthz`` answers on a standby too); with
 ``LONGTAIL_OPERATOR_LEADER_ELECTION`` the wait for the Lease (``leader.py``: kopf watches and
@@ -13,8 +14,14 @@ does nothing before it ends); the job-token key (``access.py``: read by name fro
 operator's namespace, made when absent); a check that the operator's namespace carries the
 labels the per-job NetworkPolicies admit the operator by. The daemons run only while this
 process holds the Lease (:class:`Fenced`). On losing it, ``python -m longtail_operator``
-stops kopf and exits 1 (as controller-runtime does), so a fresh process campaigns again; in
+stops kopf and exits 1 (as controller-runtime does), so a fresh process campaigns again (the
+kubelet's restart of the container: same pod name, so it re-takes its own Lease at once); in
 tests (kopf in-process) the daemons stop and resume once the Lease is held again.
+
+The elector stops on every way out: kopf's cleanup handler; a start-up cancelled by SIGTERM
+(kopf then runs no cleanup: the standby stops campaigning at once, and gives back a Lease its
+last try took); and ``python -m longtail_operator``'s own exit (:func:`stop_elector`), whatever
+kopf ran.
 
 The Kubernetes client authenticates like kopf does: in-cluster service account, else the
 kubeconfig named by ``KUBECONFIG`` (its current context).
@@ -32,7 +39,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from kubernetes import client, config
@@ -54,6 +61,7 @@ EXIT_GRACE_S = 10.0
 """After losing the Lease, how long kopf may take to stop before the process exits anyway."""
 
 _state: dict[str, Any] = {}
+_lost_lease = threading.Event()
 _exiting = threading.Event()
 """Set by the cleanup handler: every job loop ends within a tick, also one whose kopf flag was
 never raised (a daemon spawned by a watch event during shutdown), so that no thread keeps the
@@ -61,14 +69,17 @@ process from exiting after SIGTERM."""
 
 
 def api_client() -> client.ApiClient:
-    """Credentials: in-cluster service account, else ``KUBECONFIG``'s current context."""
+    """Credentials: in-cluster service account, else ``KUBECONFIG``'s current context. Its
+    connection pool keeps up to :data:`API_CONNECTIONS` connections (the client's default,
+    five per CPU, is fewer than the job loops calling at once under a burst of jobs)."""
+    cfg = client.Configuration()
     try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        path = os.environ.get("KUBECONFIG")
-        made = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
-        return cast(client.ApiClient, made)
+        load = config.load_kube_config
+        load(config_file=os.environ.get("KUBECONFIG"), client_configuration=cfg)  # type: ignore[no-untyped-call]
+    cfg.connection_pool_maxsize = API_CONNECTIONS
+    return client.ApiClient(cfg)
 
 
 def operator() -> Operator:
@@ -115,18 +126,44 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         _serve(cfg, _state["metrics"], _state["health"])
     kube, health = _state["kube"], _state["health"]
     _state["loop"] = asyncio.get_running_loop()
-    if cfg.leader_election:
-        elector = _state.get("elector") or LeaderElector(kube, lease_config(cfg), _lost).start()
-        _state["elector"] = elector
-        log.info("waiting for Lease %s/%s", cfg.operator_namespace, cfg.lease_name)
-        while not elector.acting():  # a standby: no watch, no action until this ends
-            if elector.failed is not None:
-                raise kopf.PermanentError(f"leader election failed: {elector.failed!r}")
-            await asyncio.sleep(TICK_S)
-    key = await asyncio.to_thread(_startup_call, load_token_key, kube, cfg)
-    cfg = replace(cfg, token_key=key)
-    await asyncio.to_thread(check_namespace_labels, kube, cfg)
+    try:
+        if cfg.leader_election:
+            await _wait_for_lease(kube, cfg)
+        key = await asyncio.to_thread(_startup_call, load_token_key, kube, cfg)
+        cfg = replace(cfg, token_key=key)
+        await asyncio.to_thread(check_namespace_labels, kube, cfg)
+    except asyncio.CancelledError:
+        # SIGTERM during start-up (a standby, most often): kopf runs no cleanup handler after
+        # a cancelled start-up. A stopping process must not take (or keep) the Lease: stop
+        # campaigning now, then clean up as the handler would (the heartbeat task left running
+        # would also hold kopf's exit up for its 5 s wait on leftover tasks).
+        elector: LeaderElector | None = _state.get("elector")
+        if elector is not None:
+            elector.halt()
+        await asyncio.shield(_shut_down())
+        raise
     _state["operator"] = Operator(kube, cfg, _state["metrics"], health)
+
+
+async def _wait_for_lease(kube: Kube, cfg: Settings) -> None:
+    """Campaign (once per process, also when kopf retries the start-up) until acting."""
+    elector = _state.get("elector") or LeaderElector(kube, lease_config(cfg), _lost).start()
+    _state["elector"] = elector
+    log.info("waiting for Lease %s/%s", cfg.operator_namespace, cfg.lease_name)
+    while not elector.acting():  # a standby: no watch, no action until this ends
+        if elector.failed is not None:
+            raise kopf.PermanentError(f"leader election failed: {elector.failed!r}")
+        await asyncio.sleep(TICK_S)
+
+
+def stop_elector() -> None:
+    """Stop campaigning and give the Lease back if this process (or its pod's previous
+    container) holds it. Idempotent, blocking: the cleanup handler, a cancelled start-up, and
+    ``python -m longtail_operator`` on its way out, whatever kopf ran."""
+    elector: LeaderElector | None = _state.get("elector")
+    if elector is not None:
+        elector.stop()
+        _state.pop("elector", None)
 
 
 def _serve(cfg: Settings, metrics: OperatorMetrics, health: Health) -> None:
@@ -140,12 +177,16 @@ def _serve(cfg: Settings, metrics: OperatorMetrics, health: Health) -> None:
 
 
 def lease_config(cfg: Settings) -> LeaseConfig:
-    """This process's candidacy: the pod's name (or host name) plus a random suffix."""
-    who = os.environ.get("POD_NAME") or socket.gethostname()
+    """This process's candidacy. In a pod (``POD_NAME``, which the chart sets from the downward
+    API) the pod's name: a container restarted after losing the Lease (or killed) is the same
+    candidate and re-takes the Lease at once instead of waiting out its lease duration; the
+    kubelet never runs two containers of one pod at once. Outside a pod the host name plus a
+    random suffix: two processes on one host are two candidates."""
+    pod = os.environ.get("POD_NAME", "").strip()
     return LeaseConfig(
         namespace=cfg.operator_namespace,
         name=cfg.lease_name,
-        identity=f"{who}_{uuid.uuid4().hex[:8]}",
+        identity=pod or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
         lease_duration_s=cfg.lease_duration_s,
         renew_deadline_s=cfg.renew_deadline_s,
         retry_period_s=cfg.retry_period_s,
@@ -234,6 +275,7 @@ def _lost() -> None:
         log.error("lost the Lease: job loops stopped until this process holds it again")
         return
     log.error("lost the Lease: stopping; the process exits 1 and campaigns afresh on restart")
+    _lost_lease.set()
     loop.call_soon_threadsafe(stop.set)
     timer = threading.Timer(EXIT_GRACE_S, os._exit, args=(1,))
     timer.daemon = True
@@ -243,8 +285,15 @@ def _lost() -> None:
 def exit_on_lost(stop: asyncio.Event) -> None:
     """``python -m longtail_operator``: on losing the Lease, set ``stop`` (kopf's stop flag;
     an asyncio one: kopf waits for a threading one in an executor thread that never ends
-    when the flag is not set, so the process would hang at exit after SIGTERM)."""
+    when the flag is not set, so the process would hang at exit after SIGTERM).
+    :func:`lost_lease` then says so. The clean-up sets it too: kopf's task waiting on the flag
+    outlives a stop by signal, and kopf waits 5 s for such leftovers before it returns."""
     _state["stop_flag"] = stop
+
+
+def lost_lease() -> bool:
+    """Whether this process stopped because it lost the Lease (the entry point exits 1)."""
+    return _lost_lease.is_set()
 
 
 JOB_LOOP_THREADS = 1024
@@ -252,6 +301,11 @@ JOB_LOOP_THREADS = 1024
 min(32, CPUs + 4) threads, which a few RLJobs' never-ending loops fill, starving the other
 jobs' loops and every sync event handler."""
 _job_loops = ThreadPoolExecutor(max_workers=JOB_LOOP_THREADS, thread_name_prefix="job-loop")
+API_CONNECTIONS = JOB_LOOP_THREADS + 64
+"""Connections to the API server the operator's client keeps (:func:`api_client`): one per
+thread that may call it at once (the job loops, the reconciles' I/O pool, the checkpoint calls,
+the readiness probe). A full pool drops the connection after the call and logs "Connection
+pool is full"; connections are opened only as calls need them, so a quiet operator keeps few."""
 
 
 class Fenced:
@@ -302,7 +356,15 @@ def stop_job_loops() -> None:
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    await _shut_down()
+
+
+async def _shut_down() -> None:
+    """What kopf's cleanup handler does, also after a cancelled start-up (no cleanup then)."""
     _exiting.set()
+    stop: asyncio.Event | None = _state.get("stop_flag")
+    if stop is not None:  # see exit_on_lost: kopf's exit no longer waits 5 s for its waiter
+        stop.set()
     task = _state.pop("heartbeat", None)
     if task is not None:
         task.cancel()
@@ -312,9 +374,8 @@ async def cleanup(**_: Any) -> None:
     op = _state.pop("operator", None)
     if op is not None:
         op.reconciler.pool.shutdown(wait=False)
-    elector = _state.pop("elector", None)
-    if elector is not None:  # the job loops have stopped: a standby may take over at once
-        await asyncio.to_thread(elector.stop)
+    # The job loops have stopped: release the Lease, so a standby takes over at once.
+    await asyncio.to_thread(stop_elector)
     for key in ("kube", "metrics", "health", "loop"):
         _state.pop(key, None)
 
@@ -354,6 +415,36 @@ def pod_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> Non
     op = _state.get("operator")
     if op is not None:
         op.wake(namespace or "", labels[LABEL_JOB])
+
+
+def workload_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    """A Kueue Workload of an RLJob changed (admitted, evicted, deactivated, released): wake
+    its job, as a pod's change does, so admission and eviction are acted on at once rather than
+    at the next periodic reconcile. The Workload carries its job's label (``job_metadata``)."""
+    op = _state.get("operator")
+    if op is not None:
+        op.wake(namespace or "", labels[LABEL_JOB])
+
+
+_watching_workloads = threading.Event()
+"""Set once :func:`workload_event` is registered (kopf in-process, tests: registered once)."""
+
+
+@kopf.on.startup()
+def watch_workloads(**_: Any) -> None:
+    """Watch Kueue's Workloads where this install does Kueue admission (``Settings.kueue``;
+    the chart's ``scheduling.kueue`` grants their ``list``/``watch`` only then). Registered at
+    start-up, before kopf scans the cluster's resources. Without Kueue installed kopf logs
+    once that the resource is unresolved and watches it from the moment its CRD appears
+    (kopf watches CRDs: ``clusterRules``)."""
+    cfg: Settings = _state.get("settings") or from_env()
+    if not cfg.kueue or _watching_workloads.is_set():
+        return
+    on_workload = kopf.on.event(
+        kueue.GROUP, kueue.VERSION, kueue.WORKLOADS, labels={LABEL_JOB: kopf.PRESENT}
+    )
+    on_workload(workload_event)
+    _watching_workloads.set()
 
 
 def configure(settings: Settings) -> None:

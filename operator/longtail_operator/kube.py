@@ -9,6 +9,9 @@ no answer (connection refused or reset, timeout, TLS failure: urllib3 raises ``M
 once its retries are spent, which is no ``OSError``) is a ``KubeError`` with status 0, so an
 API-server outage is one more retryable error of the job loops (``runtime.py``), never a crash.
 Every call has a timeout (``timeout_s``): a hung API server cannot stall a loop for good.
+:meth:`Kube.refusal` asks, as a server-side dry run of the create (or the ConfigMap's replace),
+whether the API server would take an object: ``reconcile.py`` creates nothing of a plan it
+refuses for good.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import os
+import socket
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,9 +30,10 @@ from kubernetes.client.exceptions import ApiException
 
 from longtail_api import GROUP, PLURAL, VERSION
 from longtail_operator.builders import LABEL_JOB, JobRef
-from longtail_operator.derive import Event
+from longtail_operator.conditions import Event
 
 COMPONENT = "longtail-operator"
+"""Who reports the operator's Events (``reportingComponent``, ``source.component``)."""
 BUILTIN_APIS = ("networking.k8s.io/v1",)
 """``group/version`` APIs :meth:`Kube.create` calls through the typed clients."""
 _SEQ = itertools.count()  # unique Event names within one process
@@ -35,9 +41,19 @@ TIMEOUT_S = 30.0
 """Default limit of one API call (connect + read); the longest we make is a LIST of a job's pods."""
 PROBE_TIMEOUT_S = 2.0
 """Limit of the readiness probe's call: under the chart's readinessProbe timeout (5 s)."""
+PERMANENT = (400, 413, 422)
+"""Answers to a create that no retry changes: a malformed (400), too large (413) or invalid
+(422) object. 403 (RBAC, a quota) and 404 (an API not served) may change, and are retried."""
 # Transport failures: urllib3's own (MaxRetryError, ProtocolError, ReadTimeoutError, ...), the
 # socket's, and http.client's (a connection closed mid-answer).
 _NO_ANSWER = (urllib3.exceptions.HTTPError, OSError, http.client.HTTPException)
+
+
+def reporting_instance() -> str:
+    """This operator process as its Events name it (``reportingInstance``, ``source.host``):
+    its pod's name (``POD_NAME``, which the chart sets from the downward API), else the host
+    name; with two replicas, which one acted. At most 128 characters (the API's limit)."""
+    return (os.environ.get("POD_NAME", "").strip() or socket.gethostname())[:128]
 
 
 class KubeError(RuntimeError):
@@ -56,10 +72,14 @@ def _message(exc: ApiException) -> str:
 
 
 class Kube:
-    """API calls on behalf of one operator identity (the ApiClient's credentials)."""
+    """API calls on behalf of one operator identity (the ApiClient's credentials);
+    ``instance`` names this process in its Events (default :func:`reporting_instance`)."""
 
-    def __init__(self, api_client: client.ApiClient, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, timeout_s: float = TIMEOUT_S, instance: str = ""
+    ) -> None:
         self.api_client, self.timeout_s = api_client, timeout_s
+        self.instance = instance or reporting_instance()
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.networking = client.NetworkingV1Api(api_client)
@@ -189,13 +209,15 @@ class Kube:
         what = f"patch {plural}.{group} {namespace}/{name}{' status' if status else ''}"
         self._call(what, fn, group, version, namespace, plural, name, patch, ok=(404,))
 
-    def _create_custom(self, obj: dict[str, Any]) -> None:
+    def _create_custom(self, obj: dict[str, Any], dry: str | None) -> None:
         group, version = obj["apiVersion"].split("/")
         meta, plural = obj["metadata"], obj["kind"].lower() + "s"
         what = f"create {obj['kind']} {obj['apiVersion']} {meta['namespace']}/{meta['name']}"
+        what += " (dry run)" if dry else ""
         fn = self.custom.create_namespaced_custom_object
         try:
-            self._call(what, fn, group, version, meta["namespace"], plural, obj, ok=(409,))
+            ns = meta["namespace"]
+            self._call(what, fn, group, version, ns, plural, obj, ok=(409,), dry_run=dry)
         except KubeError as exc:
             if exc.status != 404:
                 raise
@@ -206,10 +228,14 @@ class Kube:
             )
             raise KubeError(what, 404, why) from exc
 
-    def create(self, obj: dict[str, Any]) -> None:
+    def create(self, obj: dict[str, Any], *, dry_run: bool = False) -> None:
+        """Create ``obj`` (409, it exists: done); ``dry_run``: only ask whether the API server
+        would (server-side ``dryRun=All``: every admission and validation step, nothing
+        stored)."""
         kind, meta = obj["kind"], obj["metadata"]
+        dry = "All" if dry_run else None
         if "/" in obj.get("apiVersion", "") and obj["apiVersion"] not in BUILTIN_APIS:
-            return self._create_custom(obj)
+            return self._create_custom(obj, dry)
         fns = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
@@ -217,14 +243,37 @@ class Kube:
             "Secret": self.core.create_namespaced_secret,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
         }
-        what = f"create {kind} {meta['namespace']}/{meta['name']}"
-        self._call(what, fns[kind], meta["namespace"], obj, ok=(409,))
+        what = f"create {kind} {meta['namespace']}/{meta['name']}{' (dry run)' if dry else ''}"
+        self._call(what, fns[kind], meta["namespace"], obj, ok=(409,), dry_run=dry)
 
-    def replace_configmap(self, obj: dict[str, Any]) -> None:
+    def replace_configmap(self, obj: dict[str, Any], *, dry_run: bool = False) -> None:
         meta = obj["metadata"]
+        dry = "All" if dry_run else None
         what = f"replace ConfigMap {meta['namespace']}/{meta['name']}"
+        what += " (dry run)" if dry else ""
         fn = self.core.replace_namespaced_config_map
-        self._call(what, fn, meta["name"], meta["namespace"], obj)
+        self._call(what, fn, meta["name"], meta["namespace"], obj, dry_run=dry)
+
+    def refusal(self, obj: dict[str, Any], *, replace: bool = False) -> str | None:
+        """Why the API server refuses to create ``obj`` (``replace``: to replace the ConfigMap
+        ``obj``) for good, asked as a server-side dry run; None when it would take it. Only a
+        refusal no retry can change (:data:`PERMANENT`: the object is invalid, too long, or
+        too large) is returned, as the API's message naming the object; any other failure
+        raises the ``KubeError`` the real call would."""
+        try:
+            if replace:
+                self.replace_configmap(obj, dry_run=True)
+            else:
+                self.create(obj, dry_run=True)
+        except KubeError as exc:
+            if exc.status not in PERMANENT:
+                raise
+            meta = obj["metadata"]
+            answer = str(exc).partition(": ")[2]  # "HTTP 422: <the API's message>"
+            return (
+                f"the API server refuses {obj['kind']} {meta['namespace']}/{meta['name']}: {answer}"
+            )
+        return None
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         """``kind``: a core or networking kind, or ``group/version/Kind`` of a custom object."""
@@ -275,8 +324,9 @@ class Kube:
             "reason": event.reason,
             "message": event.message[:1024],
             "type": event.type,
-            "source": {"component": COMPONENT},
+            "source": {"component": COMPONENT, "host": self.instance},
             "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,

@@ -7,7 +7,8 @@ the reconcile and harvest code record into it. ``/healthz`` answers 200 while th
 loop's heartbeat is fresh, ``/readyz`` 200 once the operator has started and while the
 Kubernetes API server answers it (:attr:`Health.api_probe`, asked on every ``/readyz``, so it
 is true with no RLJob at all and turns 200 again as soon as the API server is back). The server
-is the standard library's (the operator carries no web framework), routed by :data:`ROUTES`.
+is the standard library's (the operator carries no web framework), routed by :data:`ROUTES`; a
+client that hangs up before its answer is no error.
 """
 
 from __future__ import annotations
@@ -170,6 +171,12 @@ ROUTES: dict[str, Callable[[HealthServer], tuple[HTTPStatus, bytes, str]]] = {
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "longtail-operator"
+
+    def handle(self) -> None:
+        # A client that hung up first (a probe past its timeout) has nobody left to answer:
+        # no error, no traceback on stderr.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
 
     def do_GET(self) -> None:
         endpoint = ROUTES.get(self.path.split("?", 1)[0])

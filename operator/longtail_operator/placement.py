@@ -63,6 +63,25 @@ def admission_wait(obs: Observed, want: dict[str, Any] | None) -> tuple[str, str
     return None
 
 
+def not_queued(obs: Observed, phase: str) -> tuple[str, str, str]:
+    """``Queued`` False once a job that waited no longer does, with the true reason: admitted
+    (naming the Workload and its ClusterQueue), suspended, finished, or no queue label."""
+    w = obs.workload
+    if obs.queue is None:
+        return "False", "NotQueued", f"no {QUEUE_LABEL} label: no admission asked"
+    if phase in TERMINAL:
+        return "False", "JobFinished", f"job {phase.lower()}: no admission needed"
+    if phase == "Suspended":
+        where = f"Workload {w.name} deactivated" if w is not None else "no Workload"
+        return "False", "JobSuspended", f"spec.suspend is true: {where}; queued again on resume"
+    if w is not None and w.admitted:
+        admission = (w.raw.get("status") or {}).get("admission") or {}
+        queue = admission.get("clusterQueue")
+        to = f" to ClusterQueue {queue}" if queue else ""
+        return "False", "Admitted", f"Workload {w.name} admitted by Kueue{to}"
+    return "False", "NotQueued", "the job does not wait for admission"
+
+
 MIRRORED = ("QuotaReserved", "Admitted", "Evicted")
 """The Workload conditions an RLJob shows as ``Kueue<type>`` (Kueue's status, reason, message)."""
 

@@ -8,10 +8,21 @@ status is written only when it changed, as a merge patch of the status subresour
 anything else of a job that is not finished, the job's token is derived from the operator's key
 and its Secret made when missing (``access.py``; no Secret is read); the token is kept in memory
 for the operator's own write calls (checkpoint, role switches) and never logged.
+
+A plan that creates or replaces objects first asks the API server whether it takes them (a
+server-side dry run of each, ``Kube.refusal``). When it refuses one for good (an annotation or
+a ConfigMap too long: a spec the API server stored but cannot turn into objects), none is
+created: the refusals are handled as validation errors of the spec (``specgate.py``, reason
+``ChildRejected``, the API's message in ``ValidationFailed`` and a Warning event), so a new job
+starts nothing, half or whole, and a running job keeps running under its last accepted spec,
+nothing deleted. The trainer's checkpoint before the pods go runs in the background
+(``checkpoints.py``): the status and events are written every pass while it runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -38,8 +49,10 @@ from longtail_operator import (
     trainergroup,
 )
 from longtail_operator.builders import JobRef
+from longtail_operator.checkpoints import CheckpointCall, Checkpointing
 from longtail_operator.clients import TrainerClient
-from longtail_operator.derive import Event, Observed, Plan
+from longtail_operator.conditions import TERMINAL
+from longtail_operator.derive import Observed, Plan
 from longtail_operator.harvester import Harvester
 from longtail_operator.kube import Kube, KubeError
 from longtail_operator.metrics import OperatorMetrics
@@ -67,12 +80,12 @@ class JobRuntime:
     """Trainer pod 0, whose report gives the harvest loop the rollout state (a target too only
     when ``trainer`` is in ``harvest.eligibleRoles``)."""
     counted: set[str] = field(default_factory=set)
-    checkpoint_started: float | None = None
-    checkpoint_done: bool = False
+    checkpointing: Checkpointing = field(default_factory=Checkpointing)
+    """The trainer's checkpoint before the pods go (``checkpoints.py``)."""
     last_error: str | None = None
     invalid: bool = False
-    """The spec as written failed validation at the last reconcile (the job may still run
-    under its last accepted spec)."""
+    """The spec as written failed validation, or the API server refused objects made from it, at
+    the last reconcile (the job may still run under its last accepted spec)."""
     token: str | None = field(default=None, repr=False)
     """The job's token, derived from the operator's key (``access.job_token``); never logged."""
 
@@ -103,6 +116,38 @@ def patch_for(old: Any, new: Any) -> Any:
     return out
 
 
+REFUSALS_SHOWN = 3
+"""Refused objects named in full in the condition (the rest are counted)."""
+REFUSAL_CHARS = 1500
+"""Longest API message kept of one refusal (a refused value can be echoed back in full)."""
+
+
+def shown_refusals(found: list[str]) -> tuple[str, ...]:
+    """The API server's refusals as the status shows them: the first :data:`REFUSALS_SHOWN`,
+    each cut to :data:`REFUSAL_CHARS` (its start, which names the object and the field, and
+    its end), then a count of the others."""
+    out = []
+    for text in found[:REFUSALS_SHOWN]:
+        if len(text) > REFUSAL_CHARS:
+            cut = len(text) - REFUSAL_CHARS
+            text = f"{text[: REFUSAL_CHARS - 300]} [{cut} characters cut] {text[-300:]}"
+        out.append(text)
+    if len(found) > REFUSALS_SHOWN:
+        out.append(f"and {len(found) - REFUSALS_SHOWN} more object(s) refused")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What one reconcile read of the job: the RLJob and its children."""
+
+    body: dict[str, Any]
+    job: JobRef
+    pods: list[PodView]
+    services: list[dict[str, Any]]
+    configmap: dict[str, Any] | None
+
+
 class Reconciler:
     def __init__(
         self,
@@ -110,8 +155,11 @@ class Reconciler:
         settings: Settings,
         metrics: OperatorMetrics | None = None,
         clock: Callable[[], datetime] = now_utc,
+        wake: Callable[[str, str], None] | None = None,
     ) -> None:
         self.kube, self.settings, self.metrics, self.clock = kube, settings, metrics, clock
+        self.wake = wake
+        """Wakes a job's loop (``Operator.wake``): a background checkpoint call ended."""
         self.trainer = TrainerClient(timeout=settings.http_timeout_s)
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="reconcile-io")
         self._kueue: tuple[float, bool | None] | None = None
@@ -145,52 +193,20 @@ class Reconciler:
             self.release_workload(body)
             return None
         meta = body["metadata"]
-        labels = meta.get("labels") or {}
-        admits = self.settings.kueue and derive.QUEUE_LABEL in labels
-        kueue_served = self._kueue_served() if admits else None
         job = JobRef(rt.name, rt.namespace, meta["uid"], int(meta.get("generation", 1)))
-        checked = validate_manifest({k: v for k, v in body.items() if k != "status"})
-        previous = parse_status(body.get("status"))
         pods_raw, services, configmaps = self.kube.list_children(job.namespace, job.name)
         pods = [v for v in (PodView.from_pod(p) for p in _owned(pods_raw, job.uid)) if v]
         cm = next(iter(_owned(configmaps, job.uid)), None)
-        refused = placement.refusals(checked.spec, self.settings)
-        errors = tuple(str(e) for e in (*checked.errors, *refused))
-        gate = specgate.decide(
-            checked.spec,
-            body.get("spec") or {},
-            errors,
-            (cm.get("data") or {}) if cm is not None else None,
-            pods,
-            finished=previous.phase in derive.TERMINAL,
-        )
-        rt.spec = gate.spec  # the spec the job runs under: the edit, or the last accepted one
-        self._ensure_token(rt, job, (body.get("status") or {}).get("phase"))
-        obs = Observed(
-            job=job,
-            spec=rt.spec,
-            raw_spec=gate.raw_spec,
-            errors=errors,
-            gate=gate,
-            previous=previous,
-            pods=tuple(pods),
-            services=frozenset(s["metadata"]["name"] for s in _owned(services, job.uid)),
-            configmap=(cm.get("data") or {}) if cm is not None else None,
-            now=self.clock(),
-            trainer=self._trainer_status(pods) if rt.spec is not None else None,
-            harvest=rt.harvester.snapshot() if rt.harvester is not None else None,
-            counted=frozenset(rt.counted),
-            network_policy=self._network_policy(job, access.network_policy_name(job.name)),
-            trainer_policy=self._network_policy(job, access.trainer_policy_name(job.name)),
-            weight_sync_policy=self._network_policy(job, access.weight_sync_policy_name(job.name)),
-            gang_group=self._gang_group(job, rt.spec),
-            queue=labels.get(derive.QUEUE_LABEL),
-            priority=labels.get(kueue.PRIORITY_LABEL),
-            kueue_served=kueue_served,
-            kueue_enabled=self.settings.kueue,
-            workload=self._workload(job) if kueue_served else None,
-        )
+        seen = _Seen(body, job, pods, _owned(services, job.uid), cm)
+        obs = self._observe(rt, seen, ())
         plan = derive.plan(obs, self.settings)
+        rejected = self._refusals(plan)
+        if rejected:  # create none of them: the last accepted spec runs, or nothing
+            obs = self._observe(rt, seen, rejected)
+            plan = derive.plan(obs, self.settings)
+            if obs.spec is not None and self._refusals(plan):
+                obs = self._refused_too(obs)  # its own objects are refused (not the edit's)
+                plan = derive.plan(obs, self.settings)
         self._checkpoint(rt, plan, pods)
         failures = [e for e in plan.events if e.reason == "WorkerFailed"]
         for event in failures:  # a crash's last log lines are recorded before its pod goes
@@ -206,7 +222,7 @@ class Reconciler:
             if event not in failures:
                 self.kube.post_event(job, event)
         rt.phase = plan.status.phase
-        rt.invalid = bool(errors)
+        rt.invalid = bool(obs.errors or obs.rejected)
         rt.targets, rt.trainer_target = self._targets(rt.spec, pods, plan)
         if self.metrics is not None:
             gpus = plan.status.gpus
@@ -220,9 +236,81 @@ class Reconciler:
                 self.metrics.idleness_source_up(job.namespace, job.name, h.source_error is None)
         return rt.phase
 
+    def _observe(self, rt: JobRuntime, seen: _Seen, rejected: tuple[str, ...]) -> Observed:
+        """The planner's input; ``rejected``: the API server's refusals of objects made from
+        the spec as written (the spec gate then falls back as for an invalid edit)."""
+        body, job, pods, cm = seen.body, seen.job, seen.pods, seen.configmap
+        labels = body["metadata"].get("labels") or {}
+        admits = self.settings.kueue and derive.QUEUE_LABEL in labels
+        kueue_served = self._kueue_served() if admits else None
+        checked = validate_manifest({k: v for k, v in body.items() if k != "status"})
+        previous = parse_status(body.get("status"))
+        refused = placement.refusals(checked.spec, self.settings)
+        errors = tuple(str(e) for e in (*checked.errors, *refused))
+        cm_data = (cm.get("data") or {}) if cm is not None else None
+        gate = specgate.decide(
+            checked.spec,
+            body.get("spec") or {},
+            errors,
+            cm_data,
+            pods,
+            finished=previous.phase in TERMINAL,
+            rejected=rejected,
+        )
+        rt.spec = gate.spec  # the spec the job runs under: the edit, or the last accepted one
+        self._ensure_token(rt, job, (body.get("status") or {}).get("phase"))
+        return Observed(
+            job=job,
+            spec=rt.spec,
+            raw_spec=gate.raw_spec,
+            errors=errors,
+            rejected=rejected,
+            gate=gate,
+            previous=previous,
+            pods=tuple(pods),
+            services=frozenset(s["metadata"]["name"] for s in seen.services),
+            configmap=cm_data,
+            now=self.clock(),
+            trainer=self._trainer_status(pods) if rt.spec is not None else None,
+            harvest=rt.harvester.snapshot() if rt.harvester is not None else None,
+            counted=frozenset(rt.counted),
+            network_policy=self._network_policy(job, access.network_policy_name(job.name)),
+            trainer_policy=self._network_policy(job, access.trainer_policy_name(job.name)),
+            weight_sync_policy=self._network_policy(job, access.weight_sync_policy_name(job.name)),
+            gang_group=self._gang_group(job, rt.spec),
+            queue=labels.get(derive.QUEUE_LABEL),
+            priority=labels.get(kueue.PRIORITY_LABEL),
+            kueue_served=kueue_served,
+            kueue_enabled=self.settings.kueue,
+            workload=self._workload(job) if kueue_served else None,
+        )
+
+    def _refusals(self, plan: Plan) -> tuple[str, ...]:
+        """The API server's refusals for good of the objects ``plan`` creates or replaces (a
+        dry run of each, in parallel); empty when it would take them all."""
+        asks = [(m, False) for m in plan.create] + [(m, True) for m in plan.update]
+        if not asks:
+            return ()
+        ask = lambda a: self.kube.refusal(a[0], replace=a[1])  # noqa: E731
+        return shown_refusals([r for r in self.pool.map(ask, asks) if r is not None])
+
+    @staticmethod
+    def _refused_too(obs: Observed) -> Observed:
+        """The last accepted spec's own objects are refused too (a spec made live while the job
+        was suspended, a refusal of the namespace's): touch nothing, say why."""
+        shown = "; ".join(obs.rejected)
+        text = f"nothing is created until the API server takes the job's objects: {shown}"
+        gate = dataclasses.replace(
+            obs.gate or specgate.SpecGate(None, obs.raw_spec, specgate.REJECTED, ""),
+            spec=None,
+            reason=specgate.REJECTED,
+            message=text[:32000],
+        )
+        return dataclasses.replace(obs, spec=None, gate=gate)
+
     def _ensure_token(self, rt: JobRuntime, job: JobRef, phase: str | None) -> None:
         """Have the job's token in ``rt`` while the job runs (not for invalid or finished ones)."""
-        if rt.token is None and rt.spec is not None and phase not in derive.TERMINAL:
+        if rt.token is None and rt.spec is not None and phase not in TERMINAL:
             rt.token = self._job_token(job)
 
     def _job_token(self, job: JobRef) -> str:
@@ -257,45 +345,46 @@ class Reconciler:
         return None if isinstance(answer, str) else answer
 
     def _checkpoint(self, rt: JobRuntime, plan: Plan, pods: list[PodView]) -> None:
-        """Suspend, or a failure the operator decides (``derive.CHECKPOINT_BEFORE``): ask the
-        trainer to checkpoint before its pod goes; retry until the checkpoint timeout, keeping
-        the pods meanwhile. Called before the status is written: when the trainer answers at
-        once, its checkpoint is on disk before the phase says Suspended or Failed; otherwise
-        the phase says so while the pods wait for the retried checkpoint."""
+        """Suspend, an eviction, or a failure the operator decides
+        (``derive.CHECKPOINT_BEFORE``): the trainer checkpoints before its pods go. The call
+        runs in the background (``checkpoints.py``); until it answers, or the checkpoint
+        timeout passes, the pods are kept while the status and events are written as planned.
+        A trainer that answers at once has its checkpoint on disk before the status is."""
+        ck = rt.checkpointing
         if not plan.checkpoint:
+            ck.drop()
             if rt.spec is not None and not rt.spec.suspend:
-                rt.checkpoint_started, rt.checkpoint_done = None, False
-            return
-        if rt.checkpoint_done:
+                ck.reset()
             return
         trainer = rank0(pods, active=False)
         if trainer is None:  # the planner asks only while pod 0 runs; it went meanwhile
             return
-        now = time.monotonic()
-        rt.checkpoint_started = rt.checkpoint_started or now
-        left = self.settings.checkpoint_timeout_s - (now - rt.checkpoint_started)
-        answer = self.trainer.checkpoint(
-            trainer.ip or "",
-            self.settings.trainer_port,
-            reason=plan.checkpoint_reason,
-            timeout=max(left, 1.0),
-            token=rt.token,
-        )
-        if not isinstance(answer, str):
-            rt.checkpoint_done = True
-            msg = f"checkpoint of step {answer.step} written to {answer.location}"
-            plan.events.append(Event("Normal", "CheckpointSaved", msg))
-        elif left <= 0:
-            rt.checkpoint_done = True
-            msg = (
-                f"no checkpoint before the pods go ({plan.checkpoint_reason}: {answer}); "
-                "resuming uses the last periodic one"
+        reason = plan.checkpoint_reason
+
+        def start(left: float) -> CheckpointCall:
+            ask = functools.partial(
+                self.trainer.checkpoint,
+                trainer.ip or "",
+                self.settings.trainer_port,
+                reason=reason,
+                timeout=max(left, 1.0),
+                token=rt.token,
             )
-            plan.events.append(Event("Warning", "CheckpointFailed", msg))
-        else:
-            plan.delete_pods.clear()  # keep the pods; the next reconcile asks again
+            return CheckpointCall(trainer.uid, reason, ask, self._waker(rt))
+
+        timeout_s = self.settings.checkpoint_timeout_s
+        ready, events = ck.advance(trainer.uid, reason, timeout_s, start)
+        plan.events.extend(events)
+        if not ready:
+            plan.delete_pods.clear()  # keep the pods until the trainer answers
             held = ("DeletedPods", trainergroup.WORLD_CHANGED)  # said when they do go
             plan.events = [e for e in plan.events if e.reason not in held]
+
+    def _waker(self, rt: JobRuntime) -> Callable[[], None]:
+        wake = self.wake
+        if wake is None:
+            return lambda: None
+        return functools.partial(wake, rt.namespace, rt.name)
 
     def _execute(self, job: JobRef, plan: Plan) -> None:
         """Support objects first (pods mount the ConfigMap), then pods, in parallel."""

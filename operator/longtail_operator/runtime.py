@@ -4,7 +4,8 @@
 :meth:`Operator.run_job` and :meth:`Operator.run_harvest` as kopf daemons in threads:
 
 - the job loop reconciles when woken (the RLJob or one of its pods changed: kopf event
-  handlers call :meth:`Operator.wake`), and at least every ``reconcile_period_s``; on an API
+  handlers call :meth:`Operator.wake`; the trainer's checkpoint call, which runs in the
+  background, ended: ``checkpoints.py``), and at least every ``reconcile_period_s``; on an API
   error (``kopf.TemporaryError``) it waits with exponential backoff, up to 30 s, but only up to
   2 s while the API server does not answer at all (``KubeError`` status 0: an outage or a
   restart, which costs the server nothing to retry), so a job converges within about 2 s of the
@@ -14,9 +15,11 @@
   acknowledgement changed, so the status shows it within one reconcile.
 
 Both loops check ``stopped`` (kopf's flag, set when the RLJob is deleted or the operator stops)
-at least every 0.25 s. Neither dies on an API error: every failure of a call is a ``KubeError``
-(``kube.py``), which the job loop retries and the harvest loop logs and retries next poll. The
-operator's readiness asks the API server itself (:meth:`Kube.probe`).
+at least every 0.25 s, and no reconcile waits on a checkpoint (at most ``checkpoints.GRACE_S``):
+a stopping operator exits without waiting for one. Neither dies on an API error: every failure
+of a call is a ``KubeError`` (``kube.py``), which the job loop retries and the harvest loop logs
+and retries next poll. The operator's readiness asks the API server itself
+(:meth:`Kube.probe`).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class Operator:
     ) -> None:
         self.kube, self.settings, self.metrics, self.health = kube, settings, metrics, health
         health.api_probe = kube.probe  # ready while the API server answers this identity
-        self.reconciler = Reconciler(kube, settings, metrics)
+        self.reconciler = Reconciler(kube, settings, metrics, wake=self.wake)
         self.workers = WorkerClient(timeout=settings.http_timeout_s)
         self._jobs: dict[tuple[str, str], JobRuntime] = {}
         self._wake: dict[tuple[str, str], threading.Event] = {}

@@ -82,7 +82,8 @@ class Settings:
     renew_deadline_s: float = 10.0
     """How long the leader keeps trying to renew before it stops acting (< lease duration)."""
     retry_period_s: float = 2.0
-    """Time between two tries to acquire or renew the Lease."""
+    """Time between two tries to acquire or renew the Lease (at most
+    ``leader.RETRY_AFTER_FAILURE_S`` after a failed one)."""
     kueue: bool = True
     """Admit RLJobs labelled ``kueue.x-k8s.io/queue-name`` through Kueue (the chart's
     ``scheduling.kueue``, which also grants Kueue's RBAC); false: such a job waits with a

@@ -12,6 +12,9 @@ job: all pods of a job are made from one set of frozen fields.
 - An invalid edit is not applied: the job keeps running (pods managed, failed ones recreated)
   under the last accepted spec, with ``SpecAccepted`` False/``InvalidSpec``. A job that never
   had a valid spec runs nothing.
+- A spec the API server refuses to turn into objects (``reconcile.py`` asks it with a dry run
+  of every object a plan creates: a pod's annotations too long, a ConfigMap over 1 MiB) is
+  handled as an invalid edit, with reason ``ChildRejected`` and the API's message.
 - A frozen change while the job runs is refused (``ImmutableFieldChanged``, naming each field,
   its value and the fix); the edit's live fields still apply. With ``suspend`` true (in the
   edit, or in the accepted spec) it is applied once no pod of the job is left
@@ -38,6 +41,7 @@ ACCEPTED = "Accepted"
 INVALID = "InvalidSpec"
 FROZEN = "ImmutableFieldChanged"
 WAITING = "WaitingForPodsToStop"
+REJECTED = "ChildRejected"
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,8 @@ class SpecGate:
     raw_spec: dict[str, Any]
     """The same as the API server stores a spec (defaults filled in): the ConfigMap's content."""
     reason: str
-    """``Accepted``, ``InvalidSpec``, ``ImmutableFieldChanged`` or ``WaitingForPodsToStop``."""
+    """``Accepted``, ``InvalidSpec``, ``ChildRejected``, ``ImmutableFieldChanged`` or
+    ``WaitingForPodsToStop``."""
     message: str
     """For people: what was not applied and how to fix it."""
 
@@ -82,16 +87,22 @@ def decide(
     pods: Sequence[PodView],
     *,
     finished: bool = False,
+    rejected: Sequence[str] = (),
 ) -> SpecGate:
     """The spec to run under (see the module text). ``edited``: the RLJob's spec as written,
-    None when it fails validation (``errors``); ``finished``: the job succeeded or failed."""
+    None when it fails validation (``errors``); ``finished``: the job succeeded or failed;
+    ``rejected``: the API server's refusals of objects made from it (``Kube.refusal``)."""
     applied = applied_spec(configmap)
-    if edited is None or errors:
-        shown = "; ".join(errors) or "the spec could not be parsed"
+    if edited is None or errors or rejected:
+        reason = INVALID if edited is None or errors else REJECTED
+        shown = "; ".join((*errors, *rejected)) or "the spec could not be parsed"
         if applied is None:
-            return SpecGate(None, edited_raw, INVALID, f"nothing runs until it is valid: {shown}")
+            text = f"nothing runs until it is fixed: {shown}"
+            if reason == INVALID:
+                text = f"nothing runs until it is valid: {shown}"
+            return SpecGate(None, edited_raw, reason, text[:32000])
         text = f"still running the last accepted spec; fix the edit: {shown}"
-        return SpecGate(applied[0], applied[1], INVALID, text[:32000])
+        return SpecGate(applied[0], applied[1], reason, text[:32000])
     if applied is None or finished:
         return SpecGate(edited, edited_raw, ACCEPTED, "the job runs the spec as written")
     changes = frozen_changes(applied[0], edited)

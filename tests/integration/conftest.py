@@ -307,6 +307,8 @@ def rljob_crd(control_plane: ControlPlane) -> str:
 
 
 # The operator's fixtures (settings, rbac, kubelet, operator, ns: one operator per test module
-# that asks for one) live with its helpers in opharness.py; imported here so that every
-# test_operator*.py module can request them by name.
+# that asks for one) live with its helpers in opharness.py, those of real operator processes
+# (home, operators) in opprocess.py; imported here so that every test_operator*.py module can
+# request them by name.
 from opharness import kubelet, ns, operator, rbac, settings  # noqa: E402, F401
+from opprocess import home, operators  # noqa: E402, F401

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import urllib3
+from kubernetes.client.exceptions import ApiException
 from opharness import (
     REPO,
     apply,
@@ -60,13 +62,22 @@ class FakeKueue:
         self.hold = False
         """While True nothing is admitted (a full queue)."""
         self.admissions = 0
+        self.admitted_at = 0.0
+        """``time.monotonic()`` when the last admission was written."""
+        self.errors: list[str] = []
+        """Failed passes of the admission loop (each retried at the next pass)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def workloads(self) -> list[dict[str, Any]]:
-        out = self.cp.kubectl("-n", self.ns, "get", "workloads.kueue.x-k8s.io", "-o", "json")
-        return json.loads(out.stdout)["items"]  # type: ignore[no-any-return]
+        # The API client, not kubectl: kubectl's discovery cache (shared by the session) can
+        # still lack the Workload kind just after a module reinstalled Kueue.
+        from kubernetes import client
+
+        api = client.CustomObjectsApi(self.cp.api_client())
+        found = api.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", self.ns, "workloads")
+        return found["items"]  # type: ignore[no-any-return]
 
     def _patch_status(self, name: str, status: dict[str, Any]) -> None:
         # kubectl 1.20 has no --subresource: the API client patches the status subresource.
@@ -81,49 +92,58 @@ class FakeKueue:
         while not self._stop.wait(0.3):
             if self.hold:
                 continue
-            for w in self.workloads():
-                status = w.get("status") or {}
-                if not w["spec"].get("active", True) or status.get("admission"):
-                    continue
-                if w["metadata"].get("deletionTimestamp"):
-                    continue
-                assign = [
-                    {"name": ps["name"], "count": ps["count"], "flavors": {"cpu": "fake-gpu"}}
-                    for ps in w["spec"]["podSets"]
-                ]
-                conds = [
-                    {"type": t, "status": s, "reason": r, "message": r,
-                     "lastTransitionTime": "2026-11-27T00:00:00Z"}
-                    for t, s, r in (("QuotaReserved", "True", "QuotaReserved"),
-                                    ("Admitted", "True", "Admitted"),
-                                    ("Evicted", "False", "QuotaReserved"))
-                ]  # fmt: skip
-                admission = {"clusterQueue": "cq", "podSetAssignments": assign}
-                self._patch_status(
-                    w["metadata"]["name"], {"admission": admission, "conditions": conds}
-                )
-                self.admissions += 1
+            try:
+                self._admit_all()
+            except (ApiException, urllib3.exceptions.HTTPError) as exc:  # tried again next pass
+                self.errors.append(repr(exc))
 
-    def evict(self, name: str) -> None:
+    def _admit_all(self) -> None:
+        for w in self.workloads():
+            status = w.get("status") or {}
+            if not w["spec"].get("active", True) or status.get("admission"):
+                continue
+            if w["metadata"].get("deletionTimestamp"):
+                continue
+            assign = [
+                {"name": ps["name"], "count": ps["count"], "flavors": {"cpu": "fake-gpu"}}
+                for ps in w["spec"]["podSets"]
+            ]
+            conds = [
+                {"type": t, "status": s, "reason": r, "message": r,
+                 "lastTransitionTime": "2026-11-27T00:00:00Z"}
+                for t, s, r in (("QuotaReserved", "True", "QuotaReserved"),
+                                ("Admitted", "True", "Admitted"),
+                                ("Evicted", "False", "QuotaReserved"))
+            ]  # fmt: skip
+            admission = {"clusterQueue": "cq", "podSetAssignments": assign}
+            self._patch_status(w["metadata"]["name"], {"admission": admission, "conditions": conds})
+            self.admitted_at = time.monotonic()
+            self.admissions += 1
+
+    def evict(self, name: str) -> float:
+        """Evict the Workload ``name``; ``time.monotonic()`` once the API server has it."""
         w = next(x for x in self.workloads() if x["metadata"]["name"] == name)
         conds = [c for c in w["status"]["conditions"] if c["type"] != "Evicted"]
         conds.append({"type": "Evicted", "status": "True", "reason": "Preempted",
                       "message": "preempted by a higher priority workload",
                       "lastTransitionTime": "2026-11-27T00:00:01Z"})  # fmt: skip
         self._patch_status(name, {"conditions": conds})
+        return time.monotonic()
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
 
 
-@pytest.fixture(scope="module")
-def kueue_crds(control_plane: ControlPlane) -> Iterator[None]:
-    cp = control_plane
+def install_kueue(cp: ControlPlane) -> None:
+    """Kueue's Workload and ResourceFlavor APIs, and the flavour :class:`FakeKueue` assigns."""
     crds = ["workloads.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io"]
     install_crds(cp, CRDS, crds, ["kueue.x-k8s.io"])
     cp.kubectl("apply", "-f", "-", input=json.dumps(FLAVOR))
-    yield
+
+
+def remove_kueue(cp: ControlPlane) -> None:
+    """Undo :func:`install_kueue`, also for the Workloads the tests' namespaces left."""
     # Kueue's finalizer holds every Workload left by the tests' deleted namespaces: release them.
     left = json.loads(cp.kubectl("get", "workloads.kueue.x-k8s.io", "-A", "-o", "json").stdout)
     for w in left["items"]:
@@ -137,6 +157,13 @@ def kueue_crds(control_plane: ControlPlane) -> Iterator[None]:
         lambda: "kueue.x-k8s.io" not in cp.kubectl("api-versions").stdout,
         timeout=60, what="kueue.x-k8s.io gone from discovery",
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def kueue_crds(control_plane: ControlPlane) -> Iterator[None]:
+    install_kueue(control_plane)
+    yield
+    remove_kueue(control_plane)
 
 
 @pytest.fixture

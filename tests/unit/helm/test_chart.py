@@ -105,6 +105,9 @@ def test_operator_deployment_is_leader_elected_and_restricted(render) -> None:
         assert container[probe]["httpGet"]["port"] in ports
     # The read-only root filesystem gets a writable /tmp.
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    # The Lease identity is the pod's name: a restarted container re-takes its own Lease.
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     sa = one(docs, "ServiceAccount")
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     svc = one(docs, "Service")

@@ -62,10 +62,11 @@ def test_the_token_key_never_comes_from_the_environment_nor_shows_in_repr() -> N
     assert "kkkk" not in repr(Settings(token_key=b"k" * 32))
 
 
-def test_each_process_is_its_own_candidate() -> None:
+def test_outside_a_pod_each_process_is_its_own_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_NAME", raising=False)  # in a pod: the pod's name (test_leader_restarts)
     cfg = Settings(operator_namespace="lt-system", lease_duration_s=9, renew_deadline_s=6)
     a, b = handlers.lease_config(cfg), handlers.lease_config(cfg)
-    assert a.identity != b.identity  # a restarted process does not inherit the old lease
+    assert a.identity != b.identity  # two processes on one host are two candidates
     assert (a.namespace, a.name, a.lease_duration_s, a.renew_deadline_s) == (
         "lt-system",
         "longtail-operator-leader",
