@@ -102,7 +102,8 @@ VERIFIER_METRICS: tuple[MetricSpec, ...] = (
 """Everything the verifier exports."""
 
 LABEL_REASON = "reason"
-"""Why a captured sequence was dropped or evicted (stale_step, lock_contended, capacity, ...)."""
+"""Why a captured sequence was dropped or evicted (stale_step, lock_contended, capacity, ...),
+or why the trainer refused a drafter candidate (``drafterstatus.REFUSAL_REASONS``)."""
 LABEL_STATE = "state"
 """Spot trainer state: idle, training, stopping, failed."""
 LABEL_ROLE = "role"
@@ -206,6 +207,14 @@ WORKER_ROLE_SWITCH_SECONDS = MetricSpec(
     labels=(LABEL_ROLE,),
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0),
 )
+WORKER_WEIGHTS_REFUSED_TOTAL = MetricSpec(
+    "longtail_worker_weights_refused_total",
+    "counter",
+    "Policy weight pieces (HTTP pull: a piece, or a version's list of pieces; broadcast: a "
+    "bucket) this worker refused because they did not match the checksum the trainer sent; "
+    "nothing was loaded and the version is fetched again (a corrupted transfer, or a trainer "
+    "and worker of different Longtail versions).",
+)
 
 SPOT_METRICS: tuple[MetricSpec, ...] = (
     SPOT_BUFFER_TOKENS,
@@ -230,6 +239,7 @@ WORKER_CONTROL_METRICS: tuple[MetricSpec, ...] = (
     WORKER_IDLE_SECONDS,
     WORKER_CONTROL_REQUESTS_TOTAL,
     WORKER_ROLE_SWITCH_SECONDS,
+    WORKER_WEIGHTS_REFUSED_TOTAL,
 )
 """Everything the rollout worker's control surface exports."""
 
@@ -474,13 +484,19 @@ TRAINER_HARVESTED_SECONDS_TOTAL = MetricSpec(
 TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL = MetricSpec(
     "longtail_trainer_drafter_candidates_rejected_total",
     "counter",
-    "Drafter candidates the trainer refused, by stage: 'upload' (answered 400, nothing stored: "
-    "not the job's drafter, no tensors, or NaN/inf weights), 'stale' (answered 409, nothing "
-    "stored: trained from a drafter version that is not the latest) or 'merge' (skipped at the "
-    "step's merge: no token the trainer can verify, or scoring below the current version on "
-    "the trainer's held-out sample; or a merge that came out non-finite or worse and was not "
-    "published).",
-    labels=(LABEL_STAGE,),
+    "Drafter candidates the trainer refused, each counted once, by stage and reason. Stage "
+    "'upload' (answered 400, nothing stored; a log line names the field and value): reason "
+    "'request' (no Content-Length, too large, no or a wrong sha256), 'query' (a malformed query "
+    "field), 'policy_version' (newer than the trainer's policy version or older than it allows) "
+    "or 'malformed' (not the job's drafter, no tensors, NaN/inf weights). Stage 'stale' "
+    "(answered 409, nothing stored), reason 'base_version': trained from a drafter version that "
+    "is not the latest. Stage 'merge' (dropped from the registry at the step's merge, never "
+    "scored again): 'malformed', 'empty' (trained on no token), 'unverified' (no token the "
+    "trainer can verify) or 'worse' (a well-formed drafter, or the merge of several, scoring "
+    "below the current version on the trainer's held-out sample). Stage 'superseded', reason "
+    "'superseded': accepted (201) while a newer version was being published from the other "
+    "candidates, so never merged.",
+    labels=(LABEL_STAGE, LABEL_REASON),
 )
 
 LABEL_SYNC_PHASE = "phase"

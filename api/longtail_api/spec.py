@@ -187,6 +187,13 @@ class RolloutSpec(RoleSpec):
     engine: Engine = spec_field("torch")
     """Generation backend: ``torch`` (native engine, CPU or GPU) or ``vllm`` (vLLM 0.32 with
     Longtail's online drafter hot-swapped into it; CPU or GPU; docs/vllm.md)."""
+    unresponsive_seconds: float = spec_field(6.0, minimum=1.0, maximum=3600.0)
+    """How long a worker holding part of a rollout may leave the trainer's health probes (its
+    ``/healthz``, a third of this each, three in a row) unanswered before the trainer declares
+    it down and hands its requests to the other workers, as it does at once for a worker that
+    died. A hung worker (a stopped process, a frozen node) rejoins at a later step once it
+    answers again. Its HTTP server answers while the engine generates; raise this only for
+    networks with pauses this long."""
 
 
 @dataclass

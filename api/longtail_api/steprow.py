@@ -25,7 +25,7 @@ METRICS_FILE = "metrics.jsonl"
 TRAIN_PREFIX = "train_"
 """Prefix of the optimizer statistics' keys (``train_loss``, ``train_grad_norm``, ...)."""
 _OPTIONAL = ("trainer_harvested_s", "eval_accuracy", "eval_sampled_accuracy", "idle_s",
-             "harvested_s", "drafter_candidates")  # fmt: skip
+             "harvested_s", "drafter_candidates", "drafter_unpublished")  # fmt: skip
 SYNC_PHASES = ("gather", "pack", "wire", "load", "pause")
 """The phases of one policy version's weight sync, in order (metric labels, row keys
 ``sync_<phase>_s``, docs): ``gather`` (the trainer producing whole tensors: a sharded trainer's
@@ -80,7 +80,13 @@ class StepRow:
     failed_workers: list[str] = field(default_factory=list)
     """Rollout workers that failed during the step, sorted."""
     drafter_candidates_rejected: Count = 0
-    """Drafter candidates the trainer refused during the step."""
+    """Drafter candidates the trainer refused during the step (all reasons)."""
+    drafter_refused: dict[str, Count] = field(default_factory=dict)
+    """Those refusals by reason (``longtail_api.drafterstatus.REFUSAL_REASONS``: bad input,
+    a stale base, scoring below the current version, superseded, ...); empty: none."""
+    drafter_unpublished: str | None = None
+    """Why no online drafter version has been published yet, as of this step (None: one has,
+    or the job trains no drafter)."""
     drafter_candidates: Count | None = None
     """Drafter candidates waiting for the merge after this step's update (each worker's
     newest; 0: no merge ran; None: a row written before it was recorded). The step simulator
@@ -152,6 +158,8 @@ class StepRow:
         out |= {"acceptance_collapsed": self.acceptance_collapsed, "train_s": self.train_s,
                 "sync_s": self.sync_s, "step_s": self.step_s}  # fmt: skip
         out |= {k: getattr(self, k) for k in _OPTIONAL if getattr(self, k) is not None}
+        if self.drafter_refused:
+            out["drafter_refused"] = dict(self.drafter_refused)
         if self.worker_generate_s:
             out["worker_generate_s"] = dict(self.worker_generate_s)
         out |= {k: getattr(self, k) for k in _SYNC if getattr(self, k) is not None}

@@ -32,6 +32,7 @@ from typing import Literal
 from longtail_api.drafterstatus import (
     AcceptanceSnapshot,
     BufferStats,
+    DrafterMergeStatus,
     DrafterTrainingStatus,
     SpotTrainerStatus,
 )
@@ -222,6 +223,9 @@ class TrainerStatus:
     worker_policy_versions: dict[str, Count] = field(default_factory=dict)
     """Policy version each rollout worker holds, by worker name, as its last generate reply
     said (a worker not called yet by this trainer process is absent)."""
+    drafter_merges: DrafterMergeStatus | None = None
+    """What the step merges made of the drafter candidates, and why no online drafter version
+    was published yet; None when the trainer keeps no drafter registry."""
 
 
 @dataclass(frozen=True)

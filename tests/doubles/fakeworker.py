@@ -179,9 +179,14 @@ class FakeWorker(_Served):
         return 200, to_wire(RoleAnswer(self.name, ack))
 
 
+CHECKPOINT_HOLD_S = 120.0
+"""Longest a held checkpoint (:attr:`FakeTrainer.checkpoint_release`) waits before it fails."""
+
+
 class FakeTrainer(_Served):
-    """The trainer: a settable :class:`TrainerStatus`; POST /v1/checkpoint records the call;
-    PUT /v1/role switches between ``train`` and ``drafter-train`` at once, refusing
+    """The trainer: a settable :class:`TrainerStatus`; POST /v1/checkpoint records the call
+    (with :attr:`checkpoint_release` set, it is being written until that event is set: a slow
+    checkpoint); PUT /v1/role switches between ``train`` and ``drafter-train`` at once, refusing
     ``drafter-train`` (409) outside a rollout as the real trainer does."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, total_steps: int = 20) -> None:
@@ -190,6 +195,11 @@ class FakeTrainer(_Served):
             step=0, total_steps=total_steps, phase="running", policy_version=0, drafter_version=-1
         )
         self.checkpoints: list[int] = []
+        """The step of each checkpoint written (answered 200)."""
+        self.checkpoint_asks = 0
+        """POST /v1/checkpoint requests received (written or not yet)."""
+        self.checkpoint_release: threading.Event | None = None
+        """When set to an event, a checkpoint is written (and answered) only once it is set."""
         self.role = RoleState("train", "train", time.time())
         self.rollout_since: float | None = None
 
@@ -217,6 +227,11 @@ class FakeTrainer(_Served):
     def handle(self, method: str, path: str, body: Any) -> tuple[int, Any]:
         if (method, path) != ("POST", CHECKPOINT_PATH):
             return super().handle(method, path, body)
+        with self.lock:
+            self.checkpoint_asks += 1
+            release = self.checkpoint_release
+        if release is not None and not release.wait(CHECKPOINT_HOLD_S):
+            return int(HTTPStatus.SERVICE_UNAVAILABLE), {"error": "checkpoint held too long"}
         with self.lock:
             self.checkpoints.append(self.status.step)
             answer = CheckpointAnswer(self.status.step, f"/checkpoints/step-{self.status.step}")

@@ -6,11 +6,13 @@ function a :class:`JSONRequestHandler` in a thread of its own (:meth:`JSONReques
 so the endpoints (verifier scoring, torch weight packing, role switches) may block. What an
 endpoint gets: ``method``, ``path`` (without the query), ``params`` (the route's path
 parameters), ``query`` (raw), ``headers``, :meth:`~JSONRequestHandler.read_body`
-(``Content-Length`` checked before anything is read: 411/413/400 through :class:`RequestError`),
+(``Content-Length`` checked against the route's cap before anything is read: 411/413/400
+through :class:`RequestError`; the whole body due within the server's body deadline, else 408),
 ``send_json``/``send_text``/``send_body`` (the answer goes out when the endpoint returns) and
 :func:`fail`. What every endpoint gets answered the same way: a :class:`RequestError` as JSON
 ``{"error": ...}`` with its status, a client that went away or stalled as 499 in the metrics
-(408 on the wire), anything unexpected as a logged 500 naming the exception.
+(408 on the wire), a read the server's stop cut short as 499 too (logged at info, no
+traceback), anything unexpected as a logged 500 naming the exception.
 
 Authentication lives here, once for every server: with :attr:`BackgroundHTTPServer.auth_token`
 set (the job's token, ``longtail_api.auth``), every request other than GET and HEAD must carry
@@ -22,6 +24,7 @@ worker entry points set the token (:mod:`longtail_workers.auth`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -179,8 +182,12 @@ class JSONRequestHandler:
         self.send_json(HTTPStatus.UNAUTHORIZED, {"error": message}, headers)
         return False
 
-    def read_body(self, max_bytes: int, errors: BodyErrors) -> bytes:
-        """Read the request body after checking ``Content-Length`` against ``max_bytes``."""
+    def read_body(
+        self, max_bytes: int, errors: BodyErrors, *, deadline_s: float | None = None
+    ) -> bytes:
+        """Read the request body after checking ``Content-Length`` against ``max_bytes`` (413
+        before a byte is read: a route's cap is never buffered past), all of it within
+        ``deadline_s`` (None: the server's :meth:`body_deadline_s` for its length) or 408."""
         if "Transfer-Encoding" in self.headers:
             fail(HTTPStatus.LENGTH_REQUIRED, errors.chunked)
         raw = self.headers.get("Content-Length")
@@ -195,12 +202,27 @@ class JSONRequestHandler:
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 errors.too_large.format(length=length, limit=max_bytes),
             )
-        reading = _receive_body(self._receive, length, self._timeout_s)
-        # No overall timeout (a large upload may take long): every wait for a piece is bounded
-        # there, and stopping the loop cancels the reading, which ends this wait too.
+        allowed_s = self.app.body_deadline_s(length) if deadline_s is None else deadline_s
+        reading = _receive_body(self._receive, length, self._timeout_s, allowed_s)
         try:
-            body = asyncio.run_coroutine_threadsafe(reading, self._loop).result()
-        except (ConnectionError, TimeoutError) as exc:
+            future = asyncio.run_coroutine_threadsafe(reading, self._loop)
+        except RuntimeError as exc:  # the server's loop is closed: it stopped meanwhile
+            reading.close()
+            raise ClientGone("the server stopped before the body was read") from exc
+        try:
+            # The reading ends itself at allowed_s (or at a stall, or when the loop stops and
+            # cancels it); this wait's own bound is only a backstop past that.
+            body = future.result(timeout=allowed_s + self._timeout_s + 5.0)
+        except BodyTooSlow as exc:
+            self.close_connection = True  # the rest of the body is not waited for
+            self.app.log.info(
+                "408 %s %s from %s: %s", self.method, self.path, self.client, exc.message
+            )
+            fail(HTTPStatus.REQUEST_TIMEOUT, exc.message)
+        except concurrent.futures.CancelledError as exc:  # the server stopped past its grace
+            raise ClientGone("the server stopped while the body was being read") from exc
+        except (ConnectionError, TimeoutError) as exc:  # gone, or stalled (or the backstop)
+            future.cancel()
             raise ClientGone(str(exc) or type(exc).__name__) from exc
         if len(body) < length:
             fail(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
@@ -253,19 +275,46 @@ class JSONRequestHandler:
         return self.app.stopping or unread is None or unread > DRAIN_LIMIT_BYTES
 
 
+class BodyTooSlow(Exception):
+    """The whole request body did not arrive within its deadline (answered 408)."""
+
+    def __init__(self, got: int, length: int, allowed_s: float) -> None:
+        self.message = (
+            f"the request body did not arrive within {allowed_s:.0f}s ({got} of {length} bytes "
+            "came); send it faster or in one go"
+        )
+        super().__init__(self.message)
+
+
 async def _receive_body(
-    receive: Callable[[], Awaitable[Mapping[str, Any]]], length: int, timeout_s: float
+    receive: Callable[[], Awaitable[Mapping[str, Any]]],
+    length: int,
+    timeout_s: float,
+    allowed_s: float,
 ) -> bytes:
-    """Up to ``length`` body bytes from the ASGI ``receive``; each wait bounded by ``timeout_s``.
+    """Up to ``length`` body bytes from the ASGI ``receive``: each wait bounded by
+    ``timeout_s``, the whole body by ``allowed_s``.
 
     Runs on the server's event loop (each wait there is bounded, so the handler thread waiting
     for it is too). The pieces are joined once (the one copy a contiguous body needs); a
-    disconnect raises ``ConnectionError``, a stalled client ``TimeoutError``.
+    disconnect raises ``ConnectionError``, a stalled client ``TimeoutError``, a body still
+    incomplete at ``allowed_s`` :class:`BodyTooSlow`. h11 never passes more than
+    ``Content-Length`` bytes, so what is held stays within the cap checked before.
     """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + allowed_s
     pieces: list[bytes] = []
     got = 0
     while got < length:
-        message = await asyncio.wait_for(receive(), timeout_s)
+        left = deadline - loop.time()
+        if left <= 0:
+            raise BodyTooSlow(got, length, allowed_s)
+        try:
+            message = await asyncio.wait_for(receive(), min(timeout_s, left))
+        except TimeoutError:
+            if loop.time() >= deadline:
+                raise BodyTooSlow(got, length, allowed_s) from None
+            raise  # stalled: no byte for timeout_s
         if message["type"] == "http.disconnect":
             raise ConnectionError(f"client disconnected after {got} of {length} body bytes")
         piece = bytes(message.get("body", b""))

@@ -20,7 +20,12 @@ discarded by uvicorn when the connection is kept; large bodies are sent in piece
 reader holds no second copy of policy weights.
 
 Every server runs uvicorn with :class:`~longtail_workers.headerdeadline.HeaderDeadlineProtocol`
-(a deadline on a request's line and headers, which uvicorn lacks: slow-loris bound).
+(deadlines on a request's line and headers and on its whole body, which uvicorn lacks:
+slow-loris bounds) and at most ``max_connections`` connections at once (uvicorn's
+``limit_concurrency``): a request on a connection beyond them is answered 503 and the
+connection closed (the workers' client retries a 5xx), so trickling clients can hold neither
+unbounded request threads nor unbounded body memory (each route's body is capped by its
+``read_body`` limit).
 """
 
 from __future__ import annotations
@@ -48,7 +53,13 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from longtail_api.protocol import HEALTHZ_PATH, METRICS_PATH, READYZ_PATH
-from longtail_workers.headerdeadline import HEADER_TIMEOUT_S, HeaderDeadlineProtocol
+from longtail_workers.headerdeadline import (
+    BODY_MIN_RATE,
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    HeaderDeadlineProtocol,
+    body_deadline_s,
+)
 from longtail_workers.httprequest import CLIENT_CLOSED, Answer, JSONRequestHandler
 
 Endpoint = Callable[[JSONRequestHandler], object]
@@ -59,6 +70,8 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _PIECE = 1 << 20
 """Bodies over this go out in pieces of this size (uvicorn waits for each to drain)."""
 _START_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 256
+"""Connections a worker server serves at once by default (its clients open one per request)."""
 
 
 def route(path: str, endpoint: Endpoint, *methods: str) -> Route:
@@ -103,6 +116,14 @@ class BackgroundHTTPServer(abc.ABC):
     started_log: ClassVar[str] = "listening on %s"
     """Logged at info level (with the URL) through the subclass module's logger."""
     stopped_log: ClassVar[str | None] = None
+    max_connections: int = MAX_CONNECTIONS
+    """Connections served at once (read by ``start``): each holds at most one request thread;
+    a request on one more is answered 503 and its connection closed."""
+    body_timeout_s: float = BODY_TIMEOUT_S
+    """The fixed part of every request body's deadline (read by ``start``; module text of
+    ``headerdeadline``)."""
+    body_min_rate: float = BODY_MIN_RATE
+    """Bytes per second a body must average beyond ``body_timeout_s`` (read by ``start``)."""
 
     def __init__(
         self,
@@ -138,6 +159,11 @@ class BackgroundHTTPServer(abc.ABC):
             raise RuntimeError(
                 f"{type(self).__name__}.start(): already started (create a new server)"
             )
+        if self.max_connections < 1:
+            raise ValueError(
+                f"{type(self).__name__}: max_connections={self.max_connections!r}; must be >= 1 "
+                f"(default {MAX_CONNECTIONS})"
+            )
         sock = self._bind()
         self._port = int(sock.getsockname()[1])
         refused = {404: self._refused, 405: self._refused}
@@ -147,7 +173,12 @@ class BackgroundHTTPServer(abc.ABC):
         config = uvicorn.Config(
             app,
             # h11 keeps header names' case (httptools lowercases them); plus a header deadline
-            http=HeaderDeadlineProtocol.bound(self.header_timeout_s, self.log),
+            http=HeaderDeadlineProtocol.bound(
+                self.header_timeout_s,
+                self.log,
+                body_timeout_s=self.body_timeout_s,
+                body_min_rate=self.body_min_rate,
+            ),
             loop="asyncio",
             ws="none",
             lifespan="off",
@@ -157,6 +188,8 @@ class BackgroundHTTPServer(abc.ABC):
             server_header=False,
             proxy_headers=False,
             backlog=self.request_queue_size,
+            # uvicorn refuses at len(connections) >= limit, the new connection counted
+            limit_concurrency=self.max_connections + 1,
             timeout_keep_alive=max(1, math.ceil(self.request_timeout_s)),
         )
         server = self._server = uvicorn.Server(config)
@@ -189,6 +222,10 @@ class BackgroundHTTPServer(abc.ABC):
     def unready(self) -> str | None:
         """Why ``/readyz`` answers 503, None when ready; subclasses add their own reasons."""
         return None if self._ready else "stopping"
+
+    def body_deadline_s(self, length: int) -> float:
+        """Seconds a request body of ``length`` bytes may take in all before its 408."""
+        return body_deadline_s(length, self.body_timeout_s, self.body_min_rate)
 
     def observe(self, endpoint: str, status: int, seconds: float) -> None:  # noqa: B027 (optional hook)
         """Count one answered request (``endpoint``: its route's path, ``other`` for a 404);

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -65,6 +66,10 @@ def constant_drafter(
     return drafter
 
 
+POLICY_VERSION = 2
+"""The trainer's policy version in :func:`started_trainer`: uploads may name 0 to 2."""
+
+
 @contextlib.contextmanager
 def started_trainer(
     target: torch.nn.Module, root: Path, target_id: str
@@ -76,7 +81,7 @@ def started_trainer(
         reference=DrafterReference.of(EagleDrafter(target, target_id=target_id)),
         on_rejected=app.metrics.candidate_rejected,
     )
-    app.drafters = DrafterEndpoints(registry)
+    app.drafters = DrafterEndpoints(registry, policy_version=lambda: POLICY_VERSION)
     try:
         yield app, registry
     finally:
@@ -97,12 +102,18 @@ def post_candidate(url: str, body: bytes, checksum: str, query: str) -> tuple[in
     return status, raw.decode() if status < 400 else json.loads(raw)["error"]
 
 
-def rejected_metric(app: TrainerApp, stage: str) -> float:
-    """The trainer's count of candidates refused at ``stage``."""
+def rejected_metric(app: TrainerApp, stage: str, reason: str | None = None) -> float:
+    """The trainer's count of candidates refused at ``stage`` (for ``reason``; None: any)."""
     text = http(app.url + "/metrics")[2].decode()
-    line = f'longtail_trainer_drafter_candidates_rejected_total{{stage="{stage}"}} '
-    found = [ln for ln in text.splitlines() if ln.startswith(line)]
-    return float(found[0].split()[-1]) if found else 0.0
+    name = "longtail_trainer_drafter_candidates_rejected_total{"
+    found = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+        if labels.get("stage") == stage and reason in (None, labels.get("reason")):
+            found += float(line.split()[-1])
+    return found
 
 
 def cli_without_vllm(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -4,10 +4,11 @@ Run as ``python sharded_rank.py SCENARIO RANK WORLD PORT OUT``. Rank 0 leads thr
 :class:`~longtail_workers.trainer.group.PolicyLeader`, the other ranks run
 :func:`~longtail_workers.trainer.group.follow`, exactly as ``longtail worker trainer`` does.
 Scenarios: ``steps`` (update 1, gather, DCP checkpoint, update 2, gather; rank 0 saves what it
-saw to ``OUT/result.pt``), ``die`` (rank 1 exits in its first forward pass; rank 0 writes the
-error it got to ``OUT/error.txt``) and ``diskfull`` (update 1, then a DCP checkpoint into
-``OUT/disk``, a full filesystem the test mounted; each rank writes the error it got to
-``OUT/error-RANK.txt``). For ``test_weight_sync_stream.py``: ``publish`` (rank 0 serves
+saw to ``OUT/result.pt``), ``abandon`` (update 1 abandoned by rank 0's stop after its first
+micro-batch, then update 2; ``OUT/result.pt``), ``die`` (rank 1 exits in its first forward
+pass; rank 0 writes the error it got to ``OUT/error.txt``) and ``diskfull`` (update 1, then a
+DCP checkpoint into ``OUT/disk``, a full filesystem the test mounted; each rank writes the error
+it got to ``OUT/error-RANK.txt``). For ``test_weight_sync_stream.py``: ``publish`` (rank 0 serves
 the policy over HTTP and publishes versions 1-3 with updates between them, each streamed from
 every rank's gathers; before version 2 a publisher that stops after two tensors, before
 version 3 one that abandons its first pass and retries; rank 0 saves what it published, pulled
@@ -39,7 +40,7 @@ from longtail_api.rendezvous import TrainerRendezvous
 from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.checkpoint import CheckpointWriteError
 from longtail_workers.trainer.group import CommandChannel, PolicyLeader, follow
-from longtail_workers.trainer.optim import TrainConfig
+from longtail_workers.trainer.optim import TrainConfig, UpdateAbandoned
 from longtail_workers.trainer.policy import Policy
 from longtail_workers.trainer.sharding import shard_policy
 from longtail_workers.trainer.world import TrainerRankError, TrainerWorld, join_world
@@ -107,6 +108,9 @@ def lead(policy: Policy, channel: CommandChannel, scenario: str, out: Path) -> N
         broadcast_three(leader, out)
         return
     first, second = batches()
+    if scenario == "abandon":
+        abandon_then_train(leader, first, second, out)
+        return
     if scenario == "die":
         try:
             leader.train(first, 1)
@@ -129,6 +133,23 @@ def lead(policy: Policy, channel: CommandChannel, scenario: str, out: Path) -> N
     leader.close(True)
     torch.save({"stats1": stats1, "full1": full1, "stats2": stats2, "full2": full2},
                out / "result.pt")  # fmt: skip
+
+
+def abandon_then_train(
+    leader: PolicyLeader, first: GrpoBatch, second: GrpoBatch, out: Path
+) -> None:
+    """Rank 0 is asked to stop after the first micro-batch of update 1 (rank 1 is never asked
+    itself); then update 2 runs whole on both ranks."""
+    asked = iter([False])  # the first check says go on, every later one says stop
+    try:
+        leader.train(first, 1, stop=lambda: next(asked, True))
+        abandoned = "not abandoned"
+    except UpdateAbandoned as exc:
+        abandoned = str(exc)
+    stats2 = leader.train(second, 2)  # no rank was left in a collective of update 1
+    full2 = leader.full_state()
+    leader.close(True)
+    torch.save({"abandoned": abandoned, "stats2": stats2, "full2": full2}, out / "result.pt")
 
 
 class StopsEarly(WeightStore):

@@ -89,7 +89,7 @@ def test_a_candidate_of_another_layout_or_dtype_is_refused(
 
 def test_the_merge_skips_bad_candidates_and_publishes_the_good_one(target, tmp_path) -> None:
     refused: list[tuple[str, str]] = []
-    reg = DrafterRegistry(tmp_path, on_rejected=lambda stage, w, why: refused.append((w, why)))
+    reg = DrafterRegistry(tmp_path, on_rejected=lambda r: refused.append((r.worker, r.message)))
     base = reg.publish(constant(target, 0.0), policy_version=0)
 
     def info(worker: str) -> CandidateInfo:

@@ -53,7 +53,9 @@ def serve(
     registry: DrafterRegistry | None, endpoints: DrafterEndpoints | None = None
 ) -> TrainerApp:
     app = TrainerApp("127.0.0.1", 0).start()
-    app.drafters = endpoints or (DrafterEndpoints(registry) if registry is not None else None)
+    if endpoints is None and registry is not None:
+        endpoints = DrafterEndpoints(registry, policy_version=lambda: 2)  # the uploads' 1 and 2
+    app.drafters = endpoints
     return app
 
 
@@ -149,7 +151,7 @@ class CorruptingEndpoints(DrafterEndpoints):
 def test_a_corrupted_download_is_refused_and_nothing_is_loaded(target, tmp_path) -> None:
     registry = DrafterRegistry(tmp_path / "reg")
     registry.publish(constant(target, 1.0), policy_version=0)
-    app = serve(None, CorruptingEndpoints(registry))
+    app = serve(None, CorruptingEndpoints(registry, policy_version=lambda: 0))
     try:
         worker = client(app.url, tmp_path)
         with pytest.raises(DrafterIntegrityError, match=rf"{app.url}/v1/drafters/0: .*sha256"):

@@ -110,7 +110,8 @@ class _Driver:
 @pytest.fixture
 def trainer(tmp_path: Path) -> Iterator[TrainerApp]:
     app = TrainerApp("127.0.0.1", 0).start()
-    app.drafters = DrafterEndpoints(DrafterRegistry(tmp_path / "drafters"))
+    registry = DrafterRegistry(tmp_path / "drafters")
+    app.drafters = DrafterEndpoints(registry, policy_version=lambda: 3)  # the samples' version
     yield app
     app.stop()
 

@@ -20,6 +20,7 @@ from longtail_workers.trainer.optim import (
     CPU_MICRO_BATCH_TOKENS,
     GPU_MICRO_BATCH_TOKENS,
     TrainConfig,
+    UpdateAbandoned,
     build_optimizer,
     micro_batch_budget,
     train_step,
@@ -364,3 +365,42 @@ def test_a_batch_moves_whole_to_a_device() -> None:
         "ref_logprobs",
     ):
         assert torch.equal(getattr(moved, name), getattr(batch, name)), name
+
+
+# --- a stop during the update (issue #48 item 10) ----------------------------------------------
+
+
+class StopAfter:
+    """A stop flag that is raised once it has been asked ``checks`` times; counts the asks."""
+
+    def __init__(self, checks: int) -> None:
+        self.checks, self.asked = checks, 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.asked > self.checks
+
+
+@pytest.mark.parametrize("checks", [0, 1, 3], ids=["before-any", "after-one", "before-step"])
+def test_a_stop_abandons_the_update_and_applies_nothing(checks: int) -> None:
+    model = tiny_model()
+    batch = rollout_batch(model)
+    cfg = TrainConfig(learning_rate=3e-3, micro_batch_tokens=12)  # 3 micro-batches, then a step
+    optimizer = build_optimizer(model, cfg)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(UpdateAbandoned, match="stop requested: the policy update was abandoned"):
+        train_step(model, optimizer, batch, cfg, stop=StopAfter(checks))
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert all(p.grad is None for p in model.parameters())  # the partial gradient is dropped
+    assert not optimizer.state  # AdamW took no step: its moments are still empty
+    # The next update runs whole, as if the abandoned one had never started.
+    stats = train_step(model, optimizer, batch, cfg, stop=lambda: False)
+    assert stats.micro_batches == 3 and not stats.skipped
+
+
+def test_the_stop_is_asked_between_micro_batches_and_before_the_step() -> None:
+    model = tiny_model()
+    cfg = TrainConfig(micro_batch_tokens=12)
+    never = StopAfter(1_000)
+    stats = train_step(model, build_optimizer(model, cfg), rollout_batch(model), cfg, stop=never)
+    assert never.asked == stats.micro_batches + 1 == 3 + 1

@@ -127,6 +127,20 @@ def test_published_checksum_is_the_gathered_states(two_ranks: tuple[dict[str, An
     assert content != state_dict_checksum(got["full1"])
 
 
+def test_a_stop_on_rank_0_abandons_the_update_on_every_rank(tmp_path: Path) -> None:
+    results = run_world("abandon", tmp_path)
+    assert [rc for rc, _ in results] == [0, 0], [text[-3000:] for _, text in results]
+    got = torch.load(tmp_path / "result.pt", weights_only=False)
+    assert "abandoned before micro-batch 2 of" in got["abandoned"], got["abandoned"]
+    # Update 1 left nothing behind (weights, AdamW moments): update 2 equals a lone update 2.
+    torch.set_num_threads(1)
+    policy = sharded_rank.tiny_policy(TrainerWorld())
+    _, second = sharded_rank.batches()
+    stats = policy.train(second, 2)
+    assert stats.loss == pytest.approx(got["stats2"].loss, rel=LOSS_RTOL)
+    assert_close_states(got["full2"], policy.full_state() or {})
+
+
 def test_a_rank_dying_mid_update_fails_it_naming_the_rank(tmp_path: Path) -> None:
     (rc0, text0), (rc1, _) = run_world("die", tmp_path)
     assert rc1 == 1  # rank 1 exited inside its forward pass

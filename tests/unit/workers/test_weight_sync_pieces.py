@@ -9,6 +9,7 @@ serving. The client only ever talks HTTP to the proxy, as it would to a trainer.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -177,6 +178,37 @@ def test_a_piece_corrupted_in_flight_is_refused_and_the_previous_version_kept() 
     assert err.version == 2 and "(piece 5)" in str(err) and err.expected != err.actual
     assert "nothing was loaded" in str(err)
     assert_same(snapshot(rollout), before)
+
+
+def test_a_refused_piece_is_a_warning_and_counted_in_the_workers_metrics(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue #48 item 11: the refusal was logged at info only (by the retrying caller), with no
+    metric; now the client logs it at warning and the worker's ``/metrics`` counts it."""
+    from tiny_targets import tiny_qwen2
+
+    from longtail_workers.engine.torch_engine import TorchEngine
+    from longtail_workers.rollout.http import ControlConfig, ControlServer
+    from longtail_workers.rollout.service import GeneratingWorker
+
+    rollout = tiny_qwen2(seed=5, vocab_size=32, hidden_size=32, intermediate_size=64)
+    with WeightServer(piece_bytes=PIECE) as server:
+        server.publish(1, tiny_qwen2(seed=6, vocab_size=32, hidden_size=32,
+                                     intermediate_size=64).state_dict())  # fmt: skip
+        with FaultyProxy(server.url, {piece_path(1, 3): "flip"}) as proxy:
+            weights = client(proxy.url, retries=0)
+            worker = GeneratingWorker(TorchEngine(rollout), target_id="tiny", name="w0",
+                                      weights=weights)  # fmt: skip
+            with caplog.at_level(logging.INFO), pytest.raises(WeightIntegrityError):
+                worker.ensure_policy(1, timeout_s=0.1)
+            with ControlServer(worker, ControlConfig(port=0)) as control:
+                metrics = httpclient.request("GET", control.url + "/metrics", timeout_s=10)
+    refused = [r for r in caplog.records if "failed the integrity check" in r.getMessage()]
+    assert refused and refused[0].levelno == logging.WARNING, caplog.text
+    assert "(piece 3)" in refused[0].getMessage()
+    assert weights.refusals() >= 1
+    text = metrics.body.decode()
+    assert f"longtail_worker_weights_refused_total {float(weights.refusals())}" in text, text
 
 
 def test_a_pull_interrupted_by_the_trainer_stopping_keeps_the_previous_version() -> None:

@@ -14,7 +14,12 @@ import pytest
 
 from longtail_api.protocol import ProtocolError
 from longtail_api.wirecodec import from_wire, to_wire
-from longtail_workers.drafter.candidates import Candidate, CandidateInfo
+from longtail_workers.drafter.candidates import (
+    CANDIDATE_FILE,
+    Candidate,
+    CandidateInfo,
+    StoredCandidate,
+)
 from longtail_workers.wire import ranks
 from longtail_workers.wire.rollout import EngineDelta, GenerateReply, Sample
 
@@ -40,19 +45,26 @@ def test_engine_delta_round_trips_in_a_reply_and_names_a_bad_field() -> None:
         )
 
 
-def test_candidate_metadata_round_trips_through_the_query_and_the_answer() -> None:
+def test_candidate_metadata_round_trips_through_the_query_and_the_answer(tmp_path: Path) -> None:
     info = CandidateInfo("w0", None, policy_version=3, tokens=120, steps=7, train_loss=1.5)
     query = info.to_query()
     assert "base_version" not in query and "heldout_top1" not in query  # unset: not sent
     assert CandidateInfo.from_query(query) == info
     judged = CandidateInfo("9", 2, policy_version=3, tokens=120, steps=7, heldout_top1=0.5)
     assert CandidateInfo.from_query(judged.to_query()) == judged  # a numeric worker name
-    cand = Candidate(**vars(info), path=Path("/c/w0-1"), created_unix=1700000000.5)
+    cand = Candidate(**vars(info), id="w0-1", created_unix=1700000000.5)
     assert Candidate.from_dict(json.loads(json.dumps(cand.to_dict()))) == cand
-    stored = {k: v for k, v in cand.to_dict().items() if k != "path"}  # candidate.json
-    assert Candidate.from_dict(stored, cand.path) == cand
-    with pytest.raises(ProtocolError, match=r"candidate\.train_loss: must be a finite number"):
-        Candidate.from_dict({**stored, "train_loss": float("nan")}, cand.path)  # diverged window
+    # The registry's own copy knows its directory; the exchange's answer never carries it.
+    directory = tmp_path / "w0-1"
+    directory.mkdir()
+    stored = StoredCandidate(**vars(cand), path=directory)
+    assert "path" not in stored.to_dict() and Candidate.from_dict(stored.to_dict()) == cand
+    meta = {**info.to_dict(), "created_unix": cand.created_unix}  # candidate.json
+    (directory / CANDIDATE_FILE).write_text(json.dumps(meta))
+    assert StoredCandidate.read(directory) == stored
+    (directory / CANDIDATE_FILE).write_text(json.dumps({**meta, "train_loss": float("nan")}))
+    with pytest.raises(ProtocolError, match=r"train_loss: must be a finite number"):
+        StoredCandidate.read(directory)  # a diverged window
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,9 @@ def rollout(model) -> Iterator[RolloutServer]:
 def trainer(tmp_path: Path) -> Iterator[TrainerApp]:
     app = TrainerApp("127.0.0.1", 0)
     app.auth_token = TOKEN
-    app.drafters = DrafterEndpoints(DrafterRegistry(tmp_path / "drafters"))
+    app.drafters = DrafterEndpoints(
+        DrafterRegistry(tmp_path / "drafters"), policy_version=lambda: 0
+    )
     with app:
         yield app
 

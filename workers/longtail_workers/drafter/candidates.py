@@ -2,9 +2,11 @@
 
 Used by :mod:`~longtail_workers.drafter.registry` (which re-exports them: callers import them
 from there), the trainer's HTTP exchange (``exchange.py``: an upload's query string is
-:meth:`CandidateInfo.to_query`, its answer :meth:`Candidate.to_dict`), the window cycle
-(``spot/cycle.py``) and the trainer's merge checks (``trainer/candidate_checks.py``, the
-:class:`MergeGate`).
+:meth:`CandidateInfo.to_query`, its answer :meth:`Candidate.to_dict`: the candidate's id,
+never where the trainer keeps it), the window cycle (``spot/cycle.py``) and the trainer's merge
+checks (``trainer/candidate_checks.py``, the :class:`MergeGate`, whose refusals are
+``refusals.Refusal``). A registry's own candidates are :class:`StoredCandidate` (with their
+directory).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ import torch
 from longtail_api.protocol import ProtocolError
 from longtail_api.wirecodec import Count, Finite, NonNegative, from_wire
 from longtail_workers.drafter.model import EagleDrafter
+from longtail_workers.drafter.refusals import Refusal
+
+CANDIDATE_FILE = "candidate.json"
+"""A stored candidate's :class:`CandidateInfo` and ``created_unix`` (its directory's)."""
 
 
 class StaleCandidateError(RuntimeError):
@@ -97,40 +103,52 @@ def _number(text: str) -> object:
 
 @dataclass(frozen=True, kw_only=True)
 class Candidate(CandidateInfo):
-    """A worker's drafter trained from ``base_version`` in one window (``candidate.json``): its
-    :class:`CandidateInfo` with where it is stored and when."""
+    """A worker's drafter trained from ``base_version`` in one window, as the trainer stored
+    it: its :class:`CandidateInfo` with its id and when it was stored. The exchange's 201
+    answer to an upload (:meth:`to_dict`), which never says where the trainer keeps it."""
 
-    path: Path
+    id: str
+    """The candidate's name in the registry (``<worker>-<hex>``): what log lines name."""
     created_unix: float
 
     def to_dict(self) -> dict[str, Any]:
-        """The exchange's 201 answer to an upload."""
-        return {**dataclasses.asdict(self), "path": str(self.path)}
+        """The exchange's 201 answer to an upload: the fields of :class:`Candidate` only (a
+        :class:`StoredCandidate`'s directory stays on the trainer)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Candidate)}
 
     @classmethod
-    def from_dict(cls, data: object, path: Path | str | None = None) -> Candidate:
-        """Read :meth:`to_dict`'s JSON, or ``candidate.json`` (no ``path`` key) stored in
-        ``path``; :class:`ProtocolError` (a ValueError) names the field."""
-        if path is not None and isinstance(data, dict):
-            data = {**data, "path": str(path)}
-        return from_wire(cls, data, "candidate", snake_case=True)
+    def from_dict(cls, data: object, where: str = "candidate") -> Candidate:
+        """Read :meth:`to_dict`'s JSON; :class:`ProtocolError` (a ValueError) names the field."""
+        return from_wire(Candidate, data, where, snake_case=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoredCandidate(Candidate):
+    """A candidate in a registry's directory (``candidate.json`` in ``path``)."""
+
+    path: Path
+
+    @classmethod
+    def read(cls, path: Path) -> StoredCandidate:
+        """The candidate stored in directory ``path``; :class:`ProtocolError` names the field
+        of a bad ``candidate.json`` (``OSError`` when there is none)."""
+        data = json.loads((path / CANDIDATE_FILE).read_text())
+        if isinstance(data, dict):
+            data = {**data, "id": path.name, "path": str(path)}
+        return from_wire(cls, data, f"{path / CANDIDATE_FILE}", snake_case=True)
 
 
 @dataclass(frozen=True)
 class Admitted:
     """A candidate let into the merge, with the weight and the score the merge uses."""
 
-    candidate: Candidate
+    candidate: StoredCandidate
     weights: dict[str, torch.Tensor]
     """Its trainable weights (checked by ``vetting.py``)."""
     tokens: int
     """Its weight in the merge: the trainer's verified tokens (the self-report without a gate)."""
     heldout_top1: float | None
     """The trainer's held-out top-1 of it (the self-report without a gate; None: not judged)."""
-
-
-Refusal = tuple[str, str]
-"""``(worker, reason)`` of a candidate the gate kept out of the merge."""
 
 
 class MergeGate(Protocol):
@@ -140,18 +158,19 @@ class MergeGate(Protocol):
     def admit(
         self,
         base: int | None,
-        usable: Sequence[tuple[Candidate, dict[str, torch.Tensor]]],
+        usable: Sequence[tuple[StoredCandidate, dict[str, torch.Tensor]]],
         scratch: EagleDrafter,
         current: EagleDrafter | None,
     ) -> tuple[list[Admitted], list[Refusal]]:
         """Weigh and judge the vetted candidates of ``base`` (``scratch``: a drafter to load
-        each one into for scoring)."""
+        each one into for scoring); each refusal is of stage ``merge``."""
         ...
 
     def judge_merge(
         self, merged: EagleDrafter, current: EagleDrafter | None
-    ) -> tuple[float | None, str | None]:
-        """The merge's held-out top-1 and, when it must not be published, why."""
+    ) -> tuple[float | None, Refusal | None]:
+        """The merge's held-out top-1 and, when it must not be published, why (a refusal of
+        stage ``merge`` whose worker the registry fills in with the merged ones)."""
         ...
 
     def initial_drafter(self) -> EagleDrafter | None:

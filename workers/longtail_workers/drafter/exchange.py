@@ -14,7 +14,8 @@ which one it holds::
                                       X-Longtail-Drafter-Version, -Sha256; 404 not kept
     POST /v1/drafters/candidates?worker=W&base_version=B&policy_version=P&tokens=T&steps=S
          [&train_loss=L&heldout_top1=A]   body: the candidate as one payload,
-                                      header X-Longtail-Drafter-Sha256 -> 201 {candidate};
+                                      header X-Longtail-Drafter-Sha256 -> 201 {candidate: its
+                                      fields, id, created_unix}; 400 naming the problem;
                                       409 when base_version is not the latest
 
 A payload is one drafter as one body built and read in memory (``payload.py``), like the
@@ -24,7 +25,13 @@ upload (400 on a mismatch), so a corrupted transfer is never loaded or merged. O
 trainer's registry keeps drafters as files (its durable store); a rollout worker keeps each
 downloaded body as one file in its cache.
 An upload that is not the job's drafter (tensor names, shapes, dtypes, target), holds no tensors
-or a NaN/infinity is refused with 400 naming the problem and not stored (``drafter/vetting.py``).
+or a NaN/infinity is refused with 400 naming the problem and not stored (``drafter/vetting.py``);
+so is one whose query has a malformed field (a NaN loss, an infinite score, negative tokens) or
+whose ``policy_version`` is newer than the trainer's or older than it by more than
+``max_policy_lag``. Every refused upload, 400 or 409, is one warning line in the trainer's log
+naming the field and the value, and one count of
+``longtail_trainer_drafter_candidates_rejected_total{stage, reason}`` (``refusals.py``). The 201
+answer names the stored candidate by its id, never by the trainer's path.
 Requests go through ``httpclient.request``: a bounded timeout on each; unreachable trainers,
 timeouts and 5xx answers (503 while the trainer is still loading) are retried with exponential
 backoff and jitter, then raised as :class:`DrafterExchangeError` naming the URL. Re-sending a
@@ -49,6 +56,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
+from urllib.parse import parse_qs
 
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
@@ -71,6 +79,7 @@ from longtail_workers.drafter.registry import (
     CandidateInfo,
     DrafterRegistry,
     PublishedVersion,
+    Refusal,
     StaleCandidateError,
     VersionMeta,
 )
@@ -83,7 +92,13 @@ from longtail_workers.httpclient import (
     checked_base_url,
     request,
 )
-from longtail_workers.httprequest import BodyErrors, JSONRequestHandler, error_text, fail
+from longtail_workers.httprequest import (
+    BodyErrors,
+    JSONRequestHandler,
+    RequestError,
+    error_text,
+    fail,
+)
 from longtail_workers.httpserver import route
 from longtail_workers.weights.checksum import sha256_hex
 
@@ -99,6 +114,11 @@ CONTENT_TYPE = "application/octet-stream"
 VERSION_FILES = (*DRAFTER_FILES, META_FILE)
 MAX_CANDIDATE_BYTES = 4 << 30
 """Largest candidate upload the trainer reads (a drafter is ``fc`` plus one decoder layer)."""
+MAX_POLICY_LAG = 4
+"""How many policy versions a candidate's ``policy_version`` (the newest policy its window
+trained on) may be behind the trainer's. A window trains on the rollout just run, so it names
+the trainer's version or one or two before it (the update runs while the window ends); a lag
+beyond this means its worker trained on answers no recent rollout refreshed."""
 
 
 class DrafterExchangeError(OSError):
@@ -131,16 +151,24 @@ class DrafterEndpoints:
     The rows of :func:`drafter_routes` call it from the request threads; errors are raised as
     ``RequestError`` (``httprequest.fail``) for the server to answer. Packed versions are
     cached (they are immutable), so N workers fetching one version cost one packing.
+    ``policy_version`` gives the trainer's current policy version, which an upload's
+    ``policy_version`` is checked against (at most it, at least ``max_policy_lag`` below).
     """
 
     def __init__(
         self,
         registry: DrafterRegistry,
         *,
+        policy_version: Callable[[], int],
+        max_policy_lag: int = MAX_POLICY_LAG,
         max_candidate_bytes: int = MAX_CANDIDATE_BYTES,
         cached_versions: int = 2,
     ) -> None:
+        if max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag={max_policy_lag}; must be >= 0")
         self.registry = registry
+        self.policy_version = policy_version
+        self.max_policy_lag = max_policy_lag
         self.max_candidate_bytes = max_candidate_bytes
         self.cached_versions = cached_versions
         self._cache: OrderedDict[int, tuple[bytes, str]] = OrderedDict()
@@ -173,36 +201,90 @@ class DrafterEndpoints:
                 self._cache.popitem(last=False)
         return entry
 
-    def _receive(self, handler: JSONRequestHandler, query: str) -> int:
-        body = handler.read_body(self.max_candidate_bytes, _CANDIDATE_BODY_ERRORS)
+    def receive(self, handler: JSONRequestHandler) -> None:
+        """``POST /v1/drafters/candidates``: store the upload (201) or refuse it; every refusal
+        is logged and counted once (the registry's refusals)."""
+        try:
+            self._receive(handler, handler.query)
+        except _Refused as exc:
+            self.registry.refuse(Refusal("upload", exc.reason, _worker_of(handler.query), str(exc)))
+            prefix = "" if exc.reason == "request" else "candidate refused: "
+            fail(exc.status, f"{prefix}{exc}")
+
+    def _receive(self, handler: JSONRequestHandler, query: str) -> None:
+        try:
+            body = handler.read_body(self.max_candidate_bytes, _CANDIDATE_BODY_ERRORS)
+        except RequestError as exc:  # the body's framing: no length, too large, cut short
+            raise _Refused("request", exc.message, exc.status) from exc
         sent = (handler.headers.get(CHECKSUM_HEADER) or "").strip().lower()
         if not sent:
-            fail(HTTPStatus.BAD_REQUEST, f"send the body's sha256 (hex) in {CHECKSUM_HEADER}")
+            raise _Refused("request", f"send the body's sha256 (hex) in {CHECKSUM_HEADER}")
         actual = sha256_hex(body)
         if actual != sent:
-            fail(
-                HTTPStatus.BAD_REQUEST,
+            raise _Refused("request", (
                 f"candidate body hashes to sha256 {actual}, but {CHECKSUM_HEADER} says {sent}: "
-                "the upload was corrupted; nothing was stored, send it again",
-            )
+                "the upload was corrupted; nothing was stored, send it again"
+            ))  # fmt: skip
         try:
             info = CandidateInfo.from_query(query)
+        except ValueError as exc:  # ProtocolError: names the field and the value
+            raise _Refused("query", str(exc)) from exc
+        self._check_policy_version(info.policy_version)
+        try:
             payload = DrafterPayload.unpack(body, CANDIDATES_PATH)
             if payload.meta is not None:
                 raise ValueError("a candidate carries no version meta (send meta: null)")
             files = payload.files()
-            cand = self.registry.submit_candidate_files(files, info)
         except ValueError as exc:
+            raise _Refused("malformed", str(exc)) from exc
+        try:
+            cand = self.registry.submit_candidate_files(files, info)
+        except DrafterMismatchError as exc:  # not the job's drafter: logged and counted
             fail(HTTPStatus.BAD_REQUEST, f"candidate refused: {exc}")
         except StaleCandidateError as exc:  # the registry logged and counted it
-            return handler.send_json(HTTPStatus.CONFLICT, {
+            handler.send_json(HTTPStatus.CONFLICT, {
                 "error": str(exc), "baseVersion": exc.base_version, "latestVersion": exc.latest,
             })  # fmt: skip
+            return
         log.info(
-            "drafter candidate from %s (base %s, %d tokens) stored",
-            cand.worker, cand.base_version, cand.tokens,
+            "drafter candidate %s from %s (base %s, %d tokens) stored",
+            cand.id, cand.worker, cand.base_version, cand.tokens,
         )  # fmt: skip
-        return handler.send_json(HTTPStatus.CREATED, cand.to_dict())
+        handler.send_json(HTTPStatus.CREATED, cand.to_dict())
+
+    def _check_policy_version(self, version: int) -> None:
+        """Refuse a ``policy_version`` the trainer has not published, or one too far behind."""
+        current = self.policy_version()
+        oldest = max(0, current - self.max_policy_lag)
+        if version > current:
+            raise _Refused("policy_version", (
+                f"query.policy_version: {version} is newer than the trainer's policy version "
+                f"{current}; a window trains on answers of published versions, so send a "
+                f"version from {oldest} to {current} (the newest policy the window trained on)"
+            ))  # fmt: skip
+        if version < oldest:
+            raise _Refused("policy_version", (
+                f"query.policy_version: {version} is older than {oldest}, the oldest the "
+                f"trainer takes (its policy version is {current}; a candidate may lag it by "
+                f"at most {self.max_policy_lag}): the window trained on answers of a policy "
+                "the trainer left behind; train on the latest rollouts' answers"
+            ))  # fmt: skip
+
+
+class _Refused(ValueError):
+    """An upload refused for ``reason`` (a key of ``REFUSAL_REASONS``), answered ``status``."""
+
+    def __init__(
+        self, reason: str, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST
+    ) -> None:
+        super().__init__(message)
+        self.reason, self.status = reason, status
+
+
+def _worker_of(query: str) -> str:
+    """The ``worker`` an upload's query names, as far as it can be read (log lines)."""
+    names = parse_qs(query, keep_blank_values=True).get("worker") or ["?"]
+    return names[0][:64] or "?"
 
 
 def drafter_routes(exchange: Callable[[], DrafterEndpoints]) -> list[Route]:
@@ -211,7 +293,7 @@ def drafter_routes(exchange: Callable[[], DrafterEndpoints]) -> list[Route]:
     return [
         route(LATEST_PATH, lambda handler: exchange().latest(handler), "GET"),
         route(PREFIX + "/{version:int}", lambda handler: exchange().version(handler), "GET"),
-        route(CANDIDATES_PATH, lambda h: exchange()._receive(h, h.query), "POST"),
+        route(CANDIDATES_PATH, lambda handler: exchange().receive(handler), "POST"),
     ]
 
 

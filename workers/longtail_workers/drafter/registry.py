@@ -37,6 +37,15 @@ The trainer passes a :class:`MergeGate` (``trainer/candidate_checks.py``) to the
 each candidate's weight from what the trainer can check (not the candidate's self-reported
 ``tokens``), refuses candidates, and a merge, that score below the current version on the
 trainer's held-out sample, and supplies the published ``heldout_top1``.
+
+A merge judges each candidate once: every candidate it took (merged, refused, or replaced by its
+worker's newer one) leaves the registry, so a refused one is never scored again. A candidate
+stored while a merge runs (after it listed the window's candidates) is not one it took: it waits
+for the next merge when nothing is published, and when a version is published it is reported
+*superseded* (logged, counted) as the publish removes its window; no stored candidate leaves
+without a refusal on record. Every refusal is a ``refusals.Refusal``, logged once and counted by
+stage and reason in :attr:`DrafterRegistry.refusals`, which also says why no version was
+published.
 """
 
 from __future__ import annotations
@@ -51,20 +60,21 @@ import shutil
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from safetensors import SafetensorError
 from torch import nn
 
+from longtail_api.drafterstatus import DrafterMergeStatus
+from longtail_workers.drafter.candidates import CANDIDATE_FILE as CANDIDATE_FILE
 from longtail_workers.drafter.candidates import Admitted as Admitted
 from longtail_workers.drafter.candidates import Candidate as Candidate
 from longtail_workers.drafter.candidates import CandidateInfo as CandidateInfo
 from longtail_workers.drafter.candidates import MergeGate as MergeGate
-from longtail_workers.drafter.candidates import Refusal as Refusal
 from longtail_workers.drafter.candidates import StaleCandidateError as StaleCandidateError
+from longtail_workers.drafter.candidates import StoredCandidate as StoredCandidate
 from longtail_workers.drafter.checkpoint import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -72,20 +82,16 @@ from longtail_workers.drafter.checkpoint import (
     load_drafter,
     save_drafter,
 )
-from longtail_workers.drafter.merge import merge_state_dicts
+from longtail_workers.drafter.merge import MergeWindow, weighted_mean
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.vetting import (
-    CandidateRejected,
-    DrafterReference,
-    check_candidate_dir,
-    check_finite,
-)
+from longtail_workers.drafter.refusals import Refusal as Refusal
+from longtail_workers.drafter.refusals import RefusalBook
+from longtail_workers.drafter.vetting import DrafterReference, check_candidate_dir, check_finite
 
 log = logging.getLogger(__name__)
 
 LATEST_FILE = "LATEST"
 META_FILE = "version.json"
-CANDIDATE_FILE = "candidate.json"
 DRAFTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 """What ``save_drafter`` writes: the files a candidate upload must consist of."""
 
@@ -94,9 +100,9 @@ class VersionConflictError(RuntimeError):
     """The version being published already exists."""
 
 
-RejectionHook = Callable[[str, str, str], None]
-"""``(stage, worker, reason)`` of a refused candidate; ``stage`` is ``upload``, ``stale`` or
-``merge``."""
+RejectionHook = Callable[[Refusal], None]
+"""Told of every refused candidate, after the registry logged and counted it (the trainer's
+counter)."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,8 @@ class DrafterRegistry:
 
     ``reference`` (the job's drafter, ``drafter/vetting.py``): what stored and merged candidates
     must match; without it a candidate is checked against the first usable one. Refused
-    candidates are counted in :attr:`rejected` (by stage) and reported to ``on_rejected``.
+    candidates are logged and counted in :attr:`refusals` (:attr:`rejected`: by stage) and
+    reported to ``on_rejected``.
     """
 
     def __init__(
@@ -190,13 +197,18 @@ class DrafterRegistry:
         self.keep_versions = keep_versions
         self.reference = reference
         self.on_rejected = on_rejected
-        self.rejected: Counter[str] = Counter()
-        """Candidates refused so far, by stage (``upload``, ``merge``)."""
+        self.refusals = RefusalBook()
+        """Every candidate refused so far, by stage and reason; why nothing was published."""
         self.last_merge_candidates = 0
         """Candidates the last :meth:`merge_candidates` found (the step row's
         ``drafter_candidates``; the simulator replays a run's merges with it)."""
         for sub in ("versions", "candidates", ".staging"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def rejected(self) -> Counter[str]:
+        """Candidates refused so far, by stage (``refusals.STAGES``)."""
+        return self.refusals.by_stage
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -279,12 +291,15 @@ class DrafterRegistry:
         merged_from: tuple[str, ...] = (),
         heldout_top1_is_estimate: bool = False,
         expected_parent: int | str | None = "any",
+        taken: Collection[Path] = (),
     ) -> PublishedVersion:
         """Publish ``drafter`` as version latest+1 (0 for the first) and move ``LATEST`` to it.
 
         ``expected_parent`` (a version or None): refuse with :class:`VersionConflictError` when
         the latest version is another one (someone published in between). A drafter with a
-        NaN or infinite weight is refused (:class:`~.vetting.NonFiniteDrafterError`).
+        NaN or infinite weight is refused (:class:`~.vetting.NonFiniteDrafterError`). The
+        candidates of older windows are removed: ``taken`` (the directories of the candidates
+        the merge publishing this version judged) quietly, any other as superseded.
         """
         check_finite(drafter.trainable_state_dict(), "drafter to publish")
         with self._locked():
@@ -321,22 +336,41 @@ class DrafterRegistry:
             _fsync_file(pointer)
             os.replace(pointer, self.root / LATEST_FILE)
             _fsync_dir(self.root)
-            self._collect_garbage(version)
+            self._collect_garbage(version, frozenset(taken))
         log.info("published drafter version %d (policy version %d)", version, policy_version)
         return PublishedVersion(version, final, meta)
 
-    def _collect_garbage(self, latest: int) -> None:
+    def _collect_garbage(self, latest: int, taken: frozenset[Path]) -> None:
+        """Called under the lock by the publish of ``latest``."""
         for old in self.versions()[: -self.keep_versions]:
             if old != latest:
                 shutil.rmtree(self.root / "versions" / f"{old:06d}", ignore_errors=True)
         for base in (self.root / "candidates").iterdir():
             digits = base.name.removeprefix("base-")
             if (digits.isdigit() and int(digits) < latest) or base.name == "base-init":
+                for path in sorted(base.iterdir()):
+                    if path not in taken:
+                        self._supersede(path, latest)
                 shutil.rmtree(base, ignore_errors=True)
+
+    def _supersede(self, path: Path, latest: int) -> None:
+        """Report the candidate in ``path``, which no merge took, as overtaken by ``latest``."""
+        try:
+            cand = StoredCandidate.read(path)
+        except (OSError, ValueError) as exc:
+            worker, trained = path.name.rpartition("-")[0] or "?", f"unreadable ({exc})"
+        else:
+            worker, trained = cand.worker, f"trained from {_base_name(cand.base_version)}"
+        self.refuse(Refusal("superseded", "superseded", worker, (
+            f"candidate {path.name} ({trained}) was stored after the merge of its window "
+            f"began; drafter version {latest} was published from the other candidates "
+            f"meanwhile, so it is never merged; the worker's next window trains from version "
+            f"{latest}"
+        )))  # fmt: skip
 
     # --- candidates and merge ---------------------------------------------------------------
 
-    def submit_candidate(self, drafter: EagleDrafter, info: CandidateInfo) -> Candidate:
+    def submit_candidate(self, drafter: EagleDrafter, info: CandidateInfo) -> StoredCandidate:
         """Store one worker's trained drafter for the merge of ``info.base_version``'s window."""
         base = info.base_version
         return self._add_candidate(lambda d: save_drafter(drafter, d, version=base), info)
@@ -345,7 +379,7 @@ class DrafterRegistry:
         self,
         files: Mapping[str, bytes],
         info: CandidateInfo,
-    ) -> Candidate:
+    ) -> StoredCandidate:
         """:meth:`submit_candidate` for a drafter already saved by ``save_drafter`` elsewhere.
 
         ``files`` maps ``config.json`` and ``model.safetensors`` to their bytes (the trainer's
@@ -369,10 +403,12 @@ class DrafterRegistry:
         try:
             return self._add_candidate(write, info)
         except DrafterMismatchError as exc:
-            self._reject("upload", info.worker, str(exc))
+            self.refuse(Refusal("upload", "malformed", info.worker, str(exc)))
             raise
 
-    def _add_candidate(self, write: Callable[[Path], object], info: CandidateInfo) -> Candidate:
+    def _add_candidate(
+        self, write: Callable[[Path], object], info: CandidateInfo
+    ) -> StoredCandidate:
         self.check_base(info)  # before the upload is written: a stale one costs nothing
         meta = {**info.to_dict(), "created_unix": time.time()}
         staging = self._stage(write, meta, CANDIDATE_FILE)
@@ -386,7 +422,7 @@ class DrafterRegistry:
                 _fsync_dir(parent)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # left only when refused
-        return Candidate.from_dict(meta, final)
+        return StoredCandidate.read(final)
 
     def check_base(self, info: CandidateInfo) -> None:
         """Refuse (:class:`StaleCandidateError`, logged and counted at stage ``stale``) a
@@ -395,7 +431,7 @@ class DrafterRegistry:
         base = info.base_version
         if base == latest:
             return
-        name = "the initial drafter" if base is None else f"drafter version {base}"
+        name = _base_name(base)
         if latest is None:
             why = "no drafter version is published yet (train from the initial drafter: send " \
                   "no base_version)"  # fmt: skip
@@ -407,20 +443,19 @@ class DrafterRegistry:
             f"candidate of {info.worker} trained from {name} refused: {why}; it is never merged. "
             f"Drop it, load the latest version (GET /v1/drafters/latest) and train from it"
         )
-        self._reject("stale", info.worker, message)
+        self.refuse(Refusal("stale", "base_version", info.worker, message))
         raise StaleCandidateError(message, base, latest)
 
-    def candidates(self, base_version: int | None) -> list[Candidate]:
+    def candidates(self, base_version: int | None) -> list[StoredCandidate]:
         """The newest candidate of each worker for ``base_version``."""
+        return _newest(self._stored(base_version))
+
+    def _stored(self, base_version: int | None) -> list[StoredCandidate]:
+        """Every candidate stored for ``base_version`` (a worker's older ones included)."""
         parent = self.root / "candidates" / _base_dir_name(base_version)
         if not parent.is_dir():
             return []
-        newest: dict[str, Candidate] = {}
-        for path in parent.iterdir():
-            cand = Candidate.from_dict(json.loads((path / CANDIDATE_FILE).read_text()), path)
-            if cand.worker not in newest or cand.created_unix > newest[cand.worker].created_unix:
-                newest[cand.worker] = cand
-        return sorted(newest.values(), key=lambda c: c.worker)
+        return [StoredCandidate.read(path) for path in sorted(parent.iterdir())]
 
     def merge_candidates(
         self,
@@ -436,81 +471,68 @@ class DrafterRegistry:
         every candidate was refused, or when the merge is not finite or, with a ``gate``,
         scores below the current version (nothing is published; the workers keep drafting
         with the base version). A refused candidate is skipped and reported (log,
-        :attr:`rejected`, ``on_rejected``); the others are merged. Without a ``gate`` the
+        :attr:`refusals`, ``on_rejected``); the others are merged. Every candidate taken
+        leaves the registry, published or not (see the module text). Without a ``gate`` the
         candidates' self-reported tokens weigh them and ``heldout_top1`` is their weighted mean.
         """
         base = self.latest_version() if base_version is None else base_version
-        found = self.candidates(base)
+        stored = self._stored(base)
+        found = _newest(stored)
         self.last_merge_candidates = len(found)
-        usable = self._usable(found, target, target_id)
-        if not usable:
+        if not found:
             return None
-        merged = load_drafter(usable[0][0].path, target, target_id=target_id)
-        current = None
-        if gate is not None:
-            current = gate.initial_drafter() if base is None else self.load(
-                target, target_id=target_id, version=base
-            )[0]  # fmt: skip
-            admitted, refused = gate.admit(base, usable, merged, current)
-            for worker, reason in refused:
-                self._reject("merge", worker, reason)
-        else:
-            admitted = [Admitted(c, w, c.tokens, c.heldout_top1) for c, w in usable]
-        if not admitted:
-            return None
-        cands = [a.candidate for a in admitted]
-        workers = "+".join(c.worker for c in cands)
-        merged.load_state_dict(merge_state_dicts([(a.weights, a.tokens) for a in admitted]))
-        try:
-            check_finite(merged.trainable_state_dict(), f"merge of base {base}")
-        except CandidateRejected as exc:
-            self._reject("merge", workers, str(exc))
-            return None
-        heldout = _weighted([(a.heldout_top1, a.tokens) for a in admitted])
-        estimate = len(cands) > 1
-        if gate is not None:
-            score, refusal = gate.judge_merge(merged, current)
-            if refusal is not None:
-                self._reject("merge", workers, refusal)
-                return None
-            if score is not None:
-                heldout, estimate = score, False
-        return self.publish(
-            merged.eval(),
-            policy_version=max(c.policy_version for c in cands),
-            train_loss=_weighted([(a.candidate.train_loss, a.tokens) for a in admitted]),
-            heldout_top1=heldout,
-            trained_tokens=sum(a.tokens for a in admitted),
-            steps=max(c.steps for c in cands),
-            merged_from=tuple(c.worker for c in cands),
-            heldout_top1_is_estimate=estimate,
-            expected_parent=base,
-        )
+        published = None
 
-    def _usable(
-        self, cands: list[Candidate], target: nn.Module, target_id: str
-    ) -> list[tuple[Candidate, dict[str, Any]]]:
-        """``(candidate, weights)`` of every candidate that trained and passes the checks."""
-        reference, usable = self.reference, []
-        for cand in (c for c in cands if c.tokens > 0):
-            source = f"candidate {cand.path.name} (base {cand.base_version})"
-            try:
-                if reference is None:  # the first loadable candidate stands for the job's drafter
-                    found = load_drafter(cand.path, target, target_id=target_id)
-                    reference = DrafterReference.of(found)
-                usable.append((cand, check_candidate_dir(cand.path, reference, source)))
-            except (DrafterMismatchError, SafetensorError, OSError) as exc:
-                self._reject("merge", cand.worker, str(exc))
-        return usable
+        def current() -> EagleDrafter | None:  # what a candidate must draft no worse than
+            if base is None:
+                return None if gate is None else gate.initial_drafter()
+            return self.load(target, target_id=target_id, version=base)[0]
 
-    def _reject(self, stage: str, worker: str, reason: str) -> None:
-        self.rejected[stage] += 1
-        log.warning("drafter candidate of %s refused at %s: %s", worker, stage, reason)
+        window = MergeWindow(base, target, target_id, self.reference, self.refuse)
+        merged = window.merge(found, gate, current)
+        if merged is not None:
+            admitted = merged.admitted
+            cands = [a.candidate for a in admitted]
+            published = self.publish(
+                merged.drafter.eval(),
+                policy_version=max(c.policy_version for c in cands),
+                train_loss=weighted_mean([(a.candidate.train_loss, a.tokens) for a in admitted]),
+                heldout_top1=merged.heldout_top1,
+                trained_tokens=sum(a.tokens for a in admitted),
+                steps=max(c.steps for c in cands),
+                merged_from=tuple(c.worker for c in cands),
+                heldout_top1_is_estimate=merged.estimate,
+                expected_parent=base,
+                taken=[c.path for c in stored],
+            )
+        self.refusals.merged(len(found), published is not None)
+        for cand in stored:  # judged once: merged, refused, or replaced by a newer one
+            if cand not in found:
+                log.info("drafter candidate %s of %s replaced by its newer candidate",
+                         cand.id, cand.worker)  # fmt: skip
+            shutil.rmtree(cand.path, ignore_errors=True)  # gone already when published
+        return published
+
+    def merges(self) -> DrafterMergeStatus:
+        """What the merges made of the candidates so far, and why no version was published
+        (the trainer status's ``drafterMerges``)."""
+        return self.refusals.status(self.latest_version() is not None)
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Log and count a refused candidate (:attr:`refusals`) and tell ``on_rejected``."""
+        self.refusals.add(refusal)
         if self.on_rejected is not None:
-            self.on_rejected(stage, worker, reason)
+            self.on_rejected(refusal)
 
 
-def _weighted(values: list[tuple[float | None, int]]) -> float | None:
-    known = [(v, n) for v, n in values if v is not None and n > 0]
-    total = sum(n for _, n in known)
-    return sum(v * n for v, n in known) / total if total else None
+def _newest(cands: list[StoredCandidate]) -> list[StoredCandidate]:
+    """The newest of each worker's candidates, by worker."""
+    newest: dict[str, StoredCandidate] = {}
+    for cand in cands:
+        if cand.worker not in newest or cand.created_unix > newest[cand.worker].created_unix:
+            newest[cand.worker] = cand
+    return sorted(newest.values(), key=lambda c: c.worker)
+
+
+def _base_name(base: int | None) -> str:
+    return "the initial drafter" if base is None else f"drafter version {base}"

@@ -56,6 +56,7 @@ from longtail_workers.engine.interface import (
 from longtail_workers.engine.sampling import token_logprobs
 from longtail_workers.engine.stats import RolloutMetrics, RolloutStats
 from longtail_workers.engine.target import TargetModel, response_states
+from longtail_workers.engine.vllm_logs import quiet_harmless_vllm_warnings
 from longtail_workers.engine.vllm_push import PolicyPushError, push_policy
 from longtail_workers.engine.vllm_schedule import VllmSchedule, vllm_schedule
 from longtail_workers.weights.checksum import serialize_state_dict
@@ -160,6 +161,7 @@ class VllmEngine(RolloutEngine):
         dtype = DTYPE_NAMES.get(self.target.dtype)
         if dtype is None:
             raise ValueError(f"model.dtype: vLLM cannot run a {self.target.dtype} policy")
+        quiet_harmless_vllm_warnings()  # its start-up and every push would warn (vllm_logs.py)
         return LLM(
             model=str(self.model_dir),
             dtype=dtype,

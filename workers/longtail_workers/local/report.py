@@ -6,7 +6,11 @@ by the trainer) and the harvest books, and writes ``metrics.csv``, ``report/*.pn
 and accuracy per step, step time split rollout/tail/train, mean accepted length per step;
 matplotlib's Agg backend, no display needed), ``report/summary.md``, ``report/summary.html``
 and ``summary.json``. The weight sync of each step (the ``sync_*`` columns: the policy version
-its rollout used, per phase, bytes, GB/s) is in the CSV, and its means in the summary.
+its rollout used, per phase, bytes, GB/s) is in the CSV, and its means in the summary. So is
+what became of the drafter candidates: how many the trainer refused, by reason (the rows'
+``drafter_refused``), and, when the run published no online drafter version, why
+(``drafter_unpublished``, the trainer's words, with the harvest's figures when no candidate was
+trained).
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import csv
 import html
 import json
 import math
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from longtail_api.drafterstatus import NO_CANDIDATE
 from longtail_api.steprow import METRICS_FILE, SYNC_PHASES, StepRow
 from longtail_workers.local.coordinator import HarvestBooks
 
@@ -31,6 +37,7 @@ CSV_COLUMNS = (
     "sync_gb_per_s",
 )  # fmt: skip
 LAST_STEPS = 5  # the "last steps" window of the summary's accepted length
+_COUNTS = ("drafter_candidates_refused",)  # the summary's dicts that the Markdown table shows
 
 
 def read_rows(run_dir: Path) -> list[StepRow]:
@@ -81,9 +88,27 @@ def summarize(rows: list[StepRow], info: dict[str, Any]) -> dict[str, Any]:
         **({"trainer_harvested_s_total": sum(trainer)} if trainer else {}),
         "final_drafter_version": rows[-1].drafter_version if rows else None,
         "drafter_candidates_rejected": sum(r.drafter_candidates_rejected for r in rows),
+        **_drafter_outcome(rows),
         "acceptance_collapsed_steps": [r.step for r in rows if r.acceptance_collapsed],
         **_weight_sync(rows),
     }
+
+
+def _drafter_outcome(rows: list[StepRow]) -> dict[str, Any]:
+    """``drafter_candidates_refused`` (by reason) and, when no online drafter version was
+    published, ``drafter_unpublished``: why, as the trainer said at the last step."""
+    refused: Counter[str] = Counter()
+    for row in rows:
+        refused.update(row.drafter_refused)
+    out: dict[str, Any] = {"drafter_candidates_refused": dict(refused)} if refused else {}
+    why = rows[-1].drafter_unpublished if rows and rows[-1].drafter_version < 0 else None
+    if why is not None and why.startswith(NO_CANDIDATE):
+        idle = sum(r.idle_s or 0.0 for r in rows)
+        harvested = sum((r.harvested_s or 0.0) + (r.trainer_harvested_s or 0.0) for r in rows)
+        why += f"; this run harvested {harvested:.1f} of {idle:.1f} idle worker-seconds"
+    if why is not None:
+        out["drafter_unpublished"] = why
+    return out
 
 
 def _weight_sync(rows: list[StepRow]) -> dict[str, Any]:
@@ -187,10 +212,13 @@ def markdown(summary: dict[str, Any], images: list[str]) -> str:
     def fmt(v: Any) -> str:
         if isinstance(v, list):  # lost_workers, restarted_workers
             return ", ".join(map(str, v)) or "none"
+        if isinstance(v, dict):  # drafter_candidates_refused: by reason
+            return ", ".join(f"{k} {n}" for k, n in v.items())
         return f"{v:.3f}" if isinstance(v, float) else str(v)
 
     lines = [f"# Run summary: {summary.get('job', '')}", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {fmt(v)} |" for k, v in summary.items() if not isinstance(v, dict)]
+    shown = {k: v for k, v in summary.items() if k in _COUNTS or not isinstance(v, dict)}
+    lines += [f"| {k} | {fmt(v)} |" for k, v in shown.items()]
     lines += [""] + [f"![{name}]({name})" for name in images]
     return "\n".join(lines) + "\n"
 

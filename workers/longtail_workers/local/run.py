@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from longtail_api.context import spec_context_error
+from longtail_api.drafterstatus import describe_refusals
 from longtail_api.protocol import ProtocolError
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
@@ -52,6 +53,7 @@ from longtail_workers.local.launcher import Child, ChildFailed, free_port, stop_
 from longtail_workers.local.progress import Progress
 from longtail_workers.local.report import write_report
 from longtail_workers.local.restarts import Restarts
+from longtail_workers.models.cache import BuildWaitStopped
 
 STOPPED = 130
 
@@ -293,7 +295,11 @@ def run(argv: list[str]) -> int:
     except JobSpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    prepare_builtins(spec)
+    try:
+        prepare_builtins(spec)
+    except BuildWaitStopped as exc:  # Ctrl-C while another process builds the model
+        print(f"stopped: {exc}; no process was started", file=sys.stderr)
+        return STOPPED
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in stop_signals()}
     progress = Progress()
@@ -441,10 +447,18 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
             f"{', '.join(map(str, steps[:10]))}{' ...' if len(steps) > 10 else ''} after it had "
             "worked: the drafter stopped matching the policy (see the trainer log)"
         )
+    log = run_dir / "logs" / "trainer.log"
     if s.get("drafter_candidates_rejected"):
+        refused = s.get("drafter_candidates_refused") or {}  # by reason; absent in old rows
+        words = describe_refusals(refused) if refused else "see the trainer's log for why"
         progress.message(
-            f"warning: {s['drafter_candidates_rejected']} drafter candidate(s) were refused "
-            f"(not the job's drafter, or NaN/inf weights); see {run_dir / 'logs' / 'trainer.log'}"
+            f"warning: {s['drafter_candidates_rejected']} drafter candidate(s) were refused: "
+            f"{words}; see {log}"
+        )
+    if s.get("drafter_unpublished"):
+        progress.message(
+            f"warning: no online drafter version was published: {s['drafter_unpublished']}; "
+            f"see {log}"
         )
     if s.get("lost_workers"):
         progress.message(

@@ -65,6 +65,11 @@ class WorkerCollector(Collector):
             yield gauge_family(spec, float(value))
         yield from self._buffer_counters()
         yield from self._trainer()
+        weights = getattr(w, "weights", None)  # a generating worker's weight source
+        if weights is not None:
+            refused = counter_family(names.WORKER_WEIGHTS_REFUSED_TOTAL)
+            refused.add_metric([], float(weights.refusals()))
+            yield refused
 
     def _buffer_counters(self) -> Iterator[Metric]:
         buf = self.worker.buffer

@@ -11,8 +11,10 @@ state machine, drafter registry), and serves the control surface of ``rollout/ht
 ``POST /v1/generate`` (``wire/rollout.py``; a request the model cannot run, e.g. a NaN
 temperature or more tokens than its positions, is answered 400 naming the field). Before each
 generate call it loads the policy version the call names from the weight source (HTTP pull from
-the trainer, or torch.distributed), so one call never mixes versions; the newest drafter is
-loaded by ``RolloutWorker.generate`` at the same point. A drafter-train window ends (the harvest
+the trainer, or torch.distributed), so one call never mixes versions (calls run one at a time:
+a call the trainer abandoned, its worker declared hung, ends under its own version before the
+next one loads another); the newest drafter is loaded by ``RolloutWorker.generate`` at the same
+point. A drafter-train window ends (the harvest
 loop's ``PUT /v1/role rollout``, or a generate call reaching the worker in it) with its drafter
 submitted as a candidate before the worker reports ``rollout`` (``spot/harvested.py``), which is
 what the step driver's merge waits for. Drafters are exchanged through the trainer's HTTP
@@ -80,6 +82,10 @@ class GeneratingWorker(RolloutWorker):
         super().__init__(*args, **kwargs)
         self.weights = weights
         self._load_lock = threading.Lock()
+        self._call_lock = threading.Lock()
+        """One generate call at a time, its policy load included: a call the trainer abandoned
+        (this worker was stopped and declared hung, ``trainer/liveness.py``) finishes under the
+        version it named before the next call loads another."""
         self._unreported_load: tuple[int, float] = (-1, 0.0)
         """(version, seconds) of the last policy load no generate reply has reported yet."""
 
@@ -111,6 +117,10 @@ class GeneratingWorker(RolloutWorker):
             self.policy_version = got
 
     def generate_call(self, call: GenerateCall) -> GenerateReply:
+        with self._call_lock:
+            return self._generate_call(call)
+
+    def _generate_call(self, call: GenerateCall) -> GenerateReply:
         held, t_load = self.policy_version, time.perf_counter()
         self.ensure_policy(call.policy_version)
         if held != call.policy_version:

@@ -39,7 +39,7 @@ import torch
 
 from longtail_api.policies import DrafterTrainingSpec
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.drafter.registry import Admitted, Candidate, Refusal
+from longtail_workers.drafter.registry import Admitted, Refusal, StoredCandidate
 from longtail_workers.engine.interface import GenerationResult
 from longtail_workers.engine.target import response_states
 from longtail_workers.spot.buffer import captured_from_result
@@ -216,7 +216,7 @@ class CandidateChecks:
     def admit(
         self,
         base: int | None,
-        usable: Sequence[tuple[Candidate, dict[str, torch.Tensor]]],
+        usable: Sequence[tuple[StoredCandidate, dict[str, torch.Tensor]]],
         scratch: EagleDrafter,
         current: EagleDrafter | None,
     ) -> tuple[list[Admitted], list[Refusal]]:
@@ -230,19 +230,21 @@ class CandidateChecks:
             verified, what = self.ledger.verified(base, cand.worker)
             tokens = min(cand.tokens, verified)
             if tokens <= 0:
-                refused.append((cand.worker, (
-                    f"candidate {cand.path.name} claims {cand.tokens} tokens, but the trainer "
+                refused.append(Refusal("merge", "unverified", cand.worker, (
+                    f"candidate {cand.id} claims {cand.tokens} tokens, but the trainer "
                     f"counts 0 {what}; it has nothing the trainer can weigh it by"
                 )))  # fmt: skip
                 continue
             scratch.load_state_dict(weights)
             top1, _ = self._score(scratch)
             if not WindowVerdict(top1, base_top1, pairs).keep:
-                refused.append((cand.worker, (
-                    f"candidate {cand.path.name} scores held-out top-1 {top1:.3f} on the "
+                assert top1 is not None and base_top1 is not None  # a refusal has both scores
+                refused.append(Refusal("merge", "worse", cand.worker, (
+                    f"candidate {cand.id} scores held-out top-1 {top1:.3f} on the "
                     f"trainer's sample ({pairs} pairs), below {base_top1:.3f} of the current "
-                    f"version {base}; merging it would make drafting worse"
-                )))  # fmt: skip
+                    f"version ({_version_name(base)}); merging it would make drafting worse; "
+                    "dropped, never scored again"
+                ), top1=top1, bar=base_top1))  # fmt: skip
                 continue
             if tokens < cand.tokens:
                 log.info("drafter candidate of %s claims %d tokens, weighed by the %d %s",
@@ -254,7 +256,7 @@ class CandidateChecks:
 
     def judge_merge(
         self, merged: EagleDrafter, current: EagleDrafter | None
-    ) -> tuple[float | None, str | None]:
+    ) -> tuple[float | None, Refusal | None]:
         """The merge's held-out score, and a refusal when it scores below ``current``. Scores
         :meth:`admit` just computed are reused (the current version's; a lone candidate's,
         whose merge is its own weights: the token-weighted average of one state dict, computed
@@ -267,11 +269,12 @@ class CandidateChecks:
             top1, pairs = self._score(merged)
         base_top1 = judged.current_top1
         if not WindowVerdict(top1, base_top1, pairs).keep:
-            return top1, (
+            assert top1 is not None and base_top1 is not None  # a refusal has both scores
+            return top1, Refusal("merge", "worse", "", (
                 f"the merge scores held-out top-1 {top1:.3f} on the trainer's sample ({pairs} "
                 f"pairs), below {base_top1:.3f} of the current version; not published, the "
                 "workers keep drafting with the current version"
-            )
+            ), top1=top1, bar=base_top1)  # fmt: skip
         return top1, None
 
     def _score(self, drafter: EagleDrafter | None) -> tuple[float | None, int]:
@@ -281,3 +284,7 @@ class CandidateChecks:
         if refresh is not None:
             refresh()
         return self.sample.score(drafter)
+
+
+def _version_name(base: int | None) -> str:
+    return "the initial drafter" if base is None else f"version {base}"

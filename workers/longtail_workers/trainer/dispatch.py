@@ -4,26 +4,31 @@ The step driver (``trainer/driver.py``) calls :meth:`RolloutPool.run` once per r
 greedy evaluation). Requests are split round-robin into one shard per live worker (answers of
 one prompt land on different workers, so long-tailed prompts spread out) and each shard is sent
 as one ``POST /v1/generate``. A shard whose worker fails (connection refused or reset: the
-process died; a timeout: it hung; HTTP 5xx) is queued again and handed to the next free live
-worker; the failed worker is marked down and skipped until a health check at a later step start
-finds it back. A 409 (a worker in drafter-train ends its window itself before it generates,
-``spot/harvested.py``; 409 when that window did not stop in time) retries the shard, the worker
-staying free. Any other 4xx means the call itself is wrong (a job configuration error, e.g.
-``algorithm.maxNewTokens`` beyond the model's context; the worker's message names the field): it
-would fail on every worker, so the step fails at once with :class:`RolloutRejected` carrying that
-message, and no worker is marked down. The step fails with :class:`RolloutFailed`, naming every
-worker's last error, when no live worker is left or a shard failed ``max_attempts`` times; it
-never waits longer than ``timeout_s`` per call. ``stop`` (Ctrl-C) aborts with
-:class:`RolloutAborted`. Every call goes through ``httpclient.py`` without HTTP-level retries
-(re-dispatching a shard is the retry); generate calls carry the job's token
-(``longtail_workers.auth``). The pool never changes a worker's role (the harvest loop is their
-one writer): before the step's drafter merge, :meth:`RolloutPool.wait_windows_ended` waits,
-bounded, until no worker reports ``drafter-train`` any more, i.e. until the loop has ended the
-windows of the rollout and each worker has submitted its candidate.
+process died; HTTP 5xx; the call's timeout) or stops answering while it holds the shard (its
+``/healthz`` unanswered for ``rollout.unresponsiveSeconds``: a stopped process or a frozen
+node, ``trainer/liveness.py``; the call is abandoned and a late answer dropped) is queued again
+and handed to the next free live worker; the failed worker is marked down (the step's
+``failed_workers``, its requests counted in ``redispatched``) and skipped until a health check
+at a later step start finds it back. A 409 (a worker in drafter-train ends its window itself
+before it generates, ``spot/harvested.py``; 409 when that window did not stop in time) retries
+the shard, the worker staying free. Any other 4xx means the call itself is wrong (a job
+configuration error, e.g. ``algorithm.maxNewTokens`` beyond the model's context; the worker's
+message names the field): it would fail on every worker, so the step fails at once with
+:class:`RolloutRejected` carrying that message, and no worker is marked down. The step fails
+with :class:`RolloutFailed`, naming every worker's last error, when no live worker is left or a
+shard failed ``max_attempts`` times; it never waits longer than ``timeout_s`` per call.
+``stop`` (Ctrl-C) aborts with :class:`RolloutAborted`. Every call goes through
+``httpclient.py`` without HTTP-level retries (re-dispatching a shard is the retry); generate
+calls carry the job's token (``longtail_workers.auth``). The pool never changes a worker's role
+(the harvest loop is their one writer): before the step's drafter merge,
+:meth:`RolloutPool.wait_windows_ended` waits, bounded, until no worker reports
+``drafter-train`` any more, i.e. until the loop has ended the windows of the rollout and each
+worker has submitted its candidate.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -34,12 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from longtail_api.harvest import DRAFTER_TRAIN, Activity
-from longtail_api.protocol import ProtocolError
+from longtail_api.protocol import HEALTHZ_PATH, ProtocolError
 from longtail_api.wirecodec import from_wire, to_wire
 from longtail_api.workerapi import STATUS_PATH, RolloutWorkerStatus
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.httpclient import WorkerBusy, WorkerHTTPError, http_json, request
 from longtail_workers.shards import shard_round_robin
+from longtail_workers.trainer.liveness import HealthProbe, Liveness
 from longtail_workers.wire.rollout import GENERATE_PATH, GenerateCall, GenerateReply, Sample
 
 log = logging.getLogger(__name__)
@@ -71,6 +77,16 @@ class RolloutOutcome:
     failed_workers: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class _Call:
+    """One generate call in flight: its worker, shard, earlier attempts and health probe."""
+
+    name: str
+    shard: list[int]
+    attempts: int
+    probe: HealthProbe
+
+
 class RolloutPool:
     """The rollout workers of a job, by name -> base URL."""
 
@@ -82,6 +98,7 @@ class RolloutPool:
         max_attempts: int = 3,
         on_assign: Callable[[str, bool], None] | None = None,
         token: str | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         if not workers:
             raise ValueError("RolloutPool needs at least one rollout worker URL")
@@ -91,6 +108,8 @@ class RolloutPool:
         self.on_assign = on_assign or (lambda name, busy: None)
         self.token = token
         """The job's token for generate calls (None: the process's)."""
+        self.liveness = liveness or Liveness()
+        """When a worker holding a shard counts as hung (``rollout.unresponsiveSeconds``)."""
         self._lock = threading.Lock()
 
     @property
@@ -101,7 +120,7 @@ class RolloutPool:
         """Health-check workers marked down; a healthy one takes work again."""
         for name in list(self.down):
             try:
-                request("GET", self.workers[name] + "/healthz", timeout_s=timeout_s)
+                request("GET", self.workers[name] + HEALTHZ_PATH, timeout_s=timeout_s)
             except (OSError, WorkerBusy):
                 continue
             log.info("rollout worker %s answers again; back in the pool", name)
@@ -150,50 +169,77 @@ class RolloutPool:
         outcome = RolloutOutcome([], replies, 0.0, 0.0)
         start = time.monotonic()
         first_done: float | None = None
-        in_flight: dict[Future[GenerateReply], tuple[str, list[int], int]] = {}
-        # Daemon threads (_spawn): an aborted step must not keep the process alive.
-        while queue or in_flight:
-            while queue and free:
-                shard, attempts = queue.popleft()
-                name = free.popleft()
-                call = GenerateCall(step, policy_version, [requests[i] for i in shard])
-                self.on_assign(name, True)
-                in_flight[_spawn(self._post, name, call)] = (name, shard, attempts)
-            if not in_flight:
-                raise RolloutFailed(self._no_worker_message(queue))
-            done, _ = wait(list(in_flight), timeout=0.2, return_when=FIRST_COMPLETED)
-            if stop.is_set():
-                raise RolloutAborted("stop requested during rollout")
-            for fut in done:
-                name, shard, attempts = in_flight.pop(fut)
-                self.on_assign(name, False)
-                try:
-                    reply = fut.result()
-                except WorkerBusy as exc:
-                    log.info("%s is busy (%s); retrying its shard", name, exc)
-                    self._retry(queue, shard, attempts, name, str(exc))
-                    free.append(name)
-                    continue
-                except (OSError, ValueError) as exc:
-                    self.down[name] = f"{type(exc).__name__}: {exc}"
-                    outcome.failed_workers[name] = self.down[name]
-                    outcome.redispatched += len(shard)
-                    log.warning("rollout worker %s failed (%s); re-dispatching %d requests",
-                                name, exc, len(shard))  # fmt: skip
-                    self._retry(queue, shard, attempts, name, str(exc))
-                    continue
-                for i, sample in zip(shard, reply.samples, strict=True):
-                    samples[i] = sample
-                replies.append(reply)
-                free.append(name)
-                if first_done is None:
-                    first_done = time.monotonic() - start
+        in_flight: dict[Future[GenerateReply], _Call] = {}
+        try:
+            # Daemon threads (_spawn): an aborted step must not keep the process alive.
+            while queue or in_flight:
+                while queue and free:
+                    shard, attempts = queue.popleft()
+                    name = free.popleft()
+                    call = GenerateCall(step, policy_version, [requests[i] for i in shard])
+                    self.on_assign(name, True)
+                    probe = HealthProbe(name, self.workers[name], self.liveness)
+                    in_flight[_spawn(self._post, name, call)] = _Call(name, shard, attempts, probe)
+                if not in_flight:
+                    raise RolloutFailed(self._no_worker_message(queue))
+                done, _ = wait(list(in_flight), timeout=0.2, return_when=FIRST_COMPLETED)
+                if stop.is_set():
+                    raise RolloutAborted("stop requested during rollout")
+                for fut in done:
+                    c = self._ended(in_flight, fut)
+                    try:
+                        reply = fut.result()
+                    except WorkerBusy as exc:
+                        log.info("%s is busy (%s); retrying its shard", c.name, exc)
+                        self._retry(queue, c.shard, c.attempts, c.name, str(exc))
+                        free.append(c.name)
+                        continue
+                    except (OSError, ValueError) as exc:
+                        self._lost(c, f"{type(exc).__name__}: {exc}", queue, outcome)
+                        continue
+                    for i, sample in zip(c.shard, reply.samples, strict=True):
+                        samples[i] = sample
+                    replies.append(reply)
+                    free.append(c.name)
+                    if first_done is None:
+                        first_done = time.monotonic() - start
+                silent = [f for f, c in in_flight.items() if c.probe.verdict and not f.done()]
+                for fut in silent:  # a call that ended meanwhile is read at the next turn
+                    c = self._ended(in_flight, fut)
+                    fut.add_done_callback(functools.partial(_drop_late, c.name, step))
+                    self._lost(c, str(c.probe.verdict), queue, outcome)
+        finally:
+            for c in in_flight.values():  # aborted or failed: the calls are left to end
+                c.probe.close()
         outcome.samples = [s for s in samples if s is not None]
         if len(outcome.samples) != len(requests):
             raise RolloutFailed(f"{len(requests) - len(outcome.samples)} requests got no answer")
         outcome.seconds = time.monotonic() - start
         outcome.first_done_s = first_done if first_done is not None else outcome.seconds
         return outcome
+
+    def _ended(self, in_flight: dict[Future[GenerateReply], _Call], fut: Future[Any]) -> _Call:
+        """Take ``fut``'s call out of ``in_flight``: its worker no longer holds a shard."""
+        c = in_flight.pop(fut)
+        c.probe.close()
+        self.on_assign(c.name, False)
+        return c
+
+    def _lost(
+        self,
+        c: _Call,
+        why: str,
+        queue: deque[tuple[list[int], int]],
+        outcome: RolloutOutcome,
+    ) -> None:
+        """``c``'s worker failed (died, erred or went silent): mark it down until a later
+        :meth:`revive` finds it back, book it in ``outcome``, and queue its shard again."""
+        self.down[c.name] = why
+        outcome.failed_workers[c.name] = why
+        outcome.redispatched += len(c.shard)
+        log.warning("rollout worker %s failed (%s); re-dispatching %d requests",
+                    c.name, why, len(c.shard))  # fmt: skip
+        self._retry(queue, c.shard, c.attempts, c.name, why)
 
     def _post(self, name: str, call: GenerateCall) -> GenerateReply:
         url = self.workers[name] + GENERATE_PATH
@@ -236,6 +282,18 @@ class RolloutPool:
         return (
             f"no live rollout worker left with {left} requests unanswered; worker errors: {errors}"
         )
+
+
+def _drop_late(name: str, step: int, fut: Future[GenerateReply]) -> None:
+    """Done callback of a call abandoned as hung: whatever it ends with is dropped (its shard
+    was re-dispatched)."""
+    error = fut.exception()
+    if error is None:
+        log.info("rollout worker %s answered its abandoned call of step %d late; the answer is "
+                 "dropped", name, step)  # fmt: skip
+    else:
+        log.info("rollout worker %s's abandoned call of step %d ended late: %s (dropped)",
+                 name, step, error)  # fmt: skip
 
 
 def _spawn(fn: Callable[..., GenerateReply], *args: Any) -> Future[GenerateReply]:

@@ -25,8 +25,10 @@ process of ``longtail run``). One RL step:
    are published, keep them as :attr:`StepDriver.latest_samples` (``GET /v1/samples/latest``:
    the data of the dedicated drafter workers, ``drafter_worker/``).
 
-``stop`` (SIGTERM/SIGINT) is honoured between phases and during the rollout; the driver then
-writes a checkpoint of the last completed step and returns.
+``stop`` (SIGTERM/SIGINT) is honoured between phases, during the rollout and during the policy
+update (between micro-batches and before the optimiser step: ``optim.train_step``): the step in
+progress is abandoned, its half-done update never applied, and the driver writes a checkpoint of
+the last completed step and returns.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from longtail_workers.trainer.dispatch import RolloutAborted, RolloutOutcome, Ro
 from longtail_workers.trainer.drafter_window import TrainerHarvestee
 from longtail_workers.trainer.group import PolicyLeader
 from longtail_workers.trainer.grpo import group_advantages, sequence_logprobs
+from longtail_workers.trainer.optim import UpdateAbandoned
 from longtail_workers.trainer.policy import build_policy
 from longtail_workers.trainer.rollout_batch import build_grpo_batch
 from longtail_workers.trainer.syncbook import SyncBook
@@ -141,7 +144,6 @@ class StepDriver:
         self._trainer_harvested_s = 0.0
         self.latest_samples: StepSamples | None = None
         """The last completed step's answers and the policy version published after it."""
-        self._rejections_seen = 0  # drafter candidates refused before the last row
         if policy is None:  # a lone trainer on ``model`` as given (world 1)
             policy = PolicyLeader(build_policy(spec, TrainerWorld(), model)[0])
         self.policy = policy
@@ -205,7 +207,8 @@ class StepDriver:
         self._book_sync(self.publish_policy())
         try:
             self._steps(start_step)
-        except RolloutAborted:
+        except (RolloutAborted, UpdateAbandoned) as exc:
+            log.info("the step in progress is abandoned: %s", exc)
             return self._stop()
         if self.stop.is_set():
             return self._stop()
@@ -240,6 +243,11 @@ class StepDriver:
         self.state.last_row = row
         self.on_row(row)
 
+    def _check_stop(self, where: str) -> None:
+        """Abandon the step in progress (:class:`UpdateAbandoned`) once a stop is asked for."""
+        if self.stop.is_set():
+            raise UpdateAbandoned(f"stop requested {where}")
+
     def _stop(self) -> str:
         log.info("stop requested: checkpointing step %d and stopping", self.state.step)
         if self.state.last_checkpoint_step != self.state.step:
@@ -256,13 +264,15 @@ class StepDriver:
         self._handed_out(out)
         golds = [ex.answer for ex in prompts for _ in range(algo.group_size)]
         t_train = time.monotonic()
+        self._check_stop("before scoring")
         rewards, correct = self._score(out.samples, golds)
         adv = group_advantages(torch.tensor(rewards), algo.group_size)
         batch = build_grpo_batch(out.samples, adv.tolist(), pad_id=int(self.tok.pad_token_id))
         if self.reference is not None:
             batch = dataclasses.replace(batch, ref_logprobs=self._ref_logprobs(batch))
+        self._check_stop("before the policy update")
         with self.lock:
-            stats = self.policy.train(batch, step)
+            stats = self.policy.train(batch, step, self.stop.is_set)
             self.state.policy_version += 1
             self.state.step = step
         if self.harvest is not None:
@@ -275,9 +285,12 @@ class StepDriver:
         # the drafter version just merged, so its candidate counts at the next step's merge.
         self.latest_samples = StepSamples.of(step, self.state.policy_version, out.samples)
         row = self._row(step, out, rewards, correct, stats.as_dict(), train_s, sync_s)
-        row.drafter_candidates = (
-            None if self.registry is None else self.registry.last_merge_candidates
-        )
+        if self.registry is not None:  # what became of the drafter candidates
+            row.drafter_candidates = self.registry.last_merge_candidates
+            row.drafter_refused = self.registry.refusals.take_new()
+            row.drafter_candidates_rejected = sum(row.drafter_refused.values())
+            if self.registry.latest_version() is None:
+                row.drafter_unpublished = self.registry.refusals.unpublished()
         self.syncs.fill(row, used)
         self.state.accepted_lengths.append(row.mean_accepted_length or 0.0)
         row.acceptance_collapsed = acceptance_collapsed(self.state.accepted_lengths)
@@ -295,6 +308,7 @@ class StepDriver:
         device = next(self.reference.parameters()).device
         parts = []
         for lo in range(0, batch.num_sequences, rows_per_pass):
+            self._check_stop("while scoring the reference log-probs")
             sl = slice(lo, lo + rows_per_pass)
             parts.append(sequence_logprobs(
                 self.reference, batch.input_ids[sl].to(device),
@@ -406,7 +420,6 @@ class StepDriver:
             mean_accepted_length=acc_len / rows if rows else 0.0,
             redispatched=out.redispatched,
             failed_workers=sorted(out.failed_workers),
-            drafter_candidates_rejected=self._new_rejections(),
             train=dict(stats),
             trainer_harvested_s=None if self.harvest is None else self._trainer_harvested_s,
             train_s=train_s,
@@ -418,12 +431,6 @@ class StepDriver:
             answer_spec_steps=[s.spec_steps for s in out.samples],
             answer_accepted_drafts=[s.accepted_tokens for s in out.samples],
         )
-
-    def _new_rejections(self) -> int:
-        """Drafter candidates the registry refused since the last row (``drafter/vetting.py``)."""
-        total = 0 if self.registry is None else sum(self.registry.rejected.values())
-        new, self._rejections_seen = total - self._rejections_seen, total
-        return int(new)
 
     # --- eval and checkpoints ---------------------------------------------------------------
 

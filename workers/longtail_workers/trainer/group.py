@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.checkpoint import CheckpointState
-from longtail_workers.trainer.optim import StepStats
+from longtail_workers.trainer.optim import StepStats, UpdateAbandoned
 from longtail_workers.trainer.policy import Policy
 from longtail_workers.trainer.sharding import StateDict
 from longtail_workers.trainer.world import TrainerRankError, TrainerWorld
@@ -111,12 +111,15 @@ class PolicyLeader:
         if self.channel is not None:
             self.channel.send(command)
 
-    def train(self, batch: GrpoBatch, step: int) -> StepStats:
+    def train(
+        self, batch: GrpoBatch, step: int, stop: Callable[[], bool] | None = None
+    ) -> StepStats:
+        """The update of ``step`` on every rank; ``stop`` abandons it (``UpdateAbandoned``)."""
         self._announce(Train(step))
         if self.world.sharded:
             with self.world.collective(f"sending the batch of step {step}"):
                 share_batch(self.world, batch)
-        return self.policy.train(batch, step)
+        return self.policy.train(batch, step, stop)
 
     def publish(self, publisher: WeightPublisher, version: int) -> Published:
         """Publish the policy as ``version`` through ``publisher.publish_stream``, every rank
@@ -238,7 +241,10 @@ def follow(policy: Policy, channel: CommandChannel) -> int:
             case Train(step=step):
                 with world.collective(f"receiving the batch of step {step}"):
                     batch = share_batch(world, None)
-                policy.train(batch, step)
+                try:
+                    policy.train(batch, step)
+                except UpdateAbandoned as exc:  # rank 0 was asked to stop: it checkpoints next
+                    log.info("rank %d: %s", world.rank, exc)
             case Stream():
                 for _ in policy.gather_pass():
                     pass  # rank 0 publishes; this rank only takes part in each gather

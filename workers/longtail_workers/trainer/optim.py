@@ -9,6 +9,12 @@ gradients. A sharded trainer (``trainer/policy.py``) runs the same function on e
 on its share of the batch's rows. A non-finite gradient norm skips the update (the weights stay
 as they were) and is reported in the stats, as veRL does, rather than writing NaN into the
 policy.
+
+A stop (SIGTERM, Ctrl-C: the driver's ``stop``) abandons the update between micro-batches and
+before the optimiser step: the gradients are dropped, the weights and the optimiser state stay
+those of the last completed step, and :class:`UpdateAbandoned` is raised (all ranks of a
+sharded trainer agree on it, so none is left in a collective). The driver then checkpoints the
+last completed step.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,6 +131,10 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     )
 
 
+class UpdateAbandoned(Exception):
+    """A stop was asked for during the policy update: it was abandoned, nothing was applied."""
+
+
 @dataclass(frozen=True)
 class StepStats:
     """What one :func:`train_step` did; loss terms are token means over the whole batch."""
@@ -157,8 +168,13 @@ def train_step(
     batch: GrpoBatch,
     cfg: TrainConfig,
     world: TrainerWorld | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> StepStats:
     """One GRPO policy update on ``batch``; returns its :class:`StepStats`.
+
+    ``stop()`` is asked before each micro-batch and before the optimiser step; once it says
+    True the update is abandoned (:class:`UpdateAbandoned`, the weights untouched). On a sharded
+    ``world`` rank 0's answer holds for every rank (the others pass None).
 
     With a sharded ``world`` every rank calls this with the same whole ``batch`` and trains on
     its :func:`~longtail_workers.trainer.batch.shard_rows` slice. Each micro-batch loss is still
@@ -183,6 +199,7 @@ def train_step(
     sums = torch.zeros(1 + len(_STAT_FIELDS), dtype=torch.float64)  # [loss, token-weighted stats]
     device = next(model.parameters()).device  # the batch is built on the host
     for k in range(passes):
+        _check_stop(stop, world, optimizer, f"before micro-batch {k + 1} of {passes}")
         real = k < len(mine)
         mb = (mine[k] if real else filler).to(device)
         logprobs = sequence_logprobs(
@@ -209,6 +226,7 @@ def train_step(
         dist.all_reduce(on_device)
         sums = on_device.cpu()
 
+    _check_stop(stop, world, optimizer, "before the optimizer step")
     grad_norm, clipped, skipped = _clip_and_step(optimizer, cfg.max_grad_norm)
     optimizer.zero_grad(set_to_none=True)
     means = {f: float(sums[1 + i]) / total_tokens for i, f in enumerate(_STAT_FIELDS)}
@@ -223,6 +241,24 @@ def train_step(
         micro_batches=sum(len(p) for p in plans),
         learning_rate=float(optimizer.param_groups[0]["lr"]),
     )
+
+
+def _check_stop(
+    stop: Callable[[], bool] | None,
+    world: TrainerWorld,
+    optimizer: torch.optim.Optimizer,
+    where: str,
+) -> None:
+    """Abandon the update (drop the gradients, raise :class:`UpdateAbandoned`) when a stop is
+    asked for; sharded, every rank takes rank 0's answer (one tiny all-reduce per check)."""
+    asked = bool(stop is not None and stop())
+    if world.sharded:
+        flag = torch.tensor([1.0 if asked else 0.0], device=world.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        asked = bool(flag.item() > 0)
+    if asked:
+        optimizer.zero_grad(set_to_none=True)
+        raise UpdateAbandoned(f"stop requested: the policy update was abandoned {where}")
 
 
 def _clip_and_step(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +74,17 @@ class Policy:
         """True when a version travels in the model's own dtypes: its sha256 is then the
         checksum of the model's state dict (the checkpoint's ``model_sha256``)."""
 
-    def train(self, batch: GrpoBatch, step: int) -> StepStats:
-        """One GRPO update on this rank's rows of ``batch`` (the whole batch, on every rank)."""
+    def train(
+        self, batch: GrpoBatch, step: int, stop: Callable[[], bool] | None = None
+    ) -> StepStats:
+        """One GRPO update on this rank's rows of ``batch`` (the whole batch, on every rank);
+        ``stop``: see :func:`~longtail_workers.trainer.optim.train_step` (rank 0's)."""
         with self.world.collective(f"the GRPO update of step {step}"):
             self.model.train()
             try:
-                return train_step(self.model, self.optimizer, batch, self.cfg, self.world)
+                return train_step(
+                    self.model, self.optimizer, batch, self.cfg, self.world, stop=stop
+                )
             finally:
                 self.model.eval()
 

@@ -38,6 +38,8 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from http import HTTPStatus
 from pathlib import Path
 
@@ -64,6 +66,7 @@ from longtail_api.workerapi import (
 )
 from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
 from longtail_workers.drafter.exchange import DrafterEndpoints, drafter_routes
+from longtail_workers.drafter.refusals import Refusal
 from longtail_workers.httpclient import request
 from longtail_workers.httprequest import JSONRequestHandler, fail
 from longtail_workers.httpserver import BackgroundHTTPServer, probe_routes, route
@@ -86,6 +89,9 @@ from longtail_workers.wire.samples import SAMPLES_PATH, StepSamples, parse_after
 
 log = logging.getLogger(__name__)
 LISTENING_PREFIX = "longtail trainer listening on "
+CHECKPOINT_JOIN_S = 900.0
+"""Longest a ``POST /v1/checkpoint`` waits for the checkpoint another request is writing
+(then 503: retry)."""
 
 
 class TrainerMetrics:
@@ -136,9 +142,10 @@ class TrainerMetrics:
         if row.sync_gb_per_s is not None:
             self.sync_rate.labels(transport=transport).set(row.sync_gb_per_s * 1e9)
 
-    def candidate_rejected(self, stage: str, worker: str, reason: str) -> None:
-        """``DrafterRegistry.on_rejected``: count a refused drafter candidate (it logs it)."""
-        self.rejected.labels(stage=stage).inc()
+    def candidate_rejected(self, refusal: Refusal) -> None:
+        """``DrafterRegistry.on_rejected``: count a refused drafter candidate (the registry
+        logged it), by stage and reason."""
+        self.rejected.labels(stage=refusal.stage, reason=refusal.reason).inc(refusal.candidates)
 
 
 class TrainerApp(BackgroundHTTPServer):
@@ -160,6 +167,9 @@ class TrainerApp(BackgroundHTTPServer):
         self.started = time.time()
         self.stop_requested: threading.Event | None = None
         """Set when the trainer is asked to stop (SIGTERM, Ctrl-C): it is no longer ready."""
+        self._checkpointing: Future[CheckpointAnswer] | None = None
+        """The checkpoint ``POST /v1/checkpoint`` is writing now (others join it)."""
+        self._checkpoint_lock = threading.Lock()
 
     def unready(self) -> str | None:
         """Why ``/readyz`` says 503 (None: ready). Ready once the policy is loaded and the
@@ -241,6 +251,7 @@ class TrainerApp(BackgroundHTTPServer):
             drafter_training=None if self.harvest is None else self.harvest.status(),
             figures_step=None if row is None else row.step,
             worker_policy_versions=d.syncs.held_versions(),
+            drafter_merges=None if self.drafters is None else self.drafters.registry.merges(),
         )
 
     def routes(self) -> list[Route]:
@@ -263,11 +274,30 @@ class TrainerApp(BackgroundHTTPServer):
         ]
 
     def _checkpoint(self, handler: JSONRequestHandler) -> None:
-        """``POST /v1/checkpoint``: checkpoint now; the answer goes once it is on disk."""
-        if self.driver is None:
+        """``POST /v1/checkpoint``: checkpoint now; the answer goes once it is on disk. A request
+        that arrives while one is being written (the operator asks again after a restart, or
+        after its call timed out) gets that checkpoint's answer: one write, never two."""
+        driver = self.driver
+        if driver is None:
             fail(HTTPStatus.SERVICE_UNAVAILABLE, "trainer still starting; retry")
-        where = self.driver.checkpoint()
-        answer = CheckpointAnswer(self.driver.state.step, str(where))
+        with self._checkpoint_lock:
+            running, mine = self._checkpointing, self._checkpointing is None
+            if running is None:
+                running = self._checkpointing = Future()
+        if mine:
+            try:
+                where = driver.checkpoint()
+                running.set_result(CheckpointAnswer(driver.state.step, str(where)))
+            except BaseException as exc:  # the joined requests fail with it (500), as this one
+                running.set_exception(exc)
+                raise
+            finally:
+                with self._checkpoint_lock:
+                    self._checkpointing = None
+        try:
+            answer = running.result(timeout=CHECKPOINT_JOIN_S)
+        except FutureTimeout:
+            fail(HTTPStatus.SERVICE_UNAVAILABLE, "a checkpoint is still being written; retry")
         handler.send_json(HTTPStatus.OK, to_wire(answer))
 
     def _exchange(self) -> DrafterEndpoints:
@@ -439,7 +469,10 @@ def _drive(
     driver.stop = stop
     if driver.registry is not None:
         driver.registry.on_rejected = app.metrics.candidate_rejected
-        app.drafters = DrafterEndpoints(driver.registry)
+        # An upload's policy_version is checked against the trainer's.
+        app.drafters = DrafterEndpoints(
+            driver.registry, policy_version=lambda: driver.state.policy_version
+        )
     metrics_path = run_dir / METRICS_FILE
     start_step = 0
     found = latest_checkpoint(ckpt_dir) if args.resume else None

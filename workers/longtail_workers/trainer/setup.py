@@ -50,6 +50,7 @@ from longtail_workers.trainer.drafter_window import (
 )
 from longtail_workers.trainer.driver import DriverConfig, StepDriver
 from longtail_workers.trainer.group import CommandChannel, PolicyLeader
+from longtail_workers.trainer.liveness import Liveness
 from longtail_workers.trainer.policy import build_policy
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient
@@ -148,7 +149,11 @@ def build_driver(
     train = resolve_dataset(spec.dataset, "train", seed=algo.seed, builtin_train_size=size)
     evals = resolve_dataset(spec.dataset, "eval", seed=algo.seed)
     check_context(spec, model, tokenizer, [*train, *evals])
-    pool = RolloutPool(parse_rollouts(args.rollout), timeout_s=args.rollout_timeout)
+    pool = RolloutPool(
+        parse_rollouts(args.rollout),
+        timeout_s=args.rollout_timeout,
+        liveness=Liveness(unresponsive_s=spec.rollout.unresponsive_seconds),
+    )
     verifier = VerifierClient(args.verifier_url)
     publisher, stop_publisher = make_publisher(args, spec, keep_last=3, world=world)
     registry, checks, harvest = drafter_parts(spec, model, args.drafters, world)

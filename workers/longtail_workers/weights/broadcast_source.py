@@ -108,6 +108,10 @@ class BroadcastSource(WeightSource):
         self.last_via = "http"
         return got
 
+    def refusals(self) -> int:
+        """Buckets refused here plus pieces refused by the HTTP catch-up."""
+        return super().refusals() + self.http.refusals()
+
     def received(self) -> int | None:
         """The version received (and verified) by broadcast and not loaded yet, if any."""
         with self._cond:
@@ -211,6 +215,7 @@ class BroadcastSource(WeightSource):
             return f"failed: {error_line(exc)}"  # the group is dropped: it broke
         self._kept = KeptGroup(go.group, tuple(go.members), pg)
         if bad:
+            self.count_refused(len(bad))  # logged at warning by the caller
             return (
                 f"refused: version {record.version}: bucket(s) {bad[:10]} of "
                 f"{bucket_count(record.size, record.bucket_bytes)} failed their digest; the "

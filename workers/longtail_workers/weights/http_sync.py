@@ -78,6 +78,8 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
     service = "weight server"
     thread_name = "weights-http"
     started_log = "policy weights served on %s"
+    max_connections = 1024
+    """Every rollout worker pulls ``parallel`` pieces at once after each step (GETs: no body)."""
 
     def __init__(
         self,
@@ -268,7 +270,9 @@ class HttpWeightClient(WeightSource):
         # version's checksum) is checked before any is pulled.
         listed = pieces_checksum(version, manifest.size, pieces)
         if listed != manifest.pieces_sha256:
-            raise WeightIntegrityError(version, manifest.pieces_sha256, listed, source)
+            raise self._refuse(
+                WeightIntegrityError(version, manifest.pieces_sha256, listed, source)
+            )
         buf = torch.empty(manifest.size, dtype=torch.uint8)  # each piece lands in its place
         data = buf.numpy().data.cast("B")  # keeps buf alive, as do the tensors viewing it
         deadline = time.monotonic() + self.version_timeout_s
@@ -332,9 +336,17 @@ class HttpWeightClient(WeightSource):
                 if advertised == piece.sha256
                 else f"{piece.sha256} (header: {advertised or 'missing'})"
             )
-            raise WeightIntegrityError(
-                version, shown, actual, source=f"{self.base_url}{path} (piece {index})"
+            raise self._refuse(
+                WeightIntegrityError(
+                    version, shown, actual, source=f"{self.base_url}{path} (piece {index})"
+                )
             )
+
+    def _refuse(self, exc: WeightIntegrityError) -> WeightIntegrityError:
+        """Log (warning: a corrupted transfer or mismatched versions) and count a refusal."""
+        log.warning("refused: %s", exc)
+        self.count_refused()
+        return exc
 
     def _manifest(self, answer: httpclient.Response, path: str) -> WeightsManifest:
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -245,6 +246,19 @@ class WeightPublisher(abc.ABC):
 
 class WeightSource(abc.ABC):
     """Rollout side: obtain a verified version and load it into the policy."""
+
+    _refused = 0
+    _refused_lock = threading.Lock()
+
+    def refusals(self) -> int:
+        """Pieces (or buckets) this source refused for their checksum so far: the worker's
+        ``longtail_worker_weights_refused_total``."""
+        return self._refused
+
+    def count_refused(self, pieces: int = 1) -> None:
+        """Count ``pieces`` refused for their checksum (the caller logs why, at warning)."""
+        with self._refused_lock:
+            self._refused += pieces
 
     @abc.abstractmethod
     def fetch(self, version: int | None = None) -> tuple[int, StateDict]:
