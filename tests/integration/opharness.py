@@ -38,6 +38,8 @@ CLUSTER_BOUND = (
 )
 """The ClusterRoles bound cluster-wide to the operator's identity (every one but -home)."""
 EXAMPLE = REPO / "examples" / "01-tiny-arith.yaml"
+ALL_PODS = {"tiny-trainer-0", "tiny-verifier-0", "tiny-rollout-0", "tiny-rollout-1"}
+"""Every pod of :func:`job_manifest`'s job (example 01: a trainer, a verifier, two rollouts)."""
 USER = "longtail-operator"
 IPS = (f"127.0.50.{i}" for i in itertools.count(1))
 

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from fakeworker import FakeWorker
 from opharness import (
+    ALL_PODS,
     IPS,
     apply,
     cond,
@@ -39,8 +40,6 @@ if TYPE_CHECKING:
     from conftest import ControlPlane
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
-
-ALL_PODS = {"tiny-trainer-0", "tiny-verifier-0", "tiny-rollout-0", "tiny-rollout-1"}
 
 
 def test_create_objects_status_printer_columns_and_events(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 from opharness import (
+    ALL_PODS,
     apply,
     cond,
     events,
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
     from conftest import ControlPlane
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
-
-ALL_PODS = {"tiny-trainer-0", "tiny-verifier-0", "tiny-rollout-0", "tiny-rollout-1"}
 
 
 def vllm(ns: str, **spec: Any) -> dict[str, Any]:

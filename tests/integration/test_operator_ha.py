@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from opharness import apply, events, get, job_manifest, live_pods, pods, wait_phase
+from opharness import ALL_PODS, apply, events, get, job_manifest, live_pods, pods, wait_phase
 from opprocess import (
     LEASE,
     OperatorProcess,
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-ALL_PODS = {"tiny-trainer-0", "tiny-verifier-0", "tiny-rollout-0", "tiny-rollout-1"}
 KEY_SECRET = "longtail-operator-token-key"
 HA_ENV = {  # short timings keep the test quick; the order rule is client-go's
     "LONGTAIL_OPERATOR_LEASE_DURATION_S": "4",

@@ -22,6 +22,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 from opharness import (
+    ALL_PODS,
     REPO,
     apply,
     cond,
@@ -51,7 +52,6 @@ FLAVOR = {
         "tolerations": [{"key": "longtail.dev/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     },
 }
-ALL_PODS = {"tiny-trainer-0", "tiny-verifier-0", "tiny-rollout-0", "tiny-rollout-1"}
 
 
 class FakeKueue:

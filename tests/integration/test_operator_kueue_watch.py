@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from kubernetes import client
-from opharness import apply, cond, get, job, live_pods, trainer_at, wait_phase
-from test_operator_kueue import ALL_PODS, FakeKueue, install_kueue, queued_job, remove_kueue
+from opharness import ALL_PODS, apply, cond, get, job, live_pods, trainer_at, wait_phase
+from test_operator_kueue import FakeKueue, install_kueue, queued_job, remove_kueue
 
 from longtail_operator.settings import Settings
 

@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 import pytest
-from opharness import apply, job_manifest, live_pods, pods, wait_phase
+from opharness import ALL_PODS, apply, job_manifest, live_pods, pods, wait_phase
 from opprocess import LEASE, Operators, holder, job_namespace, wait_holder, wait_log
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-ALL_PODS = {"tiny-trainer-0", "tiny-verifier-0", "tiny-rollout-0", "tiny-rollout-1"}
 ACT_S = 10.0
 """Bound, from the API server's return, on recreating a pod deleted then (target 3 s; the old
 code waited the 15 s lease duration first)."""

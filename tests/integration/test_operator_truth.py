@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 from opharness import (
+    ALL_PODS,
     apply,
     cond,
     events,
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
     from conftest import ControlPlane
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
-
-ALL_PODS = {"tiny-trainer-0", "tiny-verifier-0", "tiny-rollout-0", "tiny-rollout-1"}
 
 
 @pytest.fixture(scope="module")
