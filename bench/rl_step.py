@@ -13,6 +13,8 @@ the tail, idle workers harvested for drafter training) and once with ``--no-spec
   reward;
 * idle and harvested worker-seconds (GPU-seconds on a GPU: one GPU a rollout worker);
 * the share of step time spent in rollout;
+* each step's answer lengths (p50, p99, max tokens) and its tail share (tail seconds over rollout
+  seconds), so the reader sees whether the job has a long tail at all;
 * eval accuracy at start and end of each run, and how many step-0 eval outputs of the two runs
   are identical, greedy and sampled rows apart (same weights and seeds; lossless SD means same
   text, up to float32 near-ties from batch composition, which are counted and reported).
@@ -76,6 +78,7 @@ def figures(run: dict[str, Any]) -> dict[str, float]:
         "mean_step_s": mean([r.step_s for r in rows]),
         "mean_step_s_from_2": mean([r.step_s for r in later]),
         "mean_rollout_s": mean([r.rollout_s for r in rows]),
+        "mean_rollout_s_from_2": mean([r.rollout_s for r in later]),
         "mean_tail_s": mean([r.tail_s for r in rows]),
         "mean_train_s": mean([r.train_s for r in rows]),
         "mean_sync_s": mean([r.sync_s for r in rows]),
@@ -93,7 +96,7 @@ def figures(run: dict[str, Any]) -> dict[str, float]:
 
 STEP_COLUMNS = (
     "step", "step_s", "rollout_s", "tail_s", "update_s", "sync_s", "sd_share", "acc_len",
-    "idle_s", "harvested_s", "reward", "eval",
+    "idle_s", "harvested_s", "reward", "eval", "len_p50", "len_p99", "len_max",
 )  # fmt: skip
 
 
@@ -108,7 +111,9 @@ def step_lines(rows: list[StepRow]) -> list[str]:
         cells = [str(r.step), num(r.step_s), num(r.rollout_s), num(r.tail_s), num(r.train_s),
                  num(r.sync_s), num(r.sd_fraction or 0.0), num(r.mean_accepted_length),
                  num(r.idle_s, 1), num(r.harvested_s, 1), num(r.reward_mean, 3),
-                 num(r.eval_accuracy, 3)]  # fmt: skip
+                 num(r.eval_accuracy, 3), num(percentile(list(r.response_lengths), 50), 0),
+                 num(percentile(list(r.response_lengths), 99), 0),
+                 num(max(r.response_lengths, default=None), 0)]  # fmt: skip
         lines.append(" ".join(f"{c:>11}" for c in cells))
     total = [sum(getattr(r, f) for r in rows) for f in ("step_s", "rollout_s", "tail_s",
                                                         "train_s", "sync_s")]  # fmt: skip
@@ -116,13 +121,23 @@ def step_lines(rows: list[StepRow]) -> list[str]:
     harvested = sum(r.harvested_s or 0.0 for r in rows)
     cells = ["total", *(num(t) for t in total), num(mean([r.sd_fraction or 0.0 for r in rows])),
              "", num(idle, 1), num(harvested, 1),
-             num(mean([r.reward_mean for r in rows]), 3), ""]  # fmt: skip
+             num(mean([r.reward_mean for r in rows]), 3), "", "", "", ""]  # fmt: skip
     lines.append(" ".join(f"{c:>11}" for c in cells))
     return lines
 
 
+def percentile(values: list[int], q: float) -> int | None:
+    """The nearest-rank ``q`` percentile (0 < q <= 100) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100), at least the first
+    return ordered[int(rank) - 1]
+
+
 def step_records(rows: list[StepRow]) -> list[dict[str, Any]]:
-    """The per-step figures of :data:`STEP_COLUMNS`, as JSON objects."""
+    """The per-step figures of :data:`STEP_COLUMNS`, as JSON objects, with each step's answer
+    lengths (p50, p99, max tokens) and tail share (tail seconds over rollout seconds)."""
     return [
         {
             "step": r.step,
@@ -137,6 +152,10 @@ def step_records(rows: list[StepRow]) -> list[dict[str, Any]]:
             "harvested_s": r.harvested_s,
             "reward": r.reward_mean,
             "eval": r.eval_accuracy,
+            "len_p50": percentile(list(r.response_lengths), 50),
+            "len_p99": percentile(list(r.response_lengths), 99),
+            "len_max": max(r.response_lengths, default=None),
+            "tail_share": r.tail_s / r.rollout_s if r.rollout_s > 0 else None,
         }
         for r in rows
     ]
@@ -215,6 +234,7 @@ def compare_arms(args: argparse.Namespace, tmp: Path) -> int:
         "step_time_ratio": fb["mean_step_s"] / fl["mean_step_s"],
         "step_time_ratio_from_2": fb["mean_step_s_from_2"] / fl["mean_step_s_from_2"],
         "rollout_time_ratio": fb["mean_rollout_s"] / fl["mean_rollout_s"],
+        "rollout_time_ratio_from_2": fb["mean_rollout_s_from_2"] / fl["mean_rollout_s_from_2"],
         "per_step": {
             "longtail": step_records(longtail["rows"]),
             "baseline": step_records(baseline["rows"]),

@@ -5,7 +5,11 @@ Called by ``bench/gpu/run.sh --suite rl`` (stage ``rl-step``) on a lent GPU, and
 ``--dry-run-cpu`` and ``tests/unit/bench/test_rl_step_gpu.py`` on CPU with ``builtin:tiny``.
 
     rl_step_gpu.py --out DIR [--job FILE] [--steps N] [--eval-size K]
-                   [--profile-deadline S] [--profile-args "..."]
+                   [--profile-deadline S] [--profile-args "..."] [--build-only]
+
+``--build-only`` stops after step 1: the suite's first call (``run.sh --suite rl-build``) builds
+into ``$LONGTAIL_CACHE_DIR`` inside the working tree, which the warm device machine keeps for the
+second call (``--suite rl``), whose build step then only finds the cached builds.
 
 1. **Build.** The job's ``builtin:`` policy and drafter are built here first (``longtail run``
    would do it too, but inside the run's time), timed; their build records are copied to
@@ -69,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--depths 3,6 --repeats 2 --warmup 1",
         help="`longtail profile` options besides --model, --train-batch and --out",
     )
+    ap.add_argument("--build-only", action="store_true", help="build the job's models and stop")
     return ap
 
 
@@ -129,6 +134,9 @@ def main(argv: list[str]) -> int:
         job = session_job(args.job, args.steps, args.eval_size, tmp / "job.yaml")
         timings |= build(job, args.out)
         print(f"built the job's built-in policy and drafter in {timings['build_s']:.1f} s")
+        (args.out / "build-timings.json").write_text(json.dumps(timings) + "\n")
+        if args.build_only:
+            return 0
         arms = argparse.Namespace(job=str(job), steps=None, out=args.out / "rl_step.json",
                                   keep_runs=True)  # fmt: skip
         t0 = time.perf_counter()
@@ -137,6 +145,9 @@ def main(argv: list[str]) -> int:
         for arm in ("longtail", "baseline"):  # for `longtail simulate --lengths run:DIR` later
             (args.out / "runs" / arm).mkdir(parents=True, exist_ok=True)
             shutil.copy(tmp / arm / METRICS_FILE, args.out / "runs" / arm / METRICS_FILE)
+            evals = tmp / arm / "eval"  # the greedy texts the step-0 comparison read
+            for path in sorted(evals.glob("step-*.jsonl")) if evals.is_dir() else []:
+                shutil.copy(path, args.out / "runs" / arm / f"eval-{path.name}")
         t0 = time.perf_counter()
         model = yaml.safe_load(job.read_text())["spec"]["model"]["path"]
         take_profile(args, model, tmp / "longtail", args.out / "profile.json")

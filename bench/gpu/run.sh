@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# The GPU session's one command: one of two suites, each within one 9-minute device call.
+# The GPU session's one command: one of three suites, each within one 9-minute device call.
 #
 # Run in the repository root of a lent GPU machine (one H100 or H200, PyTorch + Triton +
 # transformers, no network), with the wheels of bench/gpu/prepare.sh carried along:
 #
-#     bash bench/gpu/run.sh [--suite rl]        # every result under $OUT (default ./gpu-out)
-#     bash bench/gpu/run.sh --suite engine
-#     bash bench/gpu/run.sh --dry-run-cpu       # the same stages on CPU, tiny settings
+#     bash bench/gpu/run.sh --suite rl-build    # call 1 of sitting A: build builtin:small
+#     bash bench/gpu/run.sh [--suite rl]        # call 2 of sitting A: both arms, profile, sim
+#     bash bench/gpu/run.sh --suite engine      # sitting B
+#     bash bench/gpu/run.sh --dry-run-cpu [--suite ...]   # the same stages on CPU, tiny settings
 #
-# Suite rl (the default; issue #35): env, setup, rl-step: builtin:small and its drafter built
-# on the GPU, examples/06 for a few RL steps with and without Longtail, a profile of that model
-# and the simulator's prediction of both runs (bench/gpu/rl_step_gpu.py, files in $OUT/rl-step).
+# Every result goes under $OUT (default ./gpu-out). With PACK=DIR (the device tool's $OUT, which
+# brings back at most 8 files) the suite also packs $OUT into DIR/gpu-<suite>.tgz after every
+# stage, and copies summary.json there at the end, so a call cut short still returns what ran.
+#
+# Sitting A (issue #53) is two calls back to back on one warm machine: suite rl-build (env,
+# setup, build: builtin:small and its drafter built on the GPU, ~280 s on an H200) writes the
+# builds into $LONGTAIL_CACHE_DIR, by default .gpu-cache/ in the tree (git-ignored: the warm
+# machine keeps it for the next call); suite rl (env, setup, rl-step) then finds them cached and
+# spends its call on examples/06 for 4 RL steps with and without Longtail, a profile of that
+# model and the simulator's prediction of both runs (bench/gpu/rl_step_gpu.py, $OUT/rl-step). On a
+# fresh machine suite rl builds first (it still runs whole, with less time for the rest).
+# Suite lossless (issue #53, sitting C): env, setup, build, divergence, tests: greedy with and
+# without SD on builtin:small in bf16 and float32, the first differing token and the target's
+# top-two margin there (bench/gpu/greedy_divergence.py, $OUT/divergence.json), then pytest -m gpu.
 # Suite engine (issue #34): env, setup, tests, profile-1.5b, profile-7b, speedup, weight-sync.
 # Each stage runs as its own process under `timeout`, logs to $OUT/<stage>.log and appends
 # {stage, rc, seconds} to $OUT/stages.jsonl; a failed stage is recorded and the next one still
@@ -29,7 +41,7 @@
 set -u
 
 usage() {
-    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 MODE=${SUITE_MODE:-gpu}  # a stage process inherits the suite's mode
@@ -41,8 +53,9 @@ while [ $# -gt 0 ]; do
         --suite)
             SUITE=${2:-}; shift
             case "$SUITE" in
-                rl | engine) ;;
-                *) echo "run.sh: --suite ${SUITE:-(none)}: use rl or engine" >&2; exit 2 ;;
+                rl | rl-build | lossless | engine) ;;
+                *) echo "run.sh: --suite ${SUITE:-(none)}: use rl-build, rl, lossless or engine" >&2
+                   exit 2 ;;
             esac ;;
         --stage) STAGE=${2:-}; shift ;;  # internal: run one stage's body (under timeout)
         -h | --help) usage; exit 0 ;;
@@ -88,6 +101,12 @@ if [ -z "$STAGE" ]; then
     # No network there: nothing may wait on the Hugging Face hub (the models are built from
     # configs, nothing is downloaded).
     export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+    # On the GPU machine the builds live in the tree's ignored .gpu-cache/, which a warm machine
+    # keeps between calls (its home directory is not promised to); the CPU dry run uses the
+    # usual cache, where builtin:tiny already is.
+    if [ "$MODE" = gpu ] && [ -z "${LONGTAIL_CACHE_DIR:-}" ]; then
+        export LONGTAIL_CACHE_DIR=$ROOT/.gpu-cache
+    fi
 fi
 
 # ---------------------------------------------------------------------------------------------
@@ -270,15 +289,25 @@ stage_weight_sync() {
     fi
 }
 
-stage_rl_step() {
+stage_rl_step() {  # [--build-only]
     if [ "$MODE" = cpu ]; then  # the plumbing on builtin:tiny: one step an arm, a quick profile
         "$PYTHON" bench/gpu/rl_step_gpu.py --out "$OUT/rl-step" --job examples/01-tiny-arith.yaml \
             --steps 1 --eval-size 4 --profile-args "--device cpu --quick --threads 1 --batches 1,2 \
-            --contexts 16 --depths 2"
+            --contexts 16 --depths 2" "$@"
     else
         # shellcheck disable=SC2086  # RL_STEP_ARGS: a shorter run for a session short of time
         "$PYTHON" bench/gpu/rl_step_gpu.py --out "$OUT/rl-step" \
-            ${RL_STEP_ARGS:---steps 2 --eval-size 4 --profile-deadline 30}
+            ${RL_STEP_ARGS:---steps 4 --eval-size 4 --profile-deadline 30} "$@"
+    fi
+}
+
+stage_divergence() {
+    if [ "$MODE" = cpu ]; then
+        "$PYTHON" bench/gpu/greedy_divergence.py --job examples/01-tiny-arith.yaml --items 4 \
+            --device cpu --max-new-tokens 64 --out "$OUT/divergence.json"
+    else
+        "$PYTHON" bench/gpu/greedy_divergence.py --job examples/06-small-arith-gpu.yaml \
+            --items 4 --device cuda --out "$OUT/divergence.json"
     fi
 }
 
@@ -286,6 +315,8 @@ if [ -n "$STAGE" ]; then
     case "$STAGE" in
         env) stage_env ;;
         rl-step) stage_rl_step ;;
+        build) stage_rl_step --build-only ;;
+        divergence) stage_divergence ;;
         setup) stage_setup ;;
         tests) stage_tests ;;
         profile-1.5b) stage_profile profile-1.5b "$OUT/profile-qwen2-1.5b.json" 60 ;;
@@ -334,14 +365,32 @@ run_stage() {  # NAME LIMIT_S FLOOR_OF_LATER_STAGES_S
         "$name" "$rc" "$status" "$secs" "$t" >>"$OUT/stages.jsonl"
     NAMES+=("$name") RCS+=("$rc ($status)") SECS+=("$secs") LIMITS+=("$t")
     tail -n 3 "$OUT/$name.log" | sed 's/^/   | /'
+    pack
+}
+
+pack() {  # $OUT as one file in $PACK (the device tool brings back at most 8 files)
+    if [ -n "${PACK:-}" ]; then
+        mkdir -p "$PACK" && tar czf "$PACK/gpu-$SUITE.tgz.part" -C "$OUT" . \
+            && mv "$PACK/gpu-$SUITE.tgz.part" "$PACK/gpu-$SUITE.tgz" || echo "(pack failed)"
+    fi
 }
 
 echo "GPU suite $SUITE ($MODE mode): OUT=$OUT, python $PYTHON, budget ${BUDGET_S}s"
 # Limits, and the floor each stage leaves for the ones after it (the sum of their floors).
-if [ "$SUITE" = rl ]; then  # floors: setup 20, rl-step 380
+if [ "$SUITE" = rl-build ]; then  # floors: setup 20, build 300
+    run_stage env 30 320
+    run_stage setup 60 300
+    run_stage build 480 0
+elif [ "$SUITE" = lossless ]; then  # floors: setup 20, build 280, divergence 90, tests 30
+    run_stage env 30 420
+    run_stage setup 60 400
+    run_stage build 360 120
+    run_stage divergence 200 30
+    run_stage tests 120 0
+elif [ "$SUITE" = rl ]; then  # floors: setup 20, rl-step 380
     run_stage env 30 400
     run_stage setup 60 380
-    run_stage rl-step 480 0
+    run_stage rl-step 500 0
 else  # floors: tests 60, profile-1.5b 120, profile-7b 90, speedup 10, weight-sync 45
     run_stage env 30 345
     run_stage setup 60 325
@@ -370,6 +419,14 @@ summary = {
     "stages": stages,
     "files": sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()),
 }
+rl = out / "rl-step" / "rl_step.json"
+if rl.exists():  # sitting A's headline figures, on the summary screen
+    r = json.loads(rl.read_text())
+    keys = ("step_time_ratio", "step_time_ratio_from_2", "rollout_time_ratio",
+            "rollout_time_ratio_from_2", "eval_step0")
+    summary["rl_step"] = {k: r.get(k) for k in keys}
+    for k in keys:
+        print(f"{k:>26}: {r.get(k)}")
 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 PY
 
@@ -379,4 +436,6 @@ for i in "${!NAMES[@]}"; do
     printf '%-14s %-16s %9s %9s\n' "${NAMES[$i]}" "${RCS[$i]}" "${SECS[$i]}" "${LIMITS[$i]}"
 done
 printf 'total %ss of %ss budget; results in %s\n' "$(( $(date +%s) - START ))" "$BUDGET_S" "$OUT"
+pack
+[ -n "${PACK:-}" ] && [ -f "$OUT/summary.json" ] && cp "$OUT/summary.json" "$PACK/summary-$SUITE.json"
 rm -rf "$SITE"

@@ -63,6 +63,13 @@ def test_the_rl_step_stage_runs_both_arms_profiles_and_predicts(tmp_path: Path) 
         part = json.loads((out / f"rl_step-{arm}.json").read_text())
         assert part["arm"] == arm and part["per_step"] == rl["per_step"][arm]
 
+    for arm in ("longtail", "baseline"):  # is there a long tail at all: lengths and tail share
+        for s in rl["per_step"][arm]:
+            assert 0 < s["len_p50"] <= s["len_p99"] <= s["len_max"] <= 48, s
+            assert 0 <= s["tail_share"] <= 1, s
+        # the step-0 greedy texts both arms wrote, kept for a look at any difference
+        assert (out / "runs" / arm / "eval-step-000000.jsonl").is_file()
+    assert rl["rollout_time_ratio_from_2"] > 0
     rows = [json.loads(ln) for ln in (out / "runs" / "longtail" / "metrics.jsonl").open()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["drafter_candidates"] >= 0 for r in rows)  # what the replay merges
@@ -74,3 +81,30 @@ def test_the_rl_step_stage_runs_both_arms_profiles_and_predicts(tmp_path: Path) 
         assert f["steps"] == 2 and f["measured_step_s"] > 0 and f["predicted_step_s"] > 0
     assert {"build_s", "arms_s", "profile_s"} <= set(predicted["timings_s"])
     assert (out / "build-policy.json").is_file() and (out / "build-drafter.json").is_file()
+
+
+def test_build_only_builds_and_stops(tmp_path: Path) -> None:
+    """The suite's first call (``--suite rl-build``): the builds, their records, no arms."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu" / "rl_step_gpu.py"), "--out", str(out),
+           "--job", str(small_job(tmp_path)), "--build-only"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "build-policy.json").is_file() and (out / "build-drafter.json").is_file()
+    assert json.loads((out / "build-timings.json").read_text())["build_s"] >= 0
+    assert not (out / "rl_step.json").exists() and "per step" not in proc.stdout
+
+
+def test_greedy_divergence_compares_plain_and_sd_greedy(tmp_path: Path) -> None:
+    """``bench/gpu/greedy_divergence.py`` on CPU: float32 greedy with and without SD is the
+    same text (the GPU sitting asks this in bf16 too, and the margin where they differ)."""
+    out = tmp_path / "divergence.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu" / "greedy_divergence.py"),
+           "--job", str(small_job(tmp_path)), "--out", str(out), "--items", "3",
+           "--device", "cpu", "--dtypes", "float32", "--max-new-tokens", "24"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())["dtypes"]["float32"]
+    assert len(result["items"]) == 3
+    assert result["identical"] == 3 and result["plain_repeatable"] == 3, result
+    assert all(it["plain_tokens"] > 0 for it in result["items"])
