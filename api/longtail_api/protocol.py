@@ -80,18 +80,25 @@ class VerifyItem:
     """The model's full output; the reward function extracts the final answer from it."""
     gold: str
     """The reference final answer."""
+    reward: str | None = None
+    """This item's reward name, over the request's (``dataset.rewardBySource`` routes rows by
+    their ``data_source``); ``None`` uses the request's."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"answer": self.answer, "gold": self.gold}
+        body: dict[str, Any] = {"answer": self.answer, "gold": self.gold}
+        if self.reward is not None:
+            body["reward"] = self.reward
+        return body
 
     @classmethod
     def from_dict(
         cls, data: object, path: str = "item", *, max_answer_chars: int | None = None
     ) -> VerifyItem:
         obj = _mapping(data, path)
-        _check_keys(obj, path, ("answer", "gold"))
+        _check_keys(obj, path, ("answer", "gold", "reward"))
         answer = _str(obj, "answer", path, fix='send the model output as text, e.g. "42"')
         gold = _str(obj, "gold", path, fix='send the gold answer as text, e.g. "42"')
+        reward = _reward_name(obj, _join(path, "reward"))
         if max_answer_chars is not None:
             for name, text in (("answer", answer), ("gold", gold)):
                 if len(text) > max_answer_chars:
@@ -100,7 +107,7 @@ class VerifyItem:
                         f"is {len(text)} characters, over the limit of {max_answer_chars}",
                         fix="truncate it, or start the verifier with a larger --max-answer-chars",
                     )
-        return cls(answer=answer, gold=gold)
+        return cls(answer=answer, gold=gold, reward=reward)
 
 
 @dataclass(frozen=True)
@@ -152,14 +159,7 @@ class VerifyRequest:
             VerifyItem.from_dict(raw, f"items[{i}]", max_answer_chars=max_answer_chars)
             for i, raw in enumerate(raw_items)
         )
-        reward = obj.get("reward")
-        if reward is not None and (not isinstance(reward, str) or not reward):
-            raise ProtocolError(
-                "reward",
-                "must be a non-empty reward name",
-                reward,
-                fix='e.g. "math", or leave it out for the default',
-            )
+        reward = _reward_name(obj, "reward")
         return cls(items=items, reward=reward, format_weight=_format_weight(obj))
 
 
@@ -173,27 +173,37 @@ class VerifyResult:
     """The final answer found in the model output, ``null`` when there was none."""
     formatted: bool
     """Whether the output contained a well-formed final answer."""
+    reason: str | None = None
+    """Why the answer was not judged on its maths (no final answer, the check timed out);
+    left out of the JSON when ``None``."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "reward": self.reward,
             "correct": self.correct,
             "extracted": self.extracted,
             "formatted": self.formatted,
         }
+        if self.reason is not None:
+            body["reason"] = self.reason
+        return body
 
     @classmethod
     def from_dict(cls, data: object, path: str = "result") -> VerifyResult:
         obj = _mapping(data, path)
-        _check_keys(obj, path, ("reward", "correct", "extracted", "formatted"))
-        extracted = obj.get("extracted")
-        if extracted is not None and not isinstance(extracted, str):
-            raise ProtocolError(f"{path}.extracted", "must be a string or null", extracted)
+        _check_keys(obj, path, ("reward", "correct", "extracted", "formatted", "reason"))
+        optional: dict[str, str | None] = {}
+        for key in ("extracted", "reason"):
+            value = obj.get(key)
+            if value is not None and not isinstance(value, str):
+                raise ProtocolError(f"{path}.{key}", "must be a string or null", value)
+            optional[key] = value
         return cls(
             reward=_number(obj, "reward", path),
             correct=_bool(obj, "correct", path),
-            extracted=extracted,
+            extracted=optional["extracted"],
             formatted=_bool(obj, "formatted", path),
+            reason=optional["reason"],
         )
 
 
@@ -278,6 +288,18 @@ def _number(obj: Mapping[str, Any], key: str, path: str) -> float:
     if not math.isfinite(number):
         raise ProtocolError(_join(path, key), "must be a finite number", value)
     return number
+
+
+def _reward_name(obj: Mapping[str, Any], path: str) -> str | None:
+    reward = obj.get("reward")
+    if reward is not None and (not isinstance(reward, str) or not reward):
+        raise ProtocolError(
+            path,
+            "must be a non-empty reward name",
+            reward,
+            fix='e.g. "math", or leave it out for the default',
+        )
+    return reward
 
 
 def _format_weight(obj: Mapping[str, Any]) -> float:

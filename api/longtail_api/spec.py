@@ -48,6 +48,9 @@ def cpu_quantity(value: int | str) -> float:
 
 
 _SOURCE_HINT = "a path, or builtin:<name>"
+REWARD_NAME_PATTERN = r"^[a-z][a-z0-9_.:-]*$"
+"""A reward's registered name (``rewards/registry.py`` checks the same pattern)."""
+REWARD_NAME_HINT = "a lowercase reward name such as math"
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Engine = Literal["torch", "vllm"]
@@ -89,13 +92,13 @@ class DatasetSpec:
     split when this is empty."""
     eval_size: int = spec_field(200, minimum=0, maximum=100000)
     """How many evaluation prompts to score (greedy) at each evaluation; 0 disables eval."""
-    reward: str = spec_field(
-        "math",
-        pattern=r"^[a-z][a-z0-9_.:-]*$",
-        pattern_hint="a lowercase reward name such as math",
-    )
+    reward: str = spec_field("math", pattern=REWARD_NAME_PATTERN, pattern_hint=REWARD_NAME_HINT)
     """Name of the reward function the verifier applies (``math``: final answer from
-    ``\\boxed{...}`` or an ``Answer:`` line, normalised, exact match)."""
+    ``\\boxed{...}`` or an ``Answer:`` line, judged equal to the gold answer by math-verify)."""
+    reward_by_source: dict[str, str] = spec_field(default_factory=dict)
+    """Reward per value of the rows' ``data_source`` column (veRL-format files), e.g.
+    ``{openai/gsm8k: math}``; rows with another or no source get ``reward``. Each source must
+    occur in the training file."""
     format_weight: float = spec_field(0.0, minimum=0.0, maximum=1.0)
     """Weight of the optional format component added to the 0/1 correctness reward."""
     apply_chat_template: bool = spec_field(True)

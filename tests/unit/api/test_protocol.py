@@ -27,10 +27,13 @@ def _request(**overrides: Any) -> dict[str, Any]:
 
 def test_request_round_trip() -> None:
     request = VerifyRequest(
-        items=(VerifyItem("a", "b"), VerifyItem("c", "d")), reward="math", format_weight=0.25
+        items=(VerifyItem("a", "b"), VerifyItem("c", "d", reward="other")),
+        reward="math",
+        format_weight=0.25,
     )
     wire = json.loads(json.dumps(request.to_dict()))
     assert wire["formatWeight"] == 0.25
+    assert "reward" not in wire["items"][0] and wire["items"][1]["reward"] == "other"
     assert VerifyRequest.from_dict(wire) == request
 
 
@@ -43,12 +46,17 @@ def test_request_defaults() -> None:
 
 def test_response_round_trip() -> None:
     response = VerifyResponse(
-        results=(VerifyResult(1.0, True, "1", True), VerifyResult(0.0, False, None, False)),
+        results=(
+            VerifyResult(1.0, True, "1", True),
+            VerifyResult(0.0, False, None, False, reason="no final answer"),
+        ),
         reward="math",
         reward_mean=0.5,
     )
     wire = json.loads(json.dumps(response.to_dict()))
     assert wire["rewardMean"] == 0.5 and wire["results"][1]["extracted"] is None
+    assert "reason" not in wire["results"][0]
+    assert wire["results"][1]["reason"] == "no final answer"
     assert VerifyResponse.from_dict(wire) == response
 
 
@@ -82,6 +90,10 @@ def test_error_response_round_trip() -> None:
         (_request(formatWeight=10**400), r"^formatWeight: must be a finite number"),
         (_request(reward=""), r"^reward: must be a non-empty reward name"),
         (_request(reward=3), r"^reward: must be a non-empty reward name, got 3"),
+        (
+            {"items": [{"answer": "a", "gold": "b", "reward": ""}]},
+            r"^items\[0\]\.reward: must be a non-empty reward name",
+        ),
     ],
 )
 def test_request_errors_name_path_value_and_fix(body: object, message: str) -> None:
@@ -125,6 +137,20 @@ def test_answer_length_limit_names_the_item() -> None:
         (
             {"results": [{"reward": 1, "correct": True, "extracted": 5, "formatted": True}]},
             r"^results\[0\]\.extracted: must be a string or null, got 5",
+        ),
+        (
+            {
+                "results": [
+                    {
+                        "reward": 0,
+                        "correct": False,
+                        "extracted": None,
+                        "formatted": True,
+                        "reason": 3,
+                    }
+                ]
+            },
+            r"^results\[0\]\.reason: must be a string or null, got 3",
         ),
     ],
 )

@@ -115,8 +115,8 @@ def test_verl_style_parquet_with_chat_prompt_and_struct_answer(tmp_path: Path) -
     )
     examples = load_examples(path, "prompt", "reward_model.ground_truth")
     assert examples == [
-        Example(prompt="What is 2+2?", answer="4", index=0),
-        Example(prompt="What is 3*3?", answer="9", index=1, system="Think step by step."),
+        Example(prompt="What is 2+2?", answer="4", index=0, source="gsm8k"),
+        Example("What is 3*3?", "9", 1, system="Think step by step.", source="eurus"),
     ]
 
 

@@ -1,26 +1,30 @@
-"""Normalisation, the ``math`` reward, the format component and the reward registry."""
+"""The ``math`` reward (math-verify behind our final-answer rules), the format component and the
+reward registry. Hard cases with hand verdicts: test_reward_hard_cases.py; the checker
+processes and their time limit: test_reward_checker.py."""
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Iterator
-from fractions import Fraction
 
 import pytest
 
 from longtail_workers.rewards import (
-    MAX_NORMALIZE_CHARS,
+    DEFAULT_TIMEOUT_S,
+    MAX_CHECK_CHARS,
     RewardResult,
     UnknownRewardError,
     answers_match,
+    answers_match_verdict,
     combine,
+    configure_math_checker,
     get_reward,
     known_rewards,
     math_reward,
-    normalize_answer,
     register_reward,
     unregister_reward,
 )
+from longtail_workers.rewards.prepare import prepare_answer
 
 
 @pytest.mark.parametrize(
@@ -30,116 +34,93 @@ from longtail_workers.rewards import (
         ("+42", "42"),
         ("0042", "42"),
         ("1,234", "1234"),
-        ("1,234,567", "1234567"),
         ("-1,234.5", "-1234.5"),
         ("0.50", "0.5"),
-        (".5", "0.5"),
-        ("5.", "5"),
-        ("-0.0", "0"),
+        ("5.", "5"),  # a sentence-ending period (prepare.py)
         ("1/2", "0.5"),
-        ("3/4", "0.75"),
         (r"\frac{1}{2}", "0.5"),
         (r"\dfrac{3}{4}", "3/4"),
-        (r"\tfrac{3}{4}", "0.75"),
-        (r"\frac12", "1/2"),
         (r"-\frac{1}{2}", "-0.5"),
-        (r"\frac{-1}{2}", "-1/2"),
         (r"\left( 3 \right)", "3"),
-        ("(5)", "5"),
         ("$42$", "42"),
-        (r"\(42\)", "42"),
         (r"\$5", "5"),
-        ("42.", "42"),
         (r"12 \text{ cm}", "12"),
-        (r"12\text{cm}", "12"),
-        (r"\text{yes}", "yes"),
-        (r"\mathrm{Yes}", "Yes"),
-        ("42 apples", "42"),
+        ("42 dogs", "42"),  # plain words after a number (prepare.py)
+        ("21 in total", "21"),
         ("x = 5", "5"),
-        ("x_1 = 5", "5"),
         (r"90^\circ", "90"),
-        (r"90^{\circ}", "90"),
-        ("90°", "90"),
+        ("90°", "90"),  # Unicode look-alikes (prepare.py)
         (r"50\%", "50"),
         ("\u22125", "-5"),  # U+2212 MINUS SIGN
         ("٤٢", "42"),  # Arabic-Indic digits
         ("４２", "42"),  # full-width digits
         ("½", "0.5"),
         ("x²", "x^2"),
-        ("x^{2}", "x^2"),
-        ("x + 1", "x+1"),
-        ("x  +\n1", "x + 1"),
-        (r"2 \pi", r"2\pi"),
-        (r"\sqrt3", r"\sqrt{3}"),
-        (r"\frac{\sqrt3}{2}", r"\frac{\sqrt{3}}{2}"),
-        ("{42}", "42"),
-        (r"1\,234", "1234"),
-        ("1{,}234", "1234"),
-        ("1e3", "1000"),
-        ("`42`", "42"),
-        ("```\n42\n```", "42"),
-        ("New  York", "New York"),
-        (r"\left[ 1, 2 \right]", "[1,2]"),
+        ("x + 1", "1+x"),
+        (r"\sqrt{8}", r"2\sqrt{2}"),
+        (r"\{2, 1\}", r"\{1, 2\}"),
     ],
 )
 def test_equivalent_answers_match(answer: str, gold: str) -> None:
-    assert answers_match(answer, gold), (normalize_answer(answer), normalize_answer(gold))
+    verdict = answers_match_verdict(answer, gold)
+    assert verdict.correct and verdict.reason is None, (prepare_answer(answer), verdict)
+    assert answers_match(answer, gold)
 
 
 @pytest.mark.parametrize(
     ("answer", "gold"),
     [
-        ("0.3333", "1/3"),  # exact comparison: no float rounding
+        ("0.3333", "1/3"),  # a rounded decimal is not the fraction
         ("42", "43"),
         ("-5", "5"),
         ("1, 234", "1234"),  # a list, not a thousands separator
-        ("(1,234)", "1234"),  # a tuple
-        ("1,23", "123"),  # not groups of three
-        ("x", "X"),  # case-sensitive: different variables
         (r"2 \pi", "2"),  # pi is not a unit
+        ("2 pi", "2"),
         ("2 x", "2"),  # nor is a single letter
         (r"\text{no}", "yes"),
-        ("1/0", "0"),  # no division by zero, compared as text
-        ("...", "..."),  # empty after normalisation never matches
-        ("", ""),
-        ("1e99999999", "1"),  # giant exponents are text, never a giant integer
-        ("NewYork", "New York"),
+        ("1/0", "0"),
+        ("(2, 1)", "(1, 2)"),
     ],
 )
 def test_different_answers_do_not_match(answer: str, gold: str) -> None:
-    assert not answers_match(answer, gold)
-
-
-def test_numbers_are_exact_fractions() -> None:
-    assert normalize_answer(r"\frac{2}{4}").value == Fraction(1, 2)
-    assert normalize_answer("007.50").text == "15/2"
-    assert normalize_answer("pi").value is None
-
-
-def test_long_inputs_skip_rewriting_but_still_compare() -> None:
-    long = "word " * (MAX_NORMALIZE_CHARS // 5 + 10)
-    normalized = normalize_answer(long)
-    assert normalized.value is None and normalized.text == long.strip()
-    assert answers_match(long, long.replace(" ", "  "))
+    verdict = answers_match_verdict(answer, gold)
+    assert not verdict.correct and verdict.reason is None, verdict
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("answer", "gold", "reason"),
     [
-        r"\frac{" * 300,
-        r"\frac{1}{" * 100 + "}" * 100,
-        "1" * MAX_NORMALIZE_CHARS,
-        "(" * MAX_NORMALIZE_CHARS,
-        r"\text{" * 150,
-        "9" * 1000 + "/" + "7" * 20,
-        "$" * MAX_NORMALIZE_CHARS,
-        "\u2212" * MAX_NORMALIZE_CHARS,
+        ("...", "...", "the answer is empty after clean-up"),  # empty never matches empty
+        ("", "", "the answer is empty after clean-up"),
+        ("42", " ", "the gold answer is empty after clean-up"),
     ],
 )
-def test_normalisation_of_hostile_inputs_is_fast(text: str) -> None:
-    started = time.perf_counter()
-    normalize_answer(text)
-    assert time.perf_counter() - started < 0.5
+def test_empty_answers_never_match(answer: str, gold: str, reason: str) -> None:
+    assert answers_match_verdict(answer, gold).reason == reason
+    assert not answers_match(answer, gold)
+
+
+def test_long_answers_are_compared_as_text_with_the_reason() -> None:
+    long = "word " * (MAX_CHECK_CHARS // 5 + 10)
+    verdict = answers_match_verdict(long, long.replace(" ", "  "))
+    assert verdict.correct
+    assert verdict.reason is not None and "compared as text, not parsed" in verdict.reason
+    assert not answers_match(long, long + "x")
+
+
+def test_answers_from_many_threads() -> None:
+    # math-verify's own signal-based timeout raises outside the main thread; ours does not.
+    results: list[bool] = []
+
+    def score(i: int) -> None:
+        results.append(math_reward(f"Answer: {i}/4", str(i / 4)).correct)
+
+    threads = [threading.Thread(target=score, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results == [True] * 12
 
 
 # --- the math reward -----------------------------------------------------------------------
@@ -148,7 +129,7 @@ def test_normalisation_of_hostile_inputs_is_fast(text: str) -> None:
 def test_math_reward_correct_boxed() -> None:
     result = math_reward(r"... so \boxed{\frac{1}{2}}", "0.5")
     assert result == RewardResult(
-        reward=1.0, correct=True, extracted=r"\frac{1}{2}", formatted=True
+        reward=1.0, correct=True, extracted=r"\frac{1}{2}", formatted=True, reason=None
     )
 
 
@@ -159,7 +140,10 @@ def test_math_reward_wrong_but_formatted() -> None:
 
 def test_math_reward_no_answer() -> None:
     result = math_reward("I think it's 42", "42")
-    assert result == RewardResult(reward=0.0, correct=False, extracted=None, formatted=False)
+    assert (result.reward, result.correct, result.extracted, result.formatted) == (
+        0.0, False, None, False,
+    )  # fmt: skip
+    assert result.reason is not None and result.reason.startswith("no final answer")
 
 
 def test_math_reward_unwraps_boxed_gold() -> None:
@@ -207,6 +191,13 @@ def test_math_reward_rejects_non_str(answer: object, gold: object, name: str) ->
         math_reward(answer, gold)  # type: ignore[arg-type]
 
 
+@pytest.fixture
+def one_second_checker() -> Iterator[None]:
+    configure_math_checker(1.0)
+    yield
+    configure_math_checker(DEFAULT_TIMEOUT_S)
+
+
 @pytest.mark.parametrize(
     "answer",
     [
@@ -215,16 +206,23 @@ def test_math_reward_rejects_non_str(answer: object, gold: object, name: str) ->
         "\\boxed{" * 100_000,
         r"\boxed{" + "9" * 4000 + "}",
         r"\boxed{\frac{" + "{" * 2000 + "}",
+        r"\boxed{\frac{1}{" * 300 + "}" * 600,
         "Answer: " + "\u2212" * 4000,
         "```\n\n```",
         "\x00\x01\ud800",  # control characters and a lone surrogate
+        r"\boxed{9^{9^{9^{9}}}}",  # a number with more digits than atoms in the universe
     ],
 )
-def test_math_reward_never_raises_on_str(answer: str) -> None:
-    started = time.perf_counter()
+def test_math_reward_never_raises_on_str(answer: str, one_second_checker: None) -> None:
     result = math_reward(answer, "42", format_weight=0.1)
     assert 0.0 <= result.reward <= 1.0 and not result.correct
-    assert time.perf_counter() - started < 0.5
+
+
+def test_math_reward_gives_up_with_the_reason(one_second_checker: None) -> None:
+    result = math_reward(r"\boxed{9^{9^{9^{9}}}}", "1")
+    assert (result.correct, result.formatted) == (False, True)
+    assert result.reason == "math-verify gave up: no verdict within 1 s"
+    assert math_reward(r"\boxed{1}", "1").correct  # the next answer is judged as usual
 
 
 # --- registry ------------------------------------------------------------------------------

@@ -61,9 +61,38 @@ def test_good_batch(server: VerifierServer) -> None:
     assert body["results"] == [
         {"reward": 1.0, "correct": True, "extracted": r"\frac{1}{2}", "formatted": True},
         {"reward": pytest.approx(0.1), "correct": False, "extracted": "41", "formatted": True},
-        {"reward": 0.0, "correct": False, "extracted": None, "formatted": False},
-    ]
+        {"reward": 0.0, "correct": False, "extracted": None, "formatted": False,
+         "reason": "no final answer: no \\boxed{...} or Answer: line at the end of the output"},
+    ]  # fmt: skip
     assert body["rewardMean"] == pytest.approx(1.1 / 3)
+
+
+def test_items_may_name_their_own_reward(server: VerifierServer) -> None:
+    # dataset.rewardBySource: the trainer routes each row's data_source to a reward by name.
+    @register_reward("test.always")
+    def always(answer: str, gold: str, *, format_weight: float = 0.0) -> RewardResult:
+        return RewardResult(reward=1.0, correct=True, extracted=answer, formatted=True)
+
+    items = [{"answer": "Answer: 41", "gold": "42"}, {**GOOD["items"][1], "reward": "test.always"}]
+    try:
+        status, body = verify(server, {"items": items})
+        unknown = verify(server, {"items": [{**items[0], "reward": "test.nope"}]})
+        metrics = http(server.url + "/metrics")[2].decode()
+    finally:
+        unregister_reward("test.always")
+    assert status == 200 and [r["correct"] for r in body["results"]] == [False, True]
+    assert body["reward"] == "math"
+    assert unknown[0] == 400 and "unknown reward 'test.nope'" in unknown[1]["error"]
+    assert 'longtail_verifier_items_scored_total{reward="test.always"} 1.0' in metrics
+    assert 'longtail_verifier_items_scored_total{reward="math"} 1.0' in metrics
+
+
+def test_threads_keep_request_order() -> None:
+    items = [{"answer": f"Answer: {i}", "gold": str(i % 3)} for i in range(12)]
+    with VerifierServer(VerifierConfig(port=0, score_threads=4)) as srv:
+        status, body = verify(srv, {"items": items})
+    assert status == 200
+    assert [r["correct"] for r in body["results"]] == [i < 3 for i in range(12)]
 
 
 def test_empty_batch(server: VerifierServer) -> None:
@@ -250,6 +279,14 @@ def test_main_rejects_unknown_default_reward(capsys: pytest.CaptureFixture[str])
 def test_main_rejects_missing_plugin_module(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--port", "0", "--reward-module", "no_such_module_xyz"]) == 2
     assert "--reward-module no_such_module_xyz: cannot import it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "soon"])
+def test_main_rejects_bad_answer_timeout(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--port", "0", "--answer-timeout-seconds", value])
+    assert info.value.code == 2
+    assert "--answer-timeout-seconds: must be" in capsys.readouterr().err
 
 
 def test_main_port_in_use(server: VerifierServer, capsys: pytest.CaptureFixture[str]) -> None:

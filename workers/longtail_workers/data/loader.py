@@ -14,16 +14,20 @@ the first GPU-second is spent. User-facing rules are in docs/tasks-and-rewards.m
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from longtail_workers.data.readers import read_jsonl, read_parquet
-from longtail_workers.data.records import DatasetError, Example, to_answer, to_prompt
+from longtail_workers.data.records import SOURCE_KEY, DatasetError, Example, to_answer, to_prompt
 
 if TYPE_CHECKING:
     from longtail_api.spec import DatasetSpec
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BUILTIN_TASKS",
@@ -39,6 +43,7 @@ __all__ = [
     "iterate_batches",
     "load_examples",
     "resolve_dataset",
+    "reward_name",
     "shuffle",
 ]
 
@@ -196,7 +201,10 @@ def resolve_dataset(
         return _generate_builtin(spec.path, spec.eval_size, HOLDOUT_SEED, split)
 
     def load(path: str) -> list[Example]:
-        return load_examples(_full_path(path, base_dir), spec.prompt_key, spec.answer_key)
+        examples = load_examples(_full_path(path, base_dir), spec.prompt_key, spec.answer_key)
+        if path == spec.path and split == "train":  # once: eval may read the same file
+            _check_sources(spec, examples)
+        return examples
 
     if spec.eval_path:
         return load(spec.path) if split == "train" else _cap(load(spec.eval_path), spec.eval_size)
@@ -208,6 +216,34 @@ def resolve_dataset(
     except DatasetError as err:
         raise DatasetError(f"{spec.path}: {err}") from err
     return train if split == "train" else _cap(held, spec.eval_size)
+
+
+def reward_name(example: Example, spec: DatasetSpec) -> str:
+    """The reward that scores ``example``: its ``data_source``'s in ``dataset.rewardBySource``,
+    else ``dataset.reward``."""
+    routed = spec.reward_by_source.get(example.source) if example.source else None
+    return routed if routed is not None else spec.reward
+
+
+def _check_sources(spec: DatasetSpec, examples: Sequence[Example]) -> None:
+    """Every source ``dataset.rewardBySource`` names occurs in the training file: a typo
+    there would otherwise score those rows with ``dataset.reward`` without a word."""
+    if not spec.reward_by_source:
+        return
+    counts = Counter(e.source for e in examples if e.source is not None)
+    missing = ", ".join(repr(k) for k in sorted(set(spec.reward_by_source) - set(counts)))
+    if missing:
+        found = ", ".join(f"{k!r} ({n} rows)" for k, n in counts.most_common(20))
+        raise DatasetError(
+            f"{spec.path}: dataset.rewardBySource names data_source {missing}, which no row "
+            f"has; the file's data_source values: "
+            f"{found or f'none (no row has a {SOURCE_KEY!r} text value)'}; fix the key in "
+            f"dataset.rewardBySource or remove it"
+        )
+    routed = ", ".join(
+        f"{k} -> {reward} ({counts[k]} rows)" for k, reward in spec.reward_by_source.items()
+    )
+    log.info("dataset: rewards by data_source: %s; other rows: %s", routed, spec.reward)
 
 
 def _generate_builtin(source: str, size: int, seed: int, split: str) -> list[Example]:

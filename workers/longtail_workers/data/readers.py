@@ -3,7 +3,8 @@
 Called only by :func:`longtail_workers.data.loader.load_examples`, which has already checked
 that the file exists and picked the reader by extension. Each reader produces one ``dict`` per
 row and hands it to :mod:`longtail_workers.data.records` for key lookup and value checks, so
-both formats accept the same keys and raise the same errors. Error locations are
+both formats accept the same keys and raise the same errors; a row's ``data_source`` (veRL
+files) is kept as :attr:`Example.source`. Error locations are
 ``<path>: row <i>`` (0-based, as in :attr:`Example.index`), plus ``(line <n>)`` for jsonl
 because that is what an editor shows.
 """
@@ -17,12 +18,14 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from longtail_workers.data.records import (
+    SOURCE_KEY,
     DatasetError,
     Example,
     Missing,
     lookup,
     to_answer,
     to_prompt,
+    to_source,
 )
 
 # Spec field a user edits to fix a wrong key, by role of the key (messages quote it).
@@ -69,7 +72,8 @@ def _open_text(path: str) -> IO[str]:
 
 
 def read_parquet(path: str, prompt_key: str, answer_key: str) -> list[Example]:
-    """A parquet table; only the top-level columns holding the two keys are decoded."""
+    """A parquet table; only the top-level columns holding the two keys (and ``data_source``,
+    where there is one) are decoded."""
     # Imported here so jsonl-only users and the tests that do not touch parquet skip its cost.
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -83,7 +87,8 @@ def read_parquet(path: str, prompt_key: str, answer_key: str) -> list[Example]:
             role: _parquet_column(path, key, names, role)
             for role, key in (("prompt", prompt_key), ("answer", answer_key))
         }
-        table = pq.read_table(path, columns=sorted(set(columns.values())))
+        wanted = set(columns.values()) | ({SOURCE_KEY} & set(schema.names))
+        table = pq.read_table(path, columns=sorted(wanted))
     except (pa.ArrowException, OSError) as err:
         raise DatasetError(f"{path}: not a readable parquet file ({err})") from err
     return [
@@ -123,9 +128,8 @@ def _to_example(
     prompt_value = _required(row, prompt_key, where, "prompt")
     answer_value = _required(row, answer_key, where, "answer")
     prompt, system = to_prompt(prompt_value, prompt_key, where)
-    return Example(
-        prompt=prompt, answer=to_answer(answer_value, answer_key, where), index=index, system=system
-    )
+    answer = to_answer(answer_value, answer_key, where)
+    return Example(prompt, answer, index, system=system, source=to_source(row))
 
 
 def _required(row: Mapping[str, Any], key: str, where: str, role: str) -> Any:

@@ -40,6 +40,13 @@ class Example:
     system: str = ""
     """System message that came with a chat-style prompt (veRL / Eurus-2-RL files); empty for
     plain-text prompts. :func:`longtail_workers.data.prompts.format_prompt` places it."""
+    source: str | None = None
+    """The row's ``data_source`` (veRL files: ``openai/gsm8k``, ``lighteval/MATH``...), which
+    ``dataset.rewardBySource`` routes to a reward; ``None`` when the row has no text there."""
+
+
+SOURCE_KEY = "data_source"
+"""Column naming a row's origin in veRL-format files; ``dataset.rewardBySource`` keys on it."""
 
 
 class Missing:
@@ -76,6 +83,12 @@ def lookup(row: Mapping[str, Any], key: str, _parent: str = "") -> Any:
 
 
 _CHAT_ROLES = ("system", "user")
+
+
+def to_source(row: Mapping[str, Any]) -> str | None:
+    """The row's ``data_source`` text, or ``None`` (no such key, null, or not text)."""
+    value = row.get(SOURCE_KEY)
+    return value if isinstance(value, str) and value else None
 
 
 def to_prompt(value: Any, key: str, where: str) -> tuple[str, str]:

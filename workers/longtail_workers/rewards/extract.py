@@ -116,7 +116,7 @@ def last_answer_line(text: str) -> str | None:
     """Value of the last ``Answer: ...`` line with a non-empty value, or ``None``.
 
     Markdown decoration that models add around the value (bold markers, inline code backticks)
-    is trimmed here; deeper clean-up is the normaliser's job.
+    is trimmed here; the rest is prepare.py's and math-verify's job.
     """
     require_str(text, "text")
     best: str | None = None

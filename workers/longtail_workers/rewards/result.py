@@ -32,6 +32,9 @@ class RewardResult:
     """The final answer found in the model output, ``None`` if there was none."""
     formatted: bool
     """Whether the output contains a well-formed final answer (box or ``Answer:`` line)."""
+    reason: str | None = None
+    """Why the answer was not judged on its maths (no final answer, the checker gave up after
+    its time limit...), in words for a log; ``None`` when it was."""
 
 
 def check_format_weight(format_weight: object) -> float:

@@ -51,13 +51,16 @@ def verify(handler: JSONRequestHandler, config: VerifierConfig, metrics: Verifie
     except ProtocolError as exc:
         fail(HTTPStatus.BAD_REQUEST, str(exc))
     try:
-        batch = score_request(request, default_reward=config.default_reward)
+        batch = score_request(
+            request, default_reward=config.default_reward, threads=config.score_threads
+        )
     except UnknownRewardError as exc:
         fail(HTTPStatus.BAD_REQUEST, f"reward: {exc}")
     except RewardFailedError as exc:
         log.error("verifier: %s", exc, exc_info=exc.__cause__)
         fail(HTTPStatus.INTERNAL_SERVER_ERROR, str(exc))
-    metrics.observe_batch(batch.reward, batch.results)
+    for name, results in batch.by_reward().items():
+        metrics.observe_batch(name, results)
     handler.send_json(HTTPStatus.OK, batch.to_response().to_dict())
 
 

@@ -42,6 +42,8 @@ class VerifierConfig:
     """Largest request body accepted; checked against Content-Length before reading."""
     default_reward: str = "math"
     """Reward used when a request names none."""
+    score_threads: int = 1
+    """Items of one request scored at once (the ``math`` reward's checker processes)."""
     request_timeout_s: float = 30.0
     """Idle timeout of a connection and of each wait for body bytes, so a stalled client cannot
     hold a thread forever."""

@@ -24,7 +24,14 @@ import threading
 from collections.abc import Callable
 
 from longtail_workers.auth import AuthConfigError, add_auth_args, server_token
-from longtail_workers.rewards import UnknownRewardError, get_reward, known_rewards
+from longtail_workers.rewards import (
+    DEFAULT_TIMEOUT_S,
+    CheckerUnavailable,
+    UnknownRewardError,
+    configure_math_checker,
+    get_reward,
+    known_rewards,
+)
 from longtail_workers.signals import install_stop_signals
 from longtail_workers.verifier.server import VerifierConfig, VerifierServer
 
@@ -44,6 +51,16 @@ def _int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], i
         return value
 
     return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="import MODULE first, so its @register_reward functions exist (repeatable)",
     )
     ap.add_argument(
+        "--answer-timeout-seconds",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        help="the math reward's limit per answer (parse and compare); an answer that takes "
+        "longer scores 0 with the reason logged (default %(default)s)",
+    )
+    ap.add_argument(
+        "--math-processes",
+        type=_int_at_least(1, 256),
+        default=None,
+        help="math-verify checker processes, and items of a request scored at once (default: "
+        "the CPUs this process may use, at most 4)",
+    )
+    ap.add_argument(
         "--grace-seconds",
         type=float,
         default=5.0,
@@ -123,6 +154,12 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    checker = configure_math_checker(args.answer_timeout_seconds, args.math_processes)
+    try:
+        checker.start()  # a missing math-verify stops the verifier here, not at the first answer
+    except CheckerUnavailable as exc:
+        print(f"error: math reward: {exc}", file=sys.stderr)
+        return 2
     try:
         token = server_token("verifier", args.insecure_no_auth)
     except AuthConfigError as exc:
@@ -135,6 +172,7 @@ def main(argv: list[str] | None = None, *, stop: threading.Event | None = None) 
         max_answer_chars=args.max_answer_chars,
         max_body_bytes=args.max_body_bytes,
         default_reward=args.reward,
+        score_threads=checker.processes,
     )
     server = VerifierServer(config)
     server.auth_token = token
