@@ -19,6 +19,14 @@ What it measures, all in one process and one sitting so ratios are comparable:
    and with the threshold calibrated from the sweep (the largest batch size at which SD was
    still faster). Wall time of the batch.
 
+4. The history drafter on the same long-tail batch (``--no-history`` leaves it out): history
+   strategies alone (no drafter forward; the index keeps each prompt's earlier rounds' answers,
+   as a rollout worker keeps earlier RL steps'), SD always on and adaptive, and ``hybrid``
+   (learned, history and hybrid strategies under one bandit). Every configuration reports its
+   accepted length per draft source and the history index's host cost per proposal.
+   ``--tail-group G`` asks every prompt G times per round (a GRPO group), so answers in
+   progress draft from each other.
+
 ``--drafter-window W`` gives every SD engine ``speculative.drafterContextWindow: W``; the long-tail
 batch then also runs the adaptive policy with the drafter reading the whole context, so the
 effect of the window is visible in the same sitting.
@@ -43,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_api.policies import DrafterKind, SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
@@ -112,7 +120,13 @@ def requests_for(
     ]
 
 
-def sd_spec(threshold: int, warmup: int, depths: list[int], bandit: bool) -> SpeculativeSpec:
+def sd_spec(
+    threshold: int,
+    warmup: int,
+    depths: list[int],
+    bandit: bool,
+    drafters: tuple[DrafterKind, ...] = ("learned",),
+) -> SpeculativeSpec:
     selector = SelectorSpec(
         type="bandit" if bandit else "fixed",
         epsilon=0.1,
@@ -123,7 +137,7 @@ def sd_spec(threshold: int, warmup: int, depths: list[int], bandit: bool) -> Spe
         enabled=True,
         batch_threshold=threshold,
         warmup_steps=warmup,
-        strategies=[StrategySpec(draft_depth=k) for k in depths],
+        strategies=[StrategySpec(draft_depth=k, drafter=d) for d in drafters for k in depths],
         selector=selector,
     )
 
@@ -270,14 +284,21 @@ def long_tail(
     args: argparse.Namespace,
     calibrated: int,
 ) -> dict:
-    items = arith.generate(args.tail_batch, seed=3, split="eval")
+    prompts = arith.generate(args.tail_batch, seed=3, split="eval")
+    items = [it for it in prompts for _ in range(args.tail_group)]  # a group per prompt
     n = len(items)
     depths = args.depths
 
-    def sd_engine(threshold: int, warmup: int, config: EngineConfig | None = None) -> TorchEngine:
-        spec = sd_spec(threshold, warmup, depths, bandit=True)
+    def sd_engine(
+        threshold: int,
+        warmup: int,
+        config: EngineConfig | None = None,
+        drafters: tuple[DrafterKind, ...] = ("learned",),
+    ) -> TorchEngine:
+        spec = sd_spec(threshold, warmup, depths, bandit=True, drafters=drafters)
         config = config or sd_config(n, args)
-        return TorchEngine(model, config=config, drafter=drafter, speculative=spec)
+        learned = drafter if drafters != ("history",) else None  # history alone needs none
+        return TorchEngine(model, config=config, drafter=learned, speculative=spec)
 
     engines = {
         "no_sd": TorchEngine(model, config=EngineConfig(max_running=n)),
@@ -289,6 +310,11 @@ def long_tail(
     if args.drafter_window:
         whole = EngineConfig(max_running=n)
         engines["adaptive_whole_context"] = sd_engine(args.threshold, 2, whole)
+    if not args.no_history:
+        engines["history_always"] = sd_engine(10**6, 0, drafters=("history",))
+        engines["history_adaptive"] = sd_engine(args.threshold, 2, drafters=("history",))
+        hybrid: tuple[DrafterKind, ...] = ("learned", "history", "hybrid")
+        engines["hybrid_adaptive"] = sd_engine(args.threshold, 2, drafters=hybrid)
     # Sampled answers differ between configurations (SD is lossless in distribution, not per
     # sample), and a batch's wall time hangs on its longest answers. So every configuration
     # runs the same rounds of sampling seeds, in rotated order, and the totals are compared.
@@ -309,12 +335,19 @@ def long_tail(
         seconds, tokens = sum(f.seconds for f in figs), sum(f.tokens for f in figs)
         out[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
         out[name]["rounds"] = [asdict(f) for f in figs]
+        out[name].update(draft_sources(engines[name].stats))
     base = out["no_sd"]["seconds"]
     for name, fig in out.items():
         fig["speedup_vs_no_sd"] = base / fig["seconds"]
+        by_source = "  ".join(
+            f"{src} acc {s['mean_accepted_length']:4.2f} ({100 * s['token_share']:3.0f}%)"
+            for src, s in fig["by_source"].items()
+        )
+        cost = fig["history_us_per_proposal"]
         print(
-            f"  {name:<20} {fig['seconds']:7.2f} s  {fig['tokens']:6d} tokens  "
-            f"{fig['tokens_per_s']:7.1f} tok/s  x{fig['speedup_vs_no_sd']:4.2f} vs no-SD",
+            f"  {name:<22} {fig['seconds']:7.2f} s  {fig['tokens']:6d} tokens  "
+            f"{fig['tokens_per_s']:7.1f} tok/s  x{fig['speedup_vs_no_sd']:4.2f} vs no-SD  "
+            f"{by_source}" + (f"  history {cost:.1f} us/row" if cost else ""),
             flush=True,
         )
     for name in [k for k in out if k.startswith("adaptive")]:
@@ -328,6 +361,24 @@ def long_tail(
         "drafter_window": args.drafter_window or None,
     }
     return out
+
+
+def draft_sources(st: RolloutStats) -> dict:
+    """Accepted length and share of SD tokens per draft source, and the history index's host
+    cost per proposal (microseconds; 0 without history proposals)."""
+    total = sum(st.source_sd_tokens.values()) or 1
+    return {
+        "by_source": {
+            src: {
+                "mean_accepted_length": st.source_mean_accepted_length(src),
+                "token_share": st.source_sd_tokens[src] / total,
+            }
+            for src in sorted(st.source_sd_tokens)
+        },
+        "history_us_per_proposal": (
+            1e6 * st.history_propose_s / st.history_proposals if st.history_proposals else 0.0
+        ),
+    }
 
 
 def by_running_batch(stats: dict[str, RolloutStats]) -> list[dict]:
@@ -408,6 +459,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tail-batch", type=int, default=64)
     ap.add_argument("--tail-max-new", type=int, default=512)
     ap.add_argument("--tail-rounds", type=int, default=16, help="seed rounds, summed")
+    ap.add_argument(
+        "--tail-group", type=int, default=1, help="long tail: answers per prompt in a round"
+    )
+    ap.add_argument(
+        "--no-history", action="store_true", help="long tail: leave out the history drafter"
+    )
     ap.add_argument("--no-sweep", action="store_true", help="only the long-tail batch")
     ap.add_argument("--threshold", type=int, default=32, help="adaptive: SD when running <= this")
     ap.add_argument(

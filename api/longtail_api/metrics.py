@@ -6,34 +6,19 @@ worker ``/metrics``, and the Grafana dashboards and alert rules query them. Ever
 with ``longtail_``; counters end in ``_total`` and durations in ``_seconds`` as Prometheus
 naming conventions ask. Renaming a metric here is a breaking change for dashboards.
 
-Pure module: standard library only. Add new roles' metrics as new sections below and list
-them in :data:`ALL_METRICS`. Sections: verifier, spot drafter training, rollout worker control,
-rollout engine, operator, trainer.
+Pure module: standard library and ``longtail_api`` only. Add new roles' metrics as new
+sections below and list them in :data:`ALL_METRICS`. Sections: verifier, spot drafter
+training, rollout worker control, operator, trainer, dedicated drafter worker; the rollout
+engine's are in ``enginemetrics.py`` and :class:`MetricSpec` in ``metrictypes.py``, both
+re-exported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
-PREFIX = "longtail_"
-"""Prefix of every Longtail metric name."""
-
-MetricKind = Literal["counter", "gauge", "histogram"]
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """Name, type, help text and label names of one metric."""
-
-    name: str
-    """Full exposition name, e.g. ``longtail_verifier_requests_total``."""
-    kind: MetricKind
-    help: str
-    labels: tuple[str, ...] = ()
-    buckets: tuple[float, ...] | None = None
-    """Histogram bucket upper bounds; ``None`` for counters, gauges and default buckets."""
-
+from longtail_api import enginemetrics as _engine
+from longtail_api.metrictypes import PREFIX as PREFIX
+from longtail_api.metrictypes import MetricKind as MetricKind
+from longtail_api.metrictypes import MetricSpec as MetricSpec
 
 # Label names used across metrics.
 LABEL_ENDPOINT = "endpoint"
@@ -110,6 +95,9 @@ LABEL_ROLE = "role"
 """A worker activity from ``longtail_api.harvest.Activity``."""
 LABEL_DRAFTER_VERSION = "drafter_version"
 LABEL_POLICY_VERSION = "policy_version"
+LABEL_SOURCE = "source"
+"""What drafted a row of a speculative step: ``learned`` or ``history``
+(``longtail_api.policies.DRAFT_SOURCES``; a ``hybrid`` strategy drafts each row from one)."""
 
 # --- spot buffer and trainer --------------------------------------------------------------
 
@@ -178,6 +166,22 @@ POLICY_ACCEPTED_LENGTH = MetricSpec(
     labels=(LABEL_POLICY_VERSION,),
 )
 
+WORKER_SD_TOKENS_TOTAL = MetricSpec(
+    "longtail_worker_sd_tokens_total",
+    "counter",
+    "Tokens committed in speculative steps, by the draft source of the rows that committed "
+    "them (learned, history): each drafter's token share.",
+    labels=(LABEL_SOURCE,),
+)
+WORKER_ACCEPTED_LENGTH = MetricSpec(
+    "longtail_worker_accepted_length",
+    "histogram",
+    "Tokens gained per row per speculative step (accepted drafts + 1), by the draft source of "
+    "the row (learned, history).",
+    labels=(LABEL_SOURCE,),
+    buckets=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33),
+)
+
 # --- worker control surface ---------------------------------------------------------------
 
 WORKER_ROLE = MetricSpec(
@@ -230,6 +234,8 @@ SPOT_METRICS: tuple[MetricSpec, ...] = (
     DRAFTER_VERSION,
     DRAFTER_ACCEPTED_LENGTH,
     POLICY_ACCEPTED_LENGTH,
+    WORKER_SD_TOKENS_TOTAL,
+    WORKER_ACCEPTED_LENGTH,
 )
 """Everything the spot machinery exports (to be appended to ``ALL_METRICS``)."""
 
@@ -244,78 +250,24 @@ WORKER_CONTROL_METRICS: tuple[MetricSpec, ...] = (
 """Everything the rollout worker's control surface exports."""
 
 # --- rollout engine -------------------------------------------------------------------------
-# The engine's collectors (``longtail_workers.engine.stats.RolloutMetrics`` builds them).
+# Declared in ``enginemetrics.py`` (split to keep this file small), spelled here as the
+# workers and the chart generator read them.
 
-LABEL_MODE = "mode"
-"""Kind of one engine step: ``sd`` (speculative), ``plain`` or ``prefill``."""
-
-ROLLOUT_DECODE_STEPS_TOTAL = MetricSpec(
-    "longtail_rollout_decode_steps_total",
-    "counter",
-    "Engine steps by mode (sd, plain, prefill).",
-    labels=(LABEL_MODE,),
-)
-ROLLOUT_GENERATED_TOKENS_TOTAL = MetricSpec(
-    "longtail_rollout_generated_tokens_total", "counter", "Tokens generated (committed)."
-)
-ROLLOUT_DRAFT_TOKENS_TOTAL = MetricSpec(
-    "longtail_rollout_draft_tokens_total", "counter", "Draft tokens proposed by the drafter."
-)
-ROLLOUT_ACCEPTED_DRAFT_TOKENS_TOTAL = MetricSpec(
-    "longtail_rollout_accepted_draft_tokens_total",
-    "counter",
-    "Draft tokens accepted by the target.",
-)
-ROLLOUT_ACCEPTED_LENGTH = MetricSpec(
-    "longtail_rollout_accepted_length",
-    "histogram",
-    "Tokens gained per sequence per speculative step (accepted drafts + 1).",
-    buckets=(1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 33),
-)
-ROLLOUT_STEP_SECONDS = MetricSpec(
-    "longtail_rollout_step_seconds",
-    "histogram",
-    "Latency of one engine step by mode.",
-    labels=(LABEL_MODE,),
-)
-ROLLOUT_RUNNING_SEQUENCES = MetricSpec(
-    "longtail_rollout_running_sequences", "gauge", "Sequences being decoded."
-)
-ROLLOUT_WAITING_SEQUENCES = MetricSpec(
-    "longtail_rollout_waiting_sequences", "gauge", "Sequences queued."
-)
-ROLLOUT_SD_ACTIVE = MetricSpec(
-    "longtail_rollout_sd_active", "gauge", "1 while speculative decoding is on."
-)
-ROLLOUT_DRAFT_DEPTH = MetricSpec(
-    "longtail_rollout_draft_depth", "gauge", "Draft depth of the last SD step."
-)
-ROLLOUT_TOKENS_PER_SECOND = MetricSpec(
-    "longtail_rollout_tokens_per_second", "gauge", "Tokens per second of the last step."
-)
-ROLLOUT_ACCEPTANCE_RATE = MetricSpec(
-    "longtail_rollout_acceptance_rate", "gauge", "Cumulative accepted / proposed draft tokens."
-)
-
-ROLLOUT_ENGINE_METRICS: tuple[MetricSpec, ...] = (
-    ROLLOUT_DECODE_STEPS_TOTAL,
-    ROLLOUT_GENERATED_TOKENS_TOTAL,
-    ROLLOUT_DRAFT_TOKENS_TOTAL,
-    ROLLOUT_ACCEPTED_DRAFT_TOKENS_TOTAL,
-    ROLLOUT_ACCEPTED_LENGTH,
-    ROLLOUT_STEP_SECONDS,
-    ROLLOUT_RUNNING_SEQUENCES,
-    ROLLOUT_WAITING_SEQUENCES,
-    ROLLOUT_SD_ACTIVE,
-    ROLLOUT_DRAFT_DEPTH,
-    ROLLOUT_TOKENS_PER_SECOND,
-    ROLLOUT_ACCEPTANCE_RATE,
-)
-"""Everything the rollout engine exports. Kept out of :data:`ALL_METRICS`: the generated
-observability reference lists them in a section of their own, read from the live collectors."""
-
-ROLLOUT_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in ROLLOUT_ENGINE_METRICS)
-"""The names of :data:`ROLLOUT_ENGINE_METRICS`."""
+LABEL_MODE = _engine.LABEL_MODE
+ROLLOUT_ACCEPTANCE_RATE = _engine.ROLLOUT_ACCEPTANCE_RATE
+ROLLOUT_ACCEPTED_DRAFT_TOKENS_TOTAL = _engine.ROLLOUT_ACCEPTED_DRAFT_TOKENS_TOTAL
+ROLLOUT_ACCEPTED_LENGTH = _engine.ROLLOUT_ACCEPTED_LENGTH
+ROLLOUT_DECODE_STEPS_TOTAL = _engine.ROLLOUT_DECODE_STEPS_TOTAL
+ROLLOUT_DRAFT_DEPTH = _engine.ROLLOUT_DRAFT_DEPTH
+ROLLOUT_DRAFT_TOKENS_TOTAL = _engine.ROLLOUT_DRAFT_TOKENS_TOTAL
+ROLLOUT_ENGINE_METRICS = _engine.ROLLOUT_ENGINE_METRICS
+ROLLOUT_GENERATED_TOKENS_TOTAL = _engine.ROLLOUT_GENERATED_TOKENS_TOTAL
+ROLLOUT_METRIC_NAMES = _engine.ROLLOUT_METRIC_NAMES
+ROLLOUT_RUNNING_SEQUENCES = _engine.ROLLOUT_RUNNING_SEQUENCES
+ROLLOUT_SD_ACTIVE = _engine.ROLLOUT_SD_ACTIVE
+ROLLOUT_STEP_SECONDS = _engine.ROLLOUT_STEP_SECONDS
+ROLLOUT_TOKENS_PER_SECOND = _engine.ROLLOUT_TOKENS_PER_SECOND
+ROLLOUT_WAITING_SEQUENCES = _engine.ROLLOUT_WAITING_SEQUENCES
 
 # --- operator -------------------------------------------------------------------------------
 # The operator's own /metrics (longtail_operator.metrics builds the collectors from these).
@@ -474,6 +426,21 @@ TRAINER_POLICY_VERSION = MetricSpec(
     "Policy weights version the trainer last published to the rollout workers.",
 )
 
+TRAINER_SD_FRACTION = MetricSpec(
+    "longtail_trainer_sd_fraction",
+    "gauge",
+    "Share of the last completed step's generated tokens committed in speculative steps by the "
+    "rows each draft source drafted, by source (learned, history; 0: it drafted nothing).",
+    labels=(LABEL_SOURCE,),
+)
+TRAINER_ACCEPTED_LENGTH = MetricSpec(
+    "longtail_trainer_accepted_length",
+    "gauge",
+    "Mean accepted length (accepted drafts + 1 per row and speculative step) of the last "
+    "completed step, by draft source (learned, history; 0: it drafted nothing).",
+    labels=(LABEL_SOURCE,),
+)
+
 TRAINER_HARVESTED_SECONDS_TOTAL = MetricSpec(
     "longtail_trainer_harvested_seconds_total",
     "counter",
@@ -536,6 +503,8 @@ TRAINER_METRICS: tuple[MetricSpec, ...] = (
     TRAINER_REWARD_MEAN,
     TRAINER_ACCURACY,
     TRAINER_POLICY_VERSION,
+    TRAINER_SD_FRACTION,
+    TRAINER_ACCEPTED_LENGTH,
     TRAINER_HARVESTED_SECONDS_TOTAL,
     TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL,
     WEIGHT_SYNC_SECONDS,

@@ -21,6 +21,14 @@ DEFAULT_DCGM_QUERY = (
 
 HarvestRole = Literal["rollout", "trainer", "verifier"]
 DrafterLayout = Literal["longtail", "eagle1"]
+DrafterKind = Literal["learned", "history", "hybrid"]
+"""What proposes a strategy's drafts: the EAGLE drafter trained online (``learned``), the longest
+match of the answer's recent tokens in the rollout history (``history``: no forward pass), or
+per row the history where its match is long enough and the learned drafter otherwise
+(``hybrid``)."""
+DRAFT_SOURCES = ("learned", "history")
+"""What one row's drafts in one step came from (a ``hybrid`` step drafts each row from one of
+these): the keys of the per-drafter statistics in metrics, step rows and status."""
 
 
 @dataclass
@@ -32,11 +40,19 @@ class StrategySpec:
     verify_tokens: int | None = spec_field(None, minimum=1, maximum=256)
     """Tokens the target scores per step; empty means equal to draft_depth (chain drafting).
     Larger values are for tree drafting."""
+    drafter: DrafterKind = spec_field("learned")
+    """What proposes the drafts: ``learned`` (the online-trained EAGLE drafter), ``history``
+    (the longest match of the answer's last tokens in this prompt, its group's answers and its
+    earlier answers: no forward pass, speculates from the first step with no drafter version),
+    or ``hybrid`` (history where its match is at least ``speculative.history.hybridMinMatch``
+    tokens, learned otherwise). ``history`` and ``hybrid`` need ``rollout.engine: torch``."""
 
 
 def _default_strategies() -> list[StrategySpec]:
     # TLT's measured preference: deeper drafts at small batch, shallower ones as batch grows;
-    # the bandit picks per batch-size bucket among these.
+    # the bandit picks per batch-size bucket among these. Learned only, so that a job on
+    # either engine is valid as written; torch-engine jobs add history and hybrid strategies
+    # (examples/01, docs/performance.md, issue #49).
     return [StrategySpec(draft_depth=2), StrategySpec(draft_depth=4), StrategySpec(draft_depth=6)]
 
 
@@ -61,6 +77,31 @@ class SelectorSpec:
 
 
 @dataclass
+class HistorySpec:
+    """The history drafter's index: what it looks up and how much it keeps per rollout worker."""
+
+    max_tokens_per_prompt: int = spec_field(32768, minimum=64, maximum=16_777_216)
+    """Most answer tokens kept per prompt (its answers in this and earlier steps), oldest
+    answers dropped first."""
+    max_tokens_total: int = spec_field(1_048_576, minimum=1024, maximum=1_073_741_824)
+    """Most tokens the index keeps over all prompts on one worker, least recently used
+    prompts dropped first (40-120 bytes a token, more the less the answers repeat each
+    other: the default keeps up to ~125 MB)."""
+    min_match: int = spec_field(2, minimum=1, maximum=64)
+    """Shortest suffix of the answer that must match to propose anything."""
+    max_match: int = spec_field(16, minimum=1, maximum=256)
+    """Longest suffix looked up: the longest match of at most this many tokens wins."""
+    hybrid_min_match: int = spec_field(4, minimum=1, maximum=256)
+    """In a ``hybrid`` strategy, a row drafts from history when its match is at least this
+    many tokens, from the learned drafter otherwise."""
+    whole_step: bool = spec_field(False)
+    """Also look up every answer of the step (every prompt), not only this prompt's."""
+    clear_on_new_policy: bool = spec_field(False)
+    """Forget earlier steps' answers when a new policy version arrives (kept by default:
+    answers of one prompt stay similar across versions)."""
+
+
+@dataclass
 class SpeculativeSpec:
     """Adaptive speculative decoding during rollout."""
 
@@ -73,9 +114,14 @@ class SpeculativeSpec:
     strategies: list[StrategySpec] = spec_field(
         default_factory=_default_strategies, min_items=1, max_items=16
     )
-    """Candidate strategies (draft depth / tokens to verify)."""
+    """Candidate strategies (draft depth / tokens to verify / drafter). The default is the
+    learned drafter at depths 2, 4 and 6 (valid on both engines); with ``rollout.engine:
+    torch`` add ``history`` and ``hybrid`` ones (``rollout.engine: vllm`` takes ``learned``
+    only)."""
     selector: SelectorSpec = spec_field(default_factory=SelectorSpec)
     """How a strategy is picked per batch-size bucket."""
+    history: HistorySpec = spec_field(default_factory=HistorySpec)
+    """The history drafter's index (strategies with ``drafter: history`` or ``hybrid``)."""
     drafter_context_window: int | None = spec_field(None, minimum=1, maximum=1_048_576)
     """Sliding window of the drafter's own attention, in tokens; empty: the whole answer so far
     (the drafter reads the answer, never the prompt, as it is trained).

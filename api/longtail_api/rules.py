@@ -8,11 +8,12 @@ not reported (its input was replaced by a default, so it would only add noise).
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Iterator
 
 from longtail_api.context import BUILTIN_MODEL_POSITIONS, context_error
 from longtail_api.scheduling import gang_problems
-from longtail_api.spec import RLJobSpec
+from longtail_api.spec import REWARD_NAME_HINT, REWARD_NAME_PATTERN, RLJobSpec
 from longtail_api.validation import FieldError
 
 Rule = Callable[[RLJobSpec], Iterator[tuple[FieldError, tuple[str, ...]]]]
@@ -21,14 +22,18 @@ Rule = Callable[[RLJobSpec], Iterator[tuple[FieldError, tuple[str, ...]]]]
 
 def _drafter_source(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
     dt = s.drafter_training
-    if s.speculative.enabled and not dt.enabled and not dt.initial_drafter:
+    # History strategies draft from the rollouts themselves: only learned and hybrid ones
+    # need a drafter model.
+    learned = any(st.drafter != "history" for st in s.speculative.strategies)
+    if s.speculative.enabled and learned and not dt.enabled and not dt.initial_drafter:
         yield (
             FieldError(
                 "spec.speculative.enabled",
-                "speculative decoding needs a drafter, but drafterTraining.enabled is false "
-                "and drafterTraining.initialDrafter is empty",
-                fix="enable drafterTraining, set drafterTraining.initialDrafter, "
-                "or set speculative.enabled: false",
+                "speculative decoding needs a drafter for its learned and hybrid strategies, "
+                "but drafterTraining.enabled is false and drafterTraining.initialDrafter is "
+                "empty",
+                fix="enable drafterTraining, set drafterTraining.initialDrafter, use only "
+                "strategies with drafter: history, or set speculative.enabled: false",
             ),
             ("spec.speculative", "spec.drafterTraining"),
         )
@@ -105,6 +110,48 @@ def _strategies(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
         )
 
 
+def _history(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    """The history drafter's bounds against each other (``speculative.history``)."""
+    h, path = s.speculative.history, "spec.speculative.history"
+    if h.min_match > h.max_match:
+        yield (
+            FieldError(
+                f"{path}.minMatch",
+                f"must be <= maxMatch ({h.max_match}): no match could be long enough to "
+                "propose anything",
+                h.min_match,
+                f"lower minMatch to at most {h.max_match}, or raise maxMatch",
+            ),
+            (path,),
+        )
+    if h.max_tokens_per_prompt > h.max_tokens_total:
+        yield (
+            FieldError(
+                f"{path}.maxTokensPerPrompt",
+                f"must be <= maxTokensTotal ({h.max_tokens_total}), the index's bound over all "
+                "prompts",
+                h.max_tokens_per_prompt,
+                f"lower maxTokensPerPrompt to at most {h.max_tokens_total}, or raise "
+                "maxTokensTotal",
+            ),
+            (path,),
+        )
+    hybrid = [i for i, st in enumerate(s.speculative.strategies) if st.drafter == "hybrid"]
+    if hybrid and h.hybrid_min_match > h.max_match:
+        yield (
+            FieldError(
+                f"{path}.hybridMinMatch",
+                f"must be <= maxMatch ({h.max_match}) when a strategy is hybrid "
+                f"(strategies[{hybrid[0]}]): no match is longer than maxMatch, so the hybrid "
+                "would never draft from history",
+                h.hybrid_min_match,
+                f"lower hybridMinMatch to at most {h.max_match}, raise maxMatch, or use "
+                "drafter: learned",
+            ),
+            (path, "spec.speculative.strategies"),
+        )
+
+
 def _harvest(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
     h = s.harvest
     if h.enabled and h.source == "prometheus" and not h.prometheus.url:
@@ -163,6 +210,19 @@ def _vllm(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
             ("spec.drafterTraining",),
         )
     for i, strategy in enumerate(s.speculative.strategies):
+        if strategy.drafter != "learned":
+            yield (
+                FieldError(
+                    f"spec.speculative.strategies[{i}].drafter",
+                    "vLLM 0.32 cannot draft from the job's rollouts beside the learned drafter: "
+                    "its 'ngram' method looks up the request's own prompt and answer only, and "
+                    "'suffix' needs arctic-inference (not installed) and would replace the "
+                    "EAGLE drafter, as a vLLM engine runs one speculative method (docs/vllm.md)",
+                    strategy.drafter,
+                    "use drafter: learned with rollout.engine: vllm, or rollout.engine: torch",
+                ),
+                ("spec.speculative", "spec.rollout.engine"),
+            )
         if strategy.verify_tokens not in (None, strategy.draft_depth):
             yield (
                 FieldError(
@@ -206,10 +266,41 @@ def _context(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
         yield error, ("spec.algorithm.maxNewTokens", "spec.model.path")
 
 
+def _reward_by_source(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    """``dataset.rewardBySource``: reward names by pattern, sources only where rows have one."""
+    field, ds = "spec.dataset.rewardBySource", s.dataset
+    if ds.reward_by_source and ds.path.startswith("builtin:"):
+        yield (
+            FieldError(
+                field,
+                f"routes rows by their data_source column, and {ds.path} is a built-in task "
+                "whose items have none",
+                ds.reward_by_source,
+                "remove rewardBySource (dataset.reward scores every item), or use a dataset file",
+            ),
+            (field, "spec.dataset.path"),
+        )
+    for source, reward in ds.reward_by_source.items():
+        if not source.strip():
+            yield (
+                FieldError(field, "has an empty data_source key", source, "name the source, "
+                           "as in the file's data_source column, e.g. openai/gsm8k"),
+                (field,),
+            )  # fmt: skip
+        if not re.search(REWARD_NAME_PATTERN, reward):
+            yield (
+                FieldError(f"{field}.{source}", f"must be {REWARD_NAME_HINT}", reward,
+                           "name a registered reward, e.g. math"),
+                (field,),
+            )  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
+    _reward_by_source,
     _drafter_source,
     _builtin_drafter,
     _strategies,
+    _history,
     _harvest,
     _roles,
     _gang,

@@ -71,6 +71,13 @@ class DrafterStatus:
     """Newest published drafter version."""
     acceptance_length: float | None = spec_field(None, minimum=0.0)
     """Mean accepted tokens per verify step in the last rollout."""
+    acceptance_length_by_source: dict[str, float] = spec_field(default_factory=dict)
+    """``acceptanceLength`` of the rows each draft source drafted (``learned``: the drafter
+    model, ``history``: the history drafter, ``speculative.strategies[].drafter``) in the last
+    step."""
+    sd_fraction_by_source: dict[str, float] = spec_field(default_factory=dict)
+    """Share of the last step's tokens committed in speculative steps by the rows each draft
+    source drafted, in [0, 1]."""
     last_trained: str | None = spec_field(None)
     """When the newest version was published (RFC 3339)."""
     unpublished: str | None = spec_field(None)

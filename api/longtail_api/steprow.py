@@ -37,6 +37,7 @@ call: the HTTP pull included, or the copy of the broadcast buckets into its engi
 version, the time the sync adds to the step)."""
 _SYNC = ("sync_version", "sync_transport", "sync_bytes", "sync_gb_per_s",
          *(f"sync_{p}_s" for p in SYNC_PHASES))  # fmt: skip
+_BY_SOURCE = ("sd_fraction_by_source", "accepted_length_by_source")
 # Per-answer lists come last in a row: they are long, and not CSV columns.
 _LISTS = ("response_lengths", "prompt_lengths", "answer_spec_steps", "answer_accepted_drafts")
 
@@ -75,6 +76,14 @@ class StepRow:
     """Share of the generated tokens that came from speculative steps."""
     mean_accepted_length: Finite | None = None
     """Mean tokens gained per sequence per speculative step (0: no speculation this step)."""
+    sd_fraction_by_source: dict[str, NonNegative] = field(default_factory=dict)
+    """:attr:`sd_fraction` split by what drafted the rows (``longtail_api.policies.
+    DRAFT_SOURCES``: ``learned``, ``history``): the share of all the step's generated tokens
+    committed in speculative steps by the rows each source drafted (sums to :attr:`sd_fraction`
+    when every worker reports it); a source that drafted nothing is absent, and so is the key
+    in rows written before the split."""
+    accepted_length_by_source: dict[str, NonNegative] = field(default_factory=dict)
+    """:attr:`mean_accepted_length` of the rows each draft source drafted."""
     redispatched: Count = 0
     """Requests sent again to another worker after theirs failed."""
     failed_workers: list[str] = field(default_factory=list)
@@ -158,6 +167,9 @@ class StepRow:
         out |= {"acceptance_collapsed": self.acceptance_collapsed, "train_s": self.train_s,
                 "sync_s": self.sync_s, "step_s": self.step_s}  # fmt: skip
         out |= {k: getattr(self, k) for k in _OPTIONAL if getattr(self, k) is not None}
+        for key in _BY_SOURCE:
+            if getattr(self, key):
+                out[key] = dict(getattr(self, key))
         if self.drafter_refused:
             out["drafter_refused"] = dict(self.drafter_refused)
         if self.worker_generate_s:

@@ -226,6 +226,13 @@ class TrainerStatus:
     drafter_merges: DrafterMergeStatus | None = None
     """What the step merges made of the drafter candidates, and why no online drafter version
     was published yet; None when the trainer keeps no drafter registry."""
+    sd_fraction_by_source: dict[str, NonNegative] = field(default_factory=dict)
+    """:attr:`sd_fraction` split by draft source (``learned``, ``history``): the share of step
+    :attr:`figures_step`'s tokens committed in speculative steps by the rows each drafted; empty
+    before the first step, from a trainer older than the split, or when nothing speculated."""
+    accepted_length_by_source: dict[str, NonNegative] = field(default_factory=dict)
+    """:attr:`accepted_length` of the rows each draft source drafted in step
+    :attr:`figures_step`."""
 
 
 @dataclass(frozen=True)

@@ -391,6 +391,9 @@ def _copy_progress(obs: Observed, spec: RLJobSpec, st: RLJobStatus) -> None:
         st.drafter.version = version
         if t.accepted_length is not None:
             st.drafter.acceptance_length = t.accepted_length
+        if t.figures_step is not None:  # a completed step's split (empty: none speculated)
+            st.drafter.acceptance_length_by_source = dict(t.accepted_length_by_source)
+            st.drafter.sd_fraction_by_source = dict(t.sd_fraction_by_source)
         merges = t.drafter_merges
         st.drafter.unpublished = merges.unpublished if merges is not None else None
         if t.worker_policy_versions:  # empty from a trainer that has not called them yet

@@ -7,15 +7,24 @@ written once, in the shared package. Called by every worker role's metrics: the 
 verifier, the trainer and the dedicated drafter worker. Each caller passes its own
 ``CollectorRegistry`` (several servers can live in one process, as in tests and local mode).
 Scrape-time collectors (values read from live state at each scrape) build their families with
-:func:`gauge_family` and :func:`counter_family`.
+:func:`gauge_family`, :func:`counter_family` and :func:`histogram_family`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.utils import floatToGoString
 
 from longtail_api.metrics import MetricSpec
+
+_go_float: Callable[[float], str] = floatToGoString  # how prometheus_client writes ``le``
 
 
 def counter_from_spec(spec: MetricSpec, registry: CollectorRegistry) -> Counter:
@@ -58,3 +67,29 @@ def counter_family(spec: MetricSpec) -> CounterMetricFamily:
     # CounterMetricFamily appends "_total" itself; the spec holds the full exposition name.
     name = spec.name.removesuffix("_total")
     return CounterMetricFamily(name, spec.help, labels=list(spec.labels) or None)
+
+
+def histogram_family(spec: MetricSpec) -> HistogramMetricFamily:
+    """A scrape-time histogram family of ``spec``, empty for :func:`add_histogram` calls."""
+    _check_kind(spec, "histogram")
+    if spec.buckets is None:
+        raise ValueError(f"metric {spec.name}: a scrape-time histogram needs its buckets")
+    return HistogramMetricFamily(spec.name, spec.help, labels=list(spec.labels) or None)
+
+
+def add_histogram(
+    family: HistogramMetricFamily,
+    spec: MetricSpec,
+    labels: list[str],
+    counts: Mapping[int, int],
+) -> None:
+    """Add one labelled histogram to ``family`` from ``counts`` (observed value -> how many
+    times), bucketed by ``spec.buckets`` as a live ``Histogram`` would have."""
+    assert spec.buckets is not None
+    cumulative = [
+        (_go_float(bound), float(sum(c for v, c in counts.items() if v <= bound)))
+        for bound in spec.buckets
+    ]
+    total = float(sum(counts.values()))
+    total_sum = float(sum(v * c for v, c in counts.items()))
+    family.add_metric(labels, [*cumulative, ("+Inf", total)], total_sum)

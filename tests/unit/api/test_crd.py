@@ -114,9 +114,9 @@ def test_defaults_in_schema_match_dataclass_defaults() -> None:
     speculative = props["spec"]["properties"]["speculative"]
     assert speculative["properties"]["batchThreshold"]["default"] == 32
     assert speculative["properties"]["strategies"]["default"] == [
-        {"draftDepth": 2},
-        {"draftDepth": 4},
-        {"draftDepth": 6},
+        {"draftDepth": 2, "drafter": "learned"},
+        {"draftDepth": 4, "drafter": "learned"},
+        {"draftDepth": 6, "drafter": "learned"},
     ]
     assert speculative["default"]["selector"]["buckets"] == [1, 2, 4, 8, 16, 32]
 

@@ -152,6 +152,44 @@ def test_sd_equals_plain_greedy_with_graphs(target, drafter, threshold: int) -> 
     assert _captured(engine) > 0 or not CUDA
 
 
+def _history_spec(drafter: str, threshold: int = 1024) -> SpeculativeSpec:
+    """One ``drafter`` strategy (``history`` or ``hybrid``) at depth 3, from the first step."""
+    spec = _spec(threshold=threshold, warmup=0 if threshold == 1024 else 2)
+    spec.strategies = [StrategySpec(draft_depth=3, drafter=drafter)]  # type: ignore[arg-type]
+    spec.history.hybrid_min_match = 3
+    return spec
+
+
+@pytest.mark.parametrize("kind", ["history", "hybrid"])
+def test_history_drafts_replay_equals_eager(target, drafter, kind: str) -> None:
+    """The history proposals staged on the host (pinned buffer, non-blocking copy) are what
+    the captured step reads, as the eager one does; every prompt is asked twice (a group)."""
+    requests = _requests() * 2
+    runs = []
+    for graphs in (False, True):
+        cfg = EngineConfig(max_running=6, batch_buckets=BUCKETS, cuda_graphs=graphs)
+        learned = drafter if kind == "hybrid" else None
+        engine = TorchEngine(target, config=cfg, speculative=_history_spec(kind), drafter=learned)
+        runs.append((engine, engine.generate(requests)))
+    (eager, a), (graphs, b) = runs
+    _assert_same(a, b, LOGPROB_ABS)
+    assert graphs.stats.source_sd_tokens["history"] > 0
+    assert _captured(eager) == 0 and (_captured(graphs) > 0 or not CUDA)
+
+
+@pytest.mark.parametrize("threshold", [1024, 3], ids=["sd-from-start", "sd-switching-on"])
+def test_history_sd_without_a_drafter_equals_plain_greedy_with_graphs(target, threshold) -> None:
+    requests = _requests(sampled=False) * 2
+    plain = _engine(target, None).generate(requests)
+    cfg = EngineConfig(max_running=6, batch_buckets=BUCKETS)
+    engine = TorchEngine(target, config=cfg, speculative=_history_spec("history", threshold))
+    engine.stats = _Modes()
+    _assert_same(plain, engine.generate(requests), 1e-4)
+    assert _switched_on_late(engine) == (threshold < 1024)
+    assert engine.stats.source_mean_accepted_length("history") > 1.0
+    assert _captured(engine) > 0 or not CUDA
+
+
 @pytest.mark.skipif(
     not (CUDA or os.environ.get("TRITON_INTERPRET")), reason="the Triton backend needs CUDA"
 )

@@ -128,6 +128,9 @@ def test_per_sequence_totals_of_the_vllm_engine() -> None:
     assert (stats.steps, stats.sd_steps, stats.plain_steps) == (5, 3, 2)
     assert (stats.tokens, stats.sd_tokens, stats.drafted, stats.accepted) == (12, 6, 12, 3)
     assert stats.mean_accepted_length == 2.0 and stats.acceptance_rate == 0.25
+    # vLLM drafts with the learned drafter only: its totals are booked under "learned"
+    assert stats.source_sd_tokens == {"learned": 6}
+    assert stats.source_accepted_hist == {"learned": {3: 1, 1: 1, 2: 1}}
     assert stats.max_batch_size == 2 and stats.tokens_per_second == 24.0
     registry = CollectorRegistry()
     metrics = RolloutMetrics(registry)
@@ -135,3 +138,38 @@ def test_per_sequence_totals_of_the_vllm_engine() -> None:
     assert registry.get_sample_value(stats_mod.METRIC_GENERATED_TOKENS) == 12
     assert registry.get_sample_value(stats_mod.METRIC_ACCEPTED_DRAFT_TOKENS) == 3
     assert registry.get_sample_value(stats_mod.METRIC_ACCEPTED_LENGTH + "_count") == 3
+
+
+def test_sd_steps_are_split_by_draft_source() -> None:
+    # Four rows of one hybrid step at depth 3: row 1 accepted 3 drafts but its budget kept 2
+    # tokens; row 3 accepted 2 drafts and a stop token among them ended it after 2.
+    step = StepRecord.speculative(
+        0.5,
+        3,
+        keep=[1, 2, 4, 2],
+        accepted=[0, 3, 3, 2],
+        stopped=[False, False, False, True],
+        sources=["learned", "history", "history", "learned"],
+        history_propose_s=0.01,
+        history_rows=4,
+    )
+    assert (step.mode, step.batch_size, step.emitted_tokens, step.drafted_tokens) == (
+        "sd",
+        4,
+        9,
+        12,
+    )
+    assert step.accepted_drafts == 8 and step.accepted_lengths == [1, 4, 4, 3]
+    assert (step.cut_by_length, step.cut_by_stop) == (1, 1)
+    assert step.source_tokens == {"learned": 3, "history": 6}
+    assert step.source_accepted_lengths == {"learned": [1, 3], "history": [4, 4]}
+    st = RolloutStats()
+    st.record(step)
+    st.record(StepRecord.speculative(0.1, 2, [3], [2], [False], ["history"]))
+    assert st.source_sd_tokens == {"learned": 3, "history": 9}
+    assert st.source_accepted_hist == {"learned": {1: 1, 3: 1}, "history": {4: 2, 3: 1}}
+    assert st.source_mean_accepted_length("history") == pytest.approx(11 / 3)
+    assert st.source_mean_accepted_length("learned") == 2.0
+    assert st.source_mean_accepted_length("none") == 0.0
+    assert (st.history_propose_s, st.history_proposals) == (0.01, 4)
+    assert st.sd_tokens == 12 and st.mean_accepted_length == 3.0

@@ -113,6 +113,38 @@ def test_invalid_specs_name_the_field(spec, fragment) -> None:
         SpecDecodePolicy(spec)
 
 
+def test_without_a_learned_drafter_only_history_strategies_are_picked() -> None:
+    kinds = ["learned", "history", "hybrid", "history"]
+    strategies = [StrategySpec(draft_depth=2 + i, drafter=k) for i, k in enumerate(kinds)]
+    policy = SpecDecodePolicy(_spec(strategies=strategies, selector=SelectorSpec(epsilon=0.5)))
+    assert policy.eligible(learned=True) == [0, 1, 2, 3]
+    assert policy.eligible(learned=False) == [1, 3]
+    picked = set()
+    for _ in range(60):
+        choice = policy.choose(2, learned=False)
+        assert choice is not None and choice.drafter == "history"
+        picked.add(choice.strategy)
+        policy.record(choice, emitted_tokens=choice.draft_depth, latency_s=0.01)
+    assert picked == {1, 3}
+    # With a drafter every strategy competes; the choice names what drafts and how deep.
+    tried = []
+    for _ in range(2):  # the untried ones first
+        choice = policy.choose(2)
+        assert choice is not None
+        tried.append((choice.strategy, choice.drafter, choice.draft_depth))
+        policy.record(choice, emitted_tokens=1, latency_s=0.01)
+    assert tried == [(0, "learned", 2), (2, "hybrid", 4)]
+    fixed = SpecDecodePolicy(_spec(strategies=strategies, selector=SelectorSpec(type="fixed")))
+    assert fixed.eligible(learned=False) == [] and fixed.choose(1, learned=False) is None
+
+
+def test_history_match_bounds_are_checked() -> None:
+    spec = _spec()
+    spec.history.min_match, spec.history.max_match = 8, 4
+    with pytest.raises(ValueError, match="maxMatch=4 is below minMatch=8"):
+        SpecDecodePolicy(spec)
+
+
 def test_policy_module_needs_no_torch() -> None:
     import ast
     from pathlib import Path

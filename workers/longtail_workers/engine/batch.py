@@ -4,17 +4,22 @@ Created by :class:`~longtail_workers.engine.torch_engine.TorchEngine` for every 
 by the scheduler, and placed in a row of the running batch (``rows.py``) while it decodes. The
 device holds what steps need (tokens, caches, hidden states, sampling settings); this record
 holds what the caller gets back: the output tokens and log-probs the engine copies out after
-every step, the finish reason, the SD counters, and the hidden states copied out when it retires.
+every step, the finish reason, the SD counters, the hidden states copied out when it retires,
+and the answer's handle in the history drafter's index (``history.py``) when the engine has one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from longtail_workers.engine.interface import FinishReason, GenerationRequest, GenerationResult
 from longtail_workers.engine.sampling import seed_bits
+
+if TYPE_CHECKING:
+    from longtail_workers.engine.history import HistoryAnswer
 
 
 @dataclass
@@ -37,6 +42,8 @@ class SequenceState:
     spec_steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    history: HistoryAnswer | None = None
+    """This answer in the history drafter's index (engines with history strategies)."""
 
     @property
     def seed_bits(self) -> int:

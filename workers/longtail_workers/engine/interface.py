@@ -141,7 +141,8 @@ class RolloutEngine(abc.ABC):
     drafters are built on it (its embedding and LM head)."""
     sd: SpeculativeDecoder | None
     """The torch engine's speculative decoder (its ``drafter`` is the one in use); ``None`` when
-    SD is off or the backend drafts inside itself (vLLM)."""
+    SD is off, when the engine has no learned drafter (it speculates with its ``history``
+    strategies alone) or when the backend drafts inside itself (vLLM)."""
     stats: RolloutStats
     """Counters of every :meth:`generate` so far (a worker's status and metrics)."""
     metrics: RolloutMetrics | None

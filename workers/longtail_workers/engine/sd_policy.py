@@ -11,10 +11,17 @@ Called by the torch engine once per decode step (and usable by any other backend
    latch is reset at the start of every rollout (:meth:`SpecDecodePolicy.reset`).
 2. **Strategy selection.** The running count falls into a bucket (``selector.buckets`` are upper
    bounds; counts above the last bound use the last bucket). Each bucket independently picks a
-   strategy (draft depth k): ``fixed`` always uses ``strategies[fixed_index]``; ``bandit`` is
-   epsilon-greedy over a sliding window of rewards, trying every strategy once first. The reward
-   of a step is accepted tokens per second: tokens emitted by all rows (accepted drafts plus the
-   correction/bonus token, i.e. mean accepted length x batch size) divided by the step latency.
+   strategy (what drafts, ``learned``/``history``/``hybrid``, and the draft depth k): ``fixed``
+   always uses ``strategies[fixed_index]``; ``bandit`` is epsilon-greedy over a sliding window
+   of rewards, trying every strategy once first. The reward of a step is accepted tokens per
+   second: tokens emitted by all rows (accepted drafts plus the correction/bonus token, i.e.
+   mean accepted length x batch size) divided by the step latency (the history drafter's host
+   work included).
+
+Without a learned drafter (an engine made with none) the strategies that need one (``learned``
+and ``hybrid``) are skipped: the bandit chooses among the ``history`` ones, and a ``fixed``
+selector on a skipped strategy does not speculate. An engine refuses a spec under which nothing
+could speculate without a drafter (:meth:`SpecDecodePolicy.eligible`).
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ import itertools
 import random
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal, overload
 
-from longtail_api.policies import SpeculativeSpec
+from longtail_api.policies import DrafterKind, SpeculativeSpec
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,8 @@ class StrategyChoice:
     strategy: int
     draft_depth: int
     explored: bool
+    drafter: DrafterKind = "learned"
+    """What proposes this step's drafts (the strategy's ``drafter``)."""
 
 
 def validate_speculative_spec(spec: SpeculativeSpec) -> None:
@@ -53,7 +63,17 @@ def validate_speculative_spec(spec: SpeculativeSpec) -> None:
             f"speculative.selector.fixedIndex={spec.selector.fixed_index} is out of range for "
             f"{len(spec.strategies)} strategies"
         )
+    history = spec.history
+    if history.max_match < history.min_match:
+        raise ValueError(
+            f"speculative.history.maxMatch={history.max_match} is below minMatch="
+            f"{history.min_match}; set maxMatch >= minMatch"
+        )
     for i, s in enumerate(spec.strategies):
+        if s.drafter not in ("learned", "history", "hybrid"):
+            raise ValueError(
+                f"speculative.strategies[{i}].drafter={s.drafter!r}; use learned, history or hybrid"
+            )
         if s.draft_depth < 1:
             raise ValueError(f"speculative.strategies[{i}].draftDepth={s.draft_depth}; need >= 1")
         if s.verify_tokens is not None and s.verify_tokens != s.draft_depth:
@@ -101,26 +121,49 @@ class SpecDecodePolicy:
                 return i
         return len(self.spec.selector.buckets) - 1
 
-    def choose(self, running: int) -> StrategyChoice:
-        """Pick the strategy for a step with ``running`` sequences."""
-        bucket = self.bucket_of(running)
+    def eligible(self, learned: bool) -> list[int]:
+        """Indices of the strategies the selector may pick; ``learned``: a learned drafter is
+        there (without one, only ``history`` strategies can run)."""
         sel = self.spec.selector
-        if sel.type == "fixed":
-            idx, explored = sel.fixed_index, False
-        else:
-            idx, explored = self._bandit(bucket)
-        depth = self.spec.strategies[idx].draft_depth
-        return StrategyChoice(bucket=bucket, strategy=idx, draft_depth=depth, explored=explored)
+        pool = [sel.fixed_index] if sel.type == "fixed" else range(len(self.spec.strategies))
+        return [i for i in pool if learned or self.spec.strategies[i].drafter == "history"]
 
-    def _bandit(self, bucket: int) -> tuple[int, bool]:
-        arms = self._rewards[bucket]
-        for i, rewards in enumerate(arms):
-            if not rewards:  # every strategy gets tried once before exploiting
+    @overload
+    def choose(self, running: int, learned: Literal[True] = True) -> StrategyChoice: ...
+
+    @overload
+    def choose(self, running: int, learned: bool) -> StrategyChoice | None: ...
+
+    def choose(self, running: int, learned: bool = True) -> StrategyChoice | None:
+        """Pick the strategy for a step with ``running`` sequences (``learned``: a learned
+        drafter is there); ``None`` when no strategy can run (never with ``learned``)."""
+        arms = self.eligible(learned)
+        if not arms:
+            assert not learned, "a spec without strategies passed validation"
+            return None
+        bucket = self.bucket_of(running)
+        if self.spec.selector.type == "fixed":
+            idx, explored = arms[0], False
+        else:
+            idx, explored = self._bandit(bucket, arms)
+        strategy = self.spec.strategies[idx]
+        return StrategyChoice(
+            bucket=bucket,
+            strategy=idx,
+            draft_depth=strategy.draft_depth,
+            explored=explored,
+            drafter=strategy.drafter,
+        )
+
+    def _bandit(self, bucket: int, arms: list[int]) -> tuple[int, bool]:
+        rewards = self._rewards[bucket]
+        for i in arms:
+            if not rewards[i]:  # every strategy gets tried once before exploiting
                 return i, True
         if self._rng.random() < self.spec.selector.epsilon:
-            return self._rng.randrange(len(arms)), True
-        means = [sum(r) / len(r) for r in arms]
-        return max(range(len(arms)), key=lambda i: (means[i], -i)), False
+            return arms[self._rng.randrange(len(arms))], True
+        means = {i: sum(rewards[i]) / len(rewards[i]) for i in arms}
+        return max(arms, key=lambda i: (means[i], -i)), False
 
     def record(self, choice: StrategyChoice, emitted_tokens: float, latency_s: float) -> float:
         """Feed back a step's outcome; returns the reward (accepted tokens per second)."""

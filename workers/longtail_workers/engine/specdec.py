@@ -11,18 +11,19 @@ and draft depth on CUDA, ``graphs.py``); for every row at once:
    output at the newest pair is the feature ``f`` that proposes the next token. The drafter's
    context is the response from pair P-1 on, never the prompt's pairs (what every trainer trains
    it on); with a context window W a query reads only the W newest pairs. When a row has more
-   pending pairs than ``width`` (SD has just switched on, or was off for a while) the engine
-   first feeds all but the newest in one eager forward (:meth:`SpeculativeDecoder.catch_up`).
+   pending pairs than ``width`` (SD has just switched on, was off for a while, or the last
+   steps drafted from history, which never feeds the drafter) the engine first feeds all but
+   the newest in one eager forward (:meth:`SpeculativeDecoder.catch_up`).
 2. **Drafting.** k tokens from the drafter's processed distribution ``q`` (same temperature and
    top-p as the target), feeding ``(d_i, f_i)`` back for steps 2..k at the slots after the
    newest pair; those speculative entries lie past the drafter's read pairs and are overwritten
    by the next catch-up.
-3. **Verification.** The target scores ``[x_last, d_1 .. d_k]`` in one forward (each query reads
-   up to its own slot: lower-right causal).
-4. **Acceptance** by the pluggable rule (``rejection.py``); each row keeps ``a`` drafts plus one
-   correction/bonus token, committed through ``steps.commit`` (cut at stop tokens and
-   ``max_new_tokens``). The target slots of rejected drafts are past the row's new length: they
-   are overwritten by the next step, nothing has to be rolled back.
+3. **Hybrid override** (``hybrid`` strategies): rows whose history match is long enough
+   (``history_drafts.py``, a static buffer filled on the host before the step) take the history
+   drafter's tokens instead, verified as deterministic drafts (``q`` one-hot).
+4. **Verification and acceptance** (``verify.py``): the target scores ``[x_last, d_1 .. d_k]``
+   in one forward; the pluggable rule (``rejection.py``) keeps ``a`` drafts plus one
+   correction/bonus token per row, committed through ``steps.commit``.
 """
 
 from __future__ import annotations
@@ -38,16 +39,14 @@ from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.rejection import AcceptanceRule, rejection_sample
 from longtail_workers.engine.rows import RowState
 from longtail_workers.engine.sampling import (
-    STREAM_ACCEPT,
-    STREAM_CORRECT,
     STREAM_DRAFT,
     counter_uniforms,
     sample_from_probs,
     sampling_probs,
-    token_logprobs,
 )
-from longtail_workers.engine.steps import StepOutput, StepShape, commit, store_hidden
+from longtail_workers.engine.steps import StepOutput, StepShape
 from longtail_workers.engine.target import TargetModel
+from longtail_workers.engine.verify import verify
 from longtail_workers.kvcache.slot_attention import use_slot_attention
 from longtail_workers.kvcache.slots import SlotAttention, SlotKVCache
 
@@ -74,6 +73,17 @@ def _window_lo(prompt_len: torch.Tensor, pos: torch.Tensor, window: int | None) 
     window's start."""
     first = (prompt_len - 1)[:, None].expand_as(pos)  # [B, Q]
     return first if window is None else torch.maximum(first, pos - (window - 1))
+
+
+def same_layout(a: EagleDrafter, b: EagleDrafter) -> bool:
+    """Whether ``b``'s weights can be copied into ``a`` (same names, shapes and dtypes): a new
+    version the engine loads into its drafter in place (``TorchEngine.set_drafter``)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    return (
+        sa.keys() == sb.keys()
+        and all(sa[k].shape == sb[k].shape and sa[k].dtype == sb[k].dtype for k in sa)
+        and (a.input_norm, a.fc_bias) == (b.input_norm, b.fc_bias)
+    )
 
 
 class SpeculativeDecoder:
@@ -154,43 +164,29 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def speculate(
-        self, rows: RowState, bucket: int, k: int, width: int, shape: StepShape, observe: bool
+        self,
+        rows: RowState,
+        bucket: int,
+        k: int,
+        width: int,
+        shape: StepShape,
+        observe: bool,
+        history: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> StepOutput:
         """One speculative step of depth ``k`` for rows ``[0, bucket)`` (capturable unless
-        ``observe``). Every row must have 1..``width`` pending pairs."""
+        ``observe``). Every row must have 1..``width`` pending pairs. ``history``: the hybrid
+        override, ``(drafts [B, k], use [B] bool)``: rows with ``use`` verify those drafts."""
         assert rows.draft_kv is not None
-        n_tok = rows.n_tok[:bucket]
-        pending = (n_tok - 1) - rows.drafter_done[:bucket]  # [B]
+        pending = (rows.n_tok[:bucket] - 1) - rows.drafter_done[:bucket]  # [B]
         feats = self._feed(rows, bucket, pending, width, shape)  # [B, width, H]
         newest = (pending - 1).clamp(min=0)[:, None, None].expand(bucket, 1, feats.shape[-1])
         f = feats.gather(1, newest)[:, 0]  # [B, H] feature of each row's newest pair
         drafts, q, logits = self._draft(rows, bucket, k, f, shape)
-        last = n_tok - 1  # [B] position of each row's newest token
-        pos = last[:, None] + torch.arange(k + 1, device=last.device)  # [B, k+1]
-        inputs = torch.cat([rows.tokens[:bucket].gather(1, last[:, None]), drafts], dim=1)
-        step = SlotAttention(pos, torch.zeros_like(pos), shape.span, backend=shape.backend)
-        hidden = self.target.forward(inputs, rows.kv, step)  # [B, k+1, H]
-        store_hidden(rows, 0, pos, hidden)
-        target_logits = self.target.logits(hidden)  # [B, k+1, V]
-        temperature, top_p = rows.temperature[:bucket], rows.top_p[:bucket]
-        p = sampling_probs(
-            target_logits,
-            temperature,
-            top_p,
-            any_top_p=shape.any_top_p,
-            any_greedy=shape.any_greedy,
-        )  # [B, k+1, V]
-        out_len, keys = rows.out_len[:bucket][:, None], rows.stream_key[:bucket]
-        steps = torch.arange(k + 1, device=last.device)[None, :]
-        u_acc = counter_uniforms(keys, out_len + steps[:, :k], STREAM_ACCEPT)  # [B, k]
-        u_next = counter_uniforms(keys, out_len + steps, STREAM_CORRECT)  # [B, k+1]
-        verdict = self.rule(p, q.to(p.dtype), drafts, u_acc, u_next)
-        # Row b emits drafts[:a] then next_token at index a (later columns are ignored).
-        tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
-        tokens.scatter_(1, verdict.accepted[:, None], verdict.next_token[:, None])  # [B, k+1]
-        logprobs = token_logprobs(target_logits, temperature, tokens)  # as plain decoding's
-        out = commit(rows, 0, tokens, verdict.accepted + 1, logprobs)
-        out.accepted = verdict.accepted
+        if history is None:
+            out = verify(self.target, rows, drafts, q, shape, self.rule)
+        else:
+            chosen = torch.where(history[1][:, None], history[0], drafts)  # [B, k]
+            out = verify(self.target, rows, chosen, q, shape, self.rule, history[1])
         if observe:
             out.draft_logits, out.drafts = logits, drafts
         return out

@@ -4,7 +4,9 @@ The torch engine records one :class:`StepRecord` per decode step into :class:`Ro
 (plain Python, what the worker's status endpoint and the run summary read) and, when a registry
 was given, into :class:`RolloutMetrics`. "Accepted length" is the number of tokens one sequence
 gains in one speculative step: accepted draft tokens plus the correction/bonus token (so 1 means
-every draft was rejected); acceptance rate is accepted drafts / proposed drafts.
+every draft was rejected); acceptance rate is accepted drafts / proposed drafts. Speculative
+steps are also split by what drafted each row (``longtail_api.policies.DRAFT_SOURCES``:
+``learned`` or ``history``; a ``hybrid`` step drafts each row from one of them).
 
 The metrics' names, help texts, labels and buckets are the shared specs in
 ``longtail_api.metrics`` (the rollout engine section), which dashboards and alerts refer to.
@@ -13,6 +15,7 @@ The metrics' names, help texts, labels and buckets are the shared specs in
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -55,6 +58,55 @@ class StepRecord:
     """Rows of an SD step whose accepted run was cut after a stop token."""
     cut_by_length: int = 0
     """Rows of an SD step whose accepted run was cut at max_new_tokens."""
+    source_tokens: dict[str, int] = field(default_factory=dict)
+    """Tokens committed in an SD step by the rows each draft source drafted."""
+    source_accepted_lengths: dict[str, list[int]] = field(default_factory=dict)
+    """``accepted_lengths`` split by the draft source of each row."""
+    history_propose_s: float = 0.0
+    """Host seconds spent on history proposals in this step (part of ``latency_s``)."""
+    history_rows: int = 0
+    """Rows history proposals were built for in this step."""
+
+    @classmethod
+    def speculative(
+        cls,
+        latency_s: float,
+        depth: int,
+        keep: Sequence[int],
+        accepted: Sequence[int],
+        stopped: Sequence[bool],
+        sources: Sequence[str],
+        history_propose_s: float = 0.0,
+        history_rows: int = 0,
+    ) -> StepRecord:
+        """The record of an SD step of depth ``depth`` from its per-row results: tokens
+        committed, drafts accepted, whether a stop token ended the row, the row's draft source
+        (and the host cost of the history proposals, for how many rows)."""
+        n = len(keep)
+        lengths = [int(a) + 1 for a in accepted]
+        cut = [int(kp) < a for kp, a in zip(keep, lengths, strict=True)]
+        by_stop = sum(1 for c, st in zip(cut, stopped, strict=True) if c and st)
+        source_tokens: dict[str, int] = {}
+        source_lengths: dict[str, list[int]] = {}
+        for src, kp, length in zip(sources, keep, lengths, strict=True):
+            source_tokens[src] = source_tokens.get(src, 0) + int(kp)
+            source_lengths.setdefault(src, []).append(length)
+        return cls(
+            mode="sd",
+            batch_size=n,
+            emitted_tokens=sum(int(kp) for kp in keep),
+            latency_s=latency_s,
+            draft_depth=depth,
+            drafted_tokens=depth * n,
+            accepted_drafts=sum(lengths) - n,
+            accepted_lengths=lengths,
+            cut_by_stop=by_stop,
+            cut_by_length=sum(cut) - by_stop,
+            source_tokens=source_tokens,
+            source_accepted_lengths=source_lengths,
+            history_propose_s=history_propose_s,
+            history_rows=history_rows,
+        )
 
 
 @dataclass
@@ -82,6 +134,17 @@ class RolloutStats:
     Where the time goes as the batch drains: what ``bench/specdec.py`` breaks down."""
     bucket_tokens: Counter[tuple[StepMode, int]] = field(default_factory=Counter)
     """Committed tokens, keyed like :attr:`bucket_seconds`."""
+    source_sd_tokens: Counter[str] = field(default_factory=Counter)
+    """SD tokens by the draft source of the rows that committed them (``learned``,
+    ``history``): the token share of each drafter."""
+    source_accepted_hist: defaultdict[str, Counter[int]] = field(
+        default_factory=lambda: defaultdict(Counter)
+    )
+    """Accepted-length histogram per draft source."""
+    history_propose_s: float = 0.0
+    """Host seconds spent building history proposals (the history drafter's cost)."""
+    history_proposals: int = 0
+    """Rows history proposals were built for (one per row of each history or hybrid step)."""
     last: StepRecord | None = None
 
     def reset(self) -> None:
@@ -105,6 +168,11 @@ class RolloutStats:
             self.accepted_length_hist.update(step.accepted_lengths)
             self.sd_cut_by_stop += step.cut_by_stop
             self.sd_cut_by_length += step.cut_by_length
+            self.source_sd_tokens.update(step.source_tokens)
+            for src, lengths in step.source_accepted_lengths.items():
+                self.source_accepted_hist[src].update(lengths)
+            self.history_propose_s += step.history_propose_s
+            self.history_proposals += step.history_rows
         elif step.mode == "plain":
             self.plain_steps += 1
         else:
@@ -136,6 +204,8 @@ class RolloutStats:
         self.drafted += drafted
         self.accepted += sum(n - 1 for n in accepted_lengths)
         self.accepted_length_hist.update(accepted_lengths)
+        self.source_sd_tokens["learned"] += sd_tokens  # vLLM drafts with the learned drafter
+        self.source_accepted_hist["learned"].update(accepted_lengths)
         self.max_batch_size = max(self.max_batch_size, batch_size)
 
     @property
@@ -146,6 +216,12 @@ class RolloutStats:
     def mean_accepted_length(self) -> float:
         n = sum(self.accepted_length_hist.values())
         return sum(k * c for k, c in self.accepted_length_hist.items()) / n if n else 0.0
+
+    def source_mean_accepted_length(self, source: str) -> float:
+        """Mean accepted length of the rows ``source`` drafted (0 when none)."""
+        hist = self.source_accepted_hist.get(source, Counter())
+        n = sum(hist.values())
+        return sum(k * c for k, c in hist.items()) / n if n else 0.0
 
     @property
     def tokens_per_second(self) -> float:

@@ -6,12 +6,19 @@ implements :class:`~longtail_workers.engine.interface.RolloutEngine`. The loop, 
 1. admit waiting prompts into free rows (``rows.py``: the running batch lives in static device
    buffers) and prefill them in length groups, sampling each row's first token;
 2. ask the SD policy whether this step speculates (running count vs threshold, warm-up latch)
-   and with which draft depth (per batch-size bucket);
+   and with which strategy (per batch-size bucket): what drafts (the learned drafter, the
+   history index, or per row either: ``hybrid``) and how deep;
 3. run one decode step (one token per row, ``steps.decode``) or one speculative step
-   (``specdec.py``), padded to a batch bucket and, on CUDA, replayed from a captured graph
+   (``specdec.py``; ``history_drafts.py`` for history drafts, staged on the host from the
+   committed tokens), padded to a batch bucket and, on CUDA, replayed from a captured graph
    (``graphs.py``); the step's results come back in one device->host copy;
 4. retire finished rows (stop token or ``max_new_tokens``): the last live rows move into their
    slots, so the live rows stay packed at the top.
+
+The history index (``history.py``) lives as long as the engine: every answer's committed tokens
+go into it after each step, so later answers to the same prompt (in this call and later ones)
+can draft from them. An engine without a learned drafter speculates with its ``history``
+strategies alone (``sd_policy.py`` skips the others until :meth:`TorchEngine.set_drafter`).
 
 Sampling uses counter-based per-request random streams (``sampling.py``): a request's tokens do
 not depend on which requests share the batch, as long as SD's on/off schedule is the same (SD
@@ -36,15 +43,18 @@ from longtail_workers.engine.batch import SequenceState
 from longtail_workers.engine.config import LENGTH_ROUNDING
 from longtail_workers.engine.config import EngineConfig as EngineConfig  # re-exported
 from longtail_workers.engine.graphs import DEFAULT_BUCKETS, StepGraphs, bucket_for
+from longtail_workers.engine.history import HistoryIndex
+from longtail_workers.engine.history_drafts import HistoryDrafts
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult, RolloutEngine
 from longtail_workers.engine.rejection import AcceptanceRule, rejection_sample
 from longtail_workers.engine.rows import RowShape, RowState
 from longtail_workers.engine.scheduler import Scheduler, length_groups
-from longtail_workers.engine.sd_policy import SpecDecodePolicy
+from longtail_workers.engine.sd_policy import SpecDecodePolicy, StrategyChoice
+from longtail_workers.engine.sd_step import speculative_step
 from longtail_workers.engine.sizing import Limits, Needs, row_shape
-from longtail_workers.engine.specdec import DraftObserver, DraftTrace, SpeculativeDecoder
+from longtail_workers.engine.specdec import DraftObserver, SpeculativeDecoder, same_layout
 from longtail_workers.engine.stats import RolloutMetrics, RolloutStats, StepRecord
-from longtail_workers.engine.steps import HostStep, StepOutput, StepShape, pack, unpack
+from longtail_workers.engine.steps import HostStep, StepShape, pack, unpack
 from longtail_workers.engine.steps import decode as decode_step
 from longtail_workers.engine.steps import prefill as prefill_step
 from longtail_workers.engine.target import TargetModel
@@ -71,12 +81,21 @@ class TorchEngine(RolloutEngine):
         self.target = TargetModel(model)
         self.spec = speculative or SpeculativeSpec(enabled=False)
         self.policy = SpecDecodePolicy(self.spec, seed=self.config.policy_seed)
-        if self.spec.enabled and drafter is None:
+        if self.spec.enabled and drafter is None and not self.policy.eligible(learned=False):
             raise ValueError(
-                "speculative.enabled is true but no drafter was given; pass "
-                "drafter=EagleDrafter(model, target_id=...) (or load_drafter(...)), or set "
-                "speculative.enabled=false"
+                "speculative.enabled is true but no drafter was given and no strategy the "
+                "selector may pick drafts from history; pass drafter=EagleDrafter(model, "
+                "target_id=...) (or load_drafter(...)), add a strategy with drafter: history, "
+                "or set speculative.enabled=false"
             )
+        kinds = {s.drafter for s in self.spec.strategies}
+        self.history = (
+            HistoryIndex(self.spec.history)
+            if self.spec.enabled and kinds & {"history", "hybrid"}
+            else None
+        )
+        """The history drafter's index (None without history or hybrid strategies)."""
+        self._drafts: HistoryDrafts | None = None
         self._rule = acceptance_rule
         self._observer = draft_observer
         self.backend = choose_backend(
@@ -109,7 +128,7 @@ class TorchEngine(RolloutEngine):
                 f"{self.target.hidden_size}"
             )
         current = self.sd.drafter if self.sd is not None else None
-        if current is not None and _same_layout(current, drafter):
+        if current is not None and same_layout(current, drafter):
             with torch.no_grad():
                 for name, value in drafter.state_dict().items():
                     current.state_dict()[name].copy_(value)
@@ -127,9 +146,23 @@ class TorchEngine(RolloutEngine):
     def waiting(self) -> int:
         return self._scheduler.waiting if self._scheduler is not None else 0
 
+    def policy_loaded(self) -> None:
+        """New policy weights: the history index forgets earlier calls if so configured."""
+        if self.history is not None:
+            self.history.new_policy()
+
     @property
     def speculating(self) -> bool:
-        return self.sd is not None and self.spec.enabled
+        """SD may run: it is enabled and some strategy can draft (a learned drafter is there,
+        or a history strategy may be picked)."""
+        return self.spec.enabled and (
+            self.sd is not None or bool(self.policy.eligible(learned=False))
+        )
+
+    @property
+    def _learned(self) -> bool:
+        """A learned drafter runs in SD steps (its cache and the hidden states are kept)."""
+        return self.sd is not None and self.speculating
 
     @property
     def max_depth(self) -> int:
@@ -144,14 +177,17 @@ class TorchEngine(RolloutEngine):
             index=index,
             request=request,
             seed=request.seed if request.seed is not None else secrets.randbits(63),
-            keep_hidden=self.speculating or request.return_hidden_states,
+            keep_hidden=self._learned or request.return_hidden_states,
             prompt=prompt,
+            history=self.history.admit(prompt) if self.history is not None else None,
         )
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Complete every request (see :class:`RolloutEngine`); results in request order."""
         for r in requests:
             r.validate(self.target.vocab_size, self.target.max_positions)
+        if self.history is not None:
+            self.history.begin_call()
         seqs = [self._new_sequence(i, r) for i, r in enumerate(requests)]
         rows = self._rows_for(seqs)
         self._scheduler = Scheduler(rows.shape.capacity, self.config.max_prefill_tokens)
@@ -188,7 +224,7 @@ class TorchEngine(RolloutEngine):
         per = SlotKVCache.bytes_per_token(t.config, t.dtype) + 8
         if hidden:
             per += t.hidden_size * t.dtype.itemsize
-        if self.sd is not None and self.speculating:
+        if self.sd is not None and self._learned:
             per += SlotKVCache.bytes_per_token(self.sd.drafter.config, t.dtype, num_layers=1)
         return per
 
@@ -199,7 +235,7 @@ class TorchEngine(RolloutEngine):
             longest=max((len(s.prompt) + s.request.max_new_tokens for s in seqs), default=1),
             stops=max((len(s.request.stop_token_ids) for s in seqs), default=1),
             hidden=any(s.keep_hidden for s in seqs),
-            drafter=self.speculating,
+            drafter=self._learned,
             depth=self.max_depth,
         )
         limits = Limits(
@@ -227,6 +263,8 @@ class TorchEngine(RolloutEngine):
         )
         self._rows = rows
         self.row_shape, self.buffer_bytes = shape, rows.nbytes
+        if self.history is not None:
+            self._drafts = HistoryDrafts(shape.capacity, max(self.max_depth, 1), t.device)
         self._graphs = StepGraphs(
             t.device, self.config.cuda_graphs, [rows.n_tok, rows.out_len, rows.drafter_done]
         )
@@ -257,9 +295,13 @@ class TorchEngine(RolloutEngine):
         # Whole arrays to lists once: per-row NumPy slicing costs more than the copy itself.
         tokens, logprobs = host.tokens.tolist(), host.logprobs.tolist()
         stopped, finished = host.stopped.tolist(), host.finished.tolist()
+        history = self.history
         for b, keep in enumerate(host.keep.tolist()):
             seq = rows.seqs[r0 + b]
-            seq.output += tokens[b][:keep]
+            new = tokens[b][:keep]
+            seq.output += new
+            if history is not None and seq.history is not None:
+                history.extend(seq.history, new)
             seq.logprobs += logprobs[b][:keep]
             if stopped[b]:
                 seq.finish_reason = "stop"
@@ -283,65 +325,45 @@ class TorchEngine(RolloutEngine):
 
     def _decode_step(self, rows: RowState) -> None:
         n = len(rows)
-        if self.sd is not None and self.policy.observe(n):
-            choice = self.policy.choose(n)
+        if self.speculating and self.policy.observe(n):
+            choice = self.policy.choose(n, learned=self.sd is not None)
             # No use drafting past the longest remaining budget (the last token needs no draft).
-            k = min(choice.draft_depth, int(rows.remaining().max()) - 1)
-            if k >= 1:
-                t0 = time.perf_counter()
-                host = self._speculate(rows, self.sd, k)
-                dt = time.perf_counter() - t0
-                emitted = int(host.keep.sum())
-                assert self._graphs is not None
-                if not self._graphs.just_captured:  # a capture's seconds say nothing of k
-                    self.policy.record(choice, emitted, dt)
-                cut = host.keep < host.accepted + 1
-                by_stop = int((cut & host.stopped).sum())
-                lengths = [int(a) + 1 for a in host.accepted]
-                accepted = int(host.accepted.sum())
-                step = StepRecord(
-                    "sd",
-                    n,
-                    emitted,
-                    dt,
-                    k,
-                    k * n,
-                    accepted,
-                    lengths,
-                    by_stop,
-                    int(cut.sum()) - by_stop,
-                )
-                self._record(step)
+            k = min(choice.draft_depth, int(rows.remaining().max()) - 1) if choice else 0
+            if choice is not None and k >= 1:
+                self._sd_step(rows, choice, k)
                 return
         self._plain_step(rows)
 
-    def _speculate(self, rows: RowState, sd: SpeculativeDecoder, k: int) -> HostStep:
+    def _sd_step(self, rows: RowState, choice: StrategyChoice, k: int) -> None:
+        """One speculative step with ``choice``'s drafter at depth ``k``, fed back and recorded."""
+        t0 = time.perf_counter()
+        kind, n = choice.drafter, len(rows)
+        use: list[bool] = []
+        if kind != "learned":  # proposals first: the step reads them from the static buffer
+            assert self.history is not None and self._drafts is not None
+            h = self.spec.history
+            need = h.min_match if kind == "history" else h.hybrid_min_match
+            use = self._drafts.stage(self.history, rows.seqs, k, need)
+        t_propose = time.perf_counter() - t0
         width = self.max_depth + 1
-        shape = self._shape(rows, width + 1)
-        if int(rows.pending_pairs().max()) > width:
-            sd.catch_up(rows, shape)  # SD just switched on (or was off): the long feed, eagerly
-        n, bucket = len(rows), self._bucket(rows)
-        observe = self._observer is not None
-        contexts = [s.tokens for s in rows.seqs] if observe else []
         assert self._graphs is not None
-        key = ("sd", bucket, k, shape.any_top_p, shape.any_greedy)
-
-        def step() -> tuple[StepOutput, torch.Tensor]:
-            out = sd.speculate(rows, bucket, k, width, shape, observe)
-            return out, pack(out)  # packed inside the graph: one launch fewer per step
-
-        out, packed = step() if observe else self._graphs.run(key, step)
-        host = unpack(packed, n)
-        rows.caught_up(0, n)
-        if self._observer is not None and out.draft_logits is not None and out.drafts is not None:
-            prompts = [len(s.prompt) for s in rows.seqs]
-            self._observer(DraftTrace(contexts, prompts, out.draft_logits[:n], out.drafts[:n]))
-        for b, seq in enumerate(rows.seqs):
-            seq.spec_steps += 1
-            seq.drafted += k
-            seq.accepted += int(host.accepted[b])
+        host = speculative_step(
+            self.target, rows, self._graphs, self._shape(rows, width + 1), self._bucket(rows),
+            kind, k, width, sd=self.sd, drafts=self._drafts, rule=self._rule,
+            observer=self._observer,
+        )  # fmt: skip
         self._apply(rows, 0, host)
-        return host
+        dt = time.perf_counter() - t0
+        if not self._graphs.just_captured:  # a capture's seconds say nothing of k
+            self.policy.record(choice, int(host.keep.sum()), dt)
+        hybrid = ["history" if u else "learned" for u in use]
+        self._record(
+            StepRecord.speculative(
+                dt, k, host.keep.tolist(), host.accepted.tolist(), host.stopped.tolist(),
+                hybrid if kind == "hybrid" else [kind] * n,
+                history_propose_s=t_propose if use else 0.0, history_rows=len(use),
+            )
+        )  # fmt: skip
 
     @torch.no_grad()
     def _plain_step(self, rows: RowState) -> None:
@@ -363,17 +385,9 @@ class TorchEngine(RolloutEngine):
         finished = [i for i, s in enumerate(rows.seqs) if s.finish_reason is not None]
         for i in finished:
             seq = rows.seqs[i]
+            if self.history is not None and seq.history is not None:
+                self.history.finish(seq.history)
             if seq.request.return_hidden_states and seq.output and rows.hidden is not None:
                 first = len(seq.prompt) - 1  # h_{P-1} produced the first output token
                 seq.hidden = rows.hidden[i, first : first + len(seq.output)].clone()
         rows.retire(finished)
-
-
-def _same_layout(a: EagleDrafter, b: EagleDrafter) -> bool:
-    """Whether ``b``'s weights can be copied into ``a`` (same names, shapes and dtypes)."""
-    sa, sb = a.state_dict(), b.state_dict()
-    return (
-        sa.keys() == sb.keys()
-        and all(sa[k].shape == sb[k].shape and sa[k].dtype == sb[k].dtype for k in sa)
-        and (a.input_norm, a.fc_bias) == (b.input_norm, b.fc_bias)
-    )

@@ -5,8 +5,9 @@
 directory to the summary, goes through :meth:`Progress.message`). On a terminal a ``rich``
 live display redraws one line in place: the current step's rollout bar (answers done / total)
 and the live figures (reward, accuracy, eval accuracy, share of tokens from speculative steps,
-mean accepted length, drafter version, idle and harvested worker-seconds, and the trainer's
-harvested seconds when it is a harvest target), cropped to the terminal's width; when a step
+mean accepted length, both also per draft source once the history drafter speculates, drafter
+version, idle and harvested worker-seconds, and the trainer's harvested seconds when it is a
+harvest target), cropped to the terminal's width; when a step
 completes, a permanent line with that step's figures is printed above it (its time split, and
 the weight sync of the policy version its rollout used: pause seconds and GB/s). Off a terminal (CI
 logs, pipes, tests) only the permanent lines are printed, as plain unwrapped text without
@@ -31,6 +32,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from longtail_api.policies import DRAFT_SOURCES
 from longtail_api.workerapi import TrainerStatus
 from longtail_workers.local.coordinator import HarvestBooks
 
@@ -55,6 +57,7 @@ def live_line(status: TrainerStatus, books: HarvestBooks) -> str:
         + ("" if status.eval_sampled_accuracy is None else f"/{status.eval_sampled_accuracy:.3f}"),
         f"sd {_num(None if status.sd_fraction is None else 100 * status.sd_fraction, '.0f')}%",
         f"acc.len {_num(status.accepted_length, '.2f')}",
+        *_by_source(status),
         f"drafter v{status.drafter_version}",
         f"idle {books.idle_total:.1f}s",
         f"harvested {books.harvested_total:.1f}s",
@@ -64,6 +67,21 @@ def live_line(status: TrainerStatus, books: HarvestBooks) -> str:
     if status.acceptance_collapsed:
         parts.append("WARNING: SD accepts almost nothing (stale drafter)")
     return "  ".join(parts)
+
+
+def _by_source(status: TrainerStatus) -> list[str]:
+    """``history 30% len 3.40``: each draft source's share of the tokens and accepted length,
+    once a source other than the learned drafter speculated (with the learned drafter alone
+    they are the totals already shown)."""
+    sources = {*status.sd_fraction_by_source, *status.accepted_length_by_source}
+    if not sources - {"learned"}:
+        return []
+    order = [s for s in DRAFT_SOURCES if s in sources] + sorted(sources - set(DRAFT_SOURCES))
+    return [
+        f"{s} {100 * status.sd_fraction_by_source.get(s, 0.0):.0f}% "
+        f"len {_num(status.accepted_length_by_source.get(s), '.2f')}"
+        for s in order
+    ]
 
 
 def _reward_accuracy(reward: float | None, accuracy: float | None) -> list[str]:

@@ -3,14 +3,16 @@
 Called by ``local/run.py`` when the run ends (complete, stopped or failed) with the run
 directory; reads ``metrics.jsonl`` (one :class:`~longtail_api.steprow.StepRow` per step, written
 by the trainer) and the harvest books, and writes ``metrics.csv``, ``report/*.png`` (reward
-and accuracy per step, step time split rollout/tail/train, mean accepted length per step;
-matplotlib's Agg backend, no display needed), ``report/summary.md``, ``report/summary.html``
-and ``summary.json``. The weight sync of each step (the ``sync_*`` columns: the policy version
-its rollout used, per phase, bytes, GB/s) is in the CSV, and its means in the summary. So is
-what became of the drafter candidates: how many the trainer refused, by reason (the rows'
-``drafter_refused``), and, when the run published no online drafter version, why
-(``drafter_unpublished``, the trainer's words, with the harvest's figures when no candidate was
-trained).
+and accuracy per step, step time split rollout/tail/train, mean accepted length per step, also
+per draft source; matplotlib's Agg backend, no display needed), ``report/summary.md``,
+``report/summary.html`` and ``summary.json``. The weight sync of each step (the ``sync_*``
+columns: the policy version its rollout used, per phase, bytes, GB/s) is in the CSV, and its
+means in the summary. So is what became of the drafter candidates: how many the trainer
+refused, by reason (the rows' ``drafter_refused``), and, when the run published no online
+drafter version, why (``drafter_unpublished``, the trainer's words, with the harvest's figures
+when no candidate was trained). Speculation by draft source (``learned``, ``history``: each
+one's share of the tokens and its accepted length) is in the CSV's ``sd_fraction_<source>``
+and ``accepted_length_<source>`` columns and the summary's means.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from longtail_api.drafterstatus import NO_CANDIDATE
+from longtail_api.policies import DRAFT_SOURCES
 from longtail_api.steprow import METRICS_FILE, SYNC_PHASES, StepRow
 from longtail_workers.local.coordinator import HarvestBooks
 
@@ -34,7 +37,8 @@ CSV_COLUMNS = (
     "train_s", "sync_s", "step_s", "sd_fraction", "mean_accepted_length", "idle_s",
     "harvested_s", "trainer_harvested_s", "redispatched", "sync_version", "sync_transport",
     "sync_gather_s", "sync_pack_s", "sync_wire_s", "sync_load_s", "sync_pause_s", "sync_bytes",
-    "sync_gb_per_s",
+    "sync_gb_per_s", *(f"sd_fraction_{s}" for s in DRAFT_SOURCES),
+    *(f"accepted_length_{s}" for s in DRAFT_SOURCES),
 )  # fmt: skip
 LAST_STEPS = 5  # the "last steps" window of the summary's accepted length
 _COUNTS = ("drafter_candidates_refused",)  # the summary's dicts that the Markdown table shows
@@ -88,10 +92,35 @@ def summarize(rows: list[StepRow], info: dict[str, Any]) -> dict[str, Any]:
         **({"trainer_harvested_s_total": sum(trainer)} if trainer else {}),
         "final_drafter_version": rows[-1].drafter_version if rows else None,
         "drafter_candidates_rejected": sum(r.drafter_candidates_rejected for r in rows),
+        **_draft_sources(rows),
         **_drafter_outcome(rows),
         "acceptance_collapsed_steps": [r.step for r in rows if r.acceptance_collapsed],
         **_weight_sync(rows),
     }
+
+
+def _draft_sources(rows: list[StepRow]) -> dict[str, Any]:
+    """Per draft source (``learned``, ``history``), over the rows that split their speculation
+    by source: ``sd_fraction_mean_<source>`` (its share of all tokens; 0 in a step it drafted
+    nothing) and ``accepted_length_mean_<source>`` (over the steps it drafted in). Nothing for
+    runs whose rows have no split (written before it existed)."""
+    split = [r for r in rows if r.sd_fraction_by_source or r.accepted_length_by_source]
+    sources = sorted({s for r in split for s in r.sd_fraction_by_source}, key=_source_order)
+    out: dict[str, Any] = {}
+    for source in sources:
+        out[f"sd_fraction_mean_{source}"] = _mean(
+            [r.sd_fraction_by_source.get(source, 0.0) for r in split]
+        )
+        out[f"accepted_length_mean_{source}"] = _mean(
+            [r.accepted_length_by_source.get(source) or None for r in split]
+        )
+    return out
+
+
+def _source_order(source: str) -> tuple[int, str]:
+    """The known sources in ``DRAFT_SOURCES`` order, any other after them."""
+    known = DRAFT_SOURCES.index(source) if source in DRAFT_SOURCES else len(DRAFT_SOURCES)
+    return known, source
 
 
 def _drafter_outcome(rows: list[StepRow]) -> dict[str, Any]:
@@ -151,6 +180,9 @@ def write_csv(rows: list[StepRow], path: Path) -> None:
         w.writeheader()
         for row in rows:
             values = row.to_dict()
+            for source in DRAFT_SOURCES:  # flat columns: a step row keeps them as dicts
+                values[f"sd_fraction_{source}"] = row.sd_fraction_by_source.get(source, "")
+                values[f"accepted_length_{source}"] = row.accepted_length_by_source.get(source, "")
             w.writerow({k: values.get(k, "") for k in CSV_COLUMNS})
 
 
@@ -193,7 +225,13 @@ def plot(rows: list[StepRow], out: Path, info: dict[str, Any]) -> list[str]:
     accepted = [
         math.nan if r.mean_accepted_length is None else r.mean_accepted_length for r in rows
     ]
-    ax.plot(steps, accepted, "o-")
+    ax.plot(steps, accepted, "o-", label="all")
+    sources = sorted({s for r in rows for s in r.accepted_length_by_source}, key=_source_order)
+    for source in sources:  # by draft source: a step it drafted nothing in is a gap
+        by_source = [r.accepted_length_by_source.get(source) or math.nan for r in rows]
+        ax.plot(steps, by_source, ".--", label=source)
+    if sources:
+        ax.legend(fontsize=8)
     ax.set(xlabel="step", ylabel="tokens per SD step", title="Mean accepted length per step")
     files.append(_save(fig, out / "accepted_length.png"))
     return files

@@ -438,6 +438,15 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
             else ""
         )
     )
+    # The report's per-draft-source means (summary keys sd_fraction_mean_<source>, ...).
+    sources = [k.removeprefix("sd_fraction_mean_") for k in s if k.startswith("sd_fraction_mean_")]
+    if sources:
+        parts = [
+            f"{src} {f(s[f'sd_fraction_mean_{src}'])} of the tokens, accepted length "
+            f"{f(s.get(f'accepted_length_mean_{src}'), '.2f')}"
+            for src in sources
+        ]
+        progress.message(f"speculation by drafter: {'; '.join(parts)}")
     if s.get("reason"):
         progress.message(f"{s['outcome']}: {s['reason']}")
     if s.get("acceptance_collapsed_steps"):

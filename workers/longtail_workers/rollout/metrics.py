@@ -1,4 +1,5 @@
-"""Prometheus view of a rollout worker: role, idleness, versions, buffer and spot trainer.
+"""Prometheus view of a rollout worker: role, idleness, versions, buffer, spot trainer, and
+speculation by draft source.
 
 Registered by :class:`~longtail_workers.rollout.control.RolloutWorker` on its own
 ``CollectorRegistry`` (several workers can live in one process, as in tests and local mode).
@@ -20,9 +21,11 @@ from prometheus_client.registry import Collector
 from longtail_api import metrics as names
 from longtail_api.drafterstatus import SpotTrainerState
 from longtail_workers.metricspec import (
+    add_histogram,
     counter_family,
     counter_from_spec,
     gauge_family,
+    histogram_family,
     histogram_from_spec,
 )
 
@@ -64,6 +67,7 @@ class WorkerCollector(Collector):
         ):
             yield gauge_family(spec, float(value))
         yield from self._buffer_counters()
+        yield from self._draft_sources()
         yield from self._trainer()
         weights = getattr(w, "weights", None)  # a generating worker's weight source
         if weights is not None:
@@ -84,6 +88,20 @@ class WorkerCollector(Collector):
             for reason, count in sorted(dict(table).items()):
                 family.add_metric([reason], float(count))
             yield family
+
+    def _draft_sources(self) -> Iterator[Metric]:
+        """SD tokens and accepted lengths by draft source, from the engine's own counters."""
+        stats = self.worker.engine.stats
+        tokens = counter_family(names.WORKER_SD_TOKENS_TOTAL)
+        lengths = histogram_family(names.WORKER_ACCEPTED_LENGTH)
+        for source in sorted(set(stats.source_sd_tokens) | set(stats.source_accepted_hist)):
+            tokens.add_metric([source], float(stats.source_sd_tokens[source]))
+            # Copied at once: the engine's thread adds to it while a scrape reads.
+            table = stats.source_accepted_hist
+            hist: dict[int, int] = dict(table[source]) if source in table else {}
+            add_histogram(lengths, names.WORKER_ACCEPTED_LENGTH, [source], hist)
+        yield tokens
+        yield lengths
 
     def _trainer(self) -> Iterator[Metric]:
         trainer = self.worker.trainer

@@ -36,6 +36,7 @@ import logging
 import sys
 import threading
 import time
+from collections import Counter
 from http import HTTPStatus
 from typing import Any
 
@@ -43,7 +44,7 @@ from starlette.routing import Route
 
 from longtail_api.wirecodec import from_wire, to_wire
 from longtail_workers.engine.interface import RolloutEngine
-from longtail_workers.engine.stats import RolloutMetrics
+from longtail_workers.engine.stats import RolloutMetrics, RolloutStats
 from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.httprequest import JSONRequestHandler, fail
 from longtail_workers.httpserver import route
@@ -67,6 +68,7 @@ from longtail_workers.wire.rollout import (
     GenerateCall,
     GenerateReply,
     Sample,
+    SourceDelta,
     check_call,
 )
 
@@ -132,6 +134,7 @@ class GeneratingWorker(RolloutWorker):
         before = (stats.steps, stats.sd_steps, stats.tokens, stats.sd_tokens, stats.time_s)
         hist_before = sum(k * c for k, c in stats.accepted_length_hist.items())
         n_before = sum(stats.accepted_length_hist.values())
+        sources_before = _source_totals(stats)
         t0 = time.perf_counter()
         results = self.generate(call.requests, step=call.step)
         version, load_s = self._unreported_load
@@ -150,6 +153,7 @@ class GeneratingWorker(RolloutWorker):
             # The rollout pause this call caused: obtaining and loading the version it names
             # (0 when held already); the trainer books it per version (trainer/syncbook.py).
             policy_load_seconds=load_s,
+            by_source=_source_deltas(sources_before, _source_totals(stats)),
         )
         return GenerateReply(
             self.name,
@@ -158,6 +162,30 @@ class GeneratingWorker(RolloutWorker):
             [Sample.of(r) for r in results],
             engine,
         )
+
+
+def _source_totals(stats: RolloutStats) -> dict[str, tuple[int, int, int]]:
+    """(SD tokens, accepted-length sum, rows) so far by draft source."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for source in sorted(set(stats.source_sd_tokens) | set(stats.source_accepted_hist)):
+        hist = stats.source_accepted_hist.get(source, Counter[int]())
+        lengths = sum(k * c for k, c in hist.items())
+        out[source] = (stats.source_sd_tokens[source], lengths, sum(hist.values()))
+    return out
+
+
+def _source_deltas(
+    before: dict[str, tuple[int, int, int]], after: dict[str, tuple[int, int, int]]
+) -> dict[str, SourceDelta]:
+    """What each draft source did between two :func:`_source_totals` (sources that did
+    nothing left out)."""
+    out: dict[str, SourceDelta] = {}
+    for source, totals in after.items():
+        was = before.get(source, (0, 0, 0))
+        tokens, lengths, rows = (a - b for a, b in zip(totals, was, strict=True))
+        if tokens or rows:
+            out[source] = SourceDelta(tokens, lengths, rows)
+    return out
 
 
 _GENERATE_BODY_ERRORS = dataclasses.replace(

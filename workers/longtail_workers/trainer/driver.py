@@ -46,9 +46,10 @@ import numpy as np
 import torch
 
 from longtail_api.acceptance import acceptance_collapsed
+from longtail_api.protocol import VerifyItem
 from longtail_api.spec import RLJobSpec
 from longtail_api.steprow import StepRow
-from longtail_workers.data import Example, format_example, iterate_batches
+from longtail_workers.data import Example, format_example, iterate_batches, reward_name
 from longtail_workers.engine.interface import GenerationRequest
 from longtail_workers.trainer.batch import GrpoBatch
 from longtail_workers.trainer.candidate_checks import CandidateChecks
@@ -63,7 +64,7 @@ from longtail_workers.trainer.syncbook import SyncBook
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient
 from longtail_workers.weights.sync import Published, SyncPhases, WeightPublisher
-from longtail_workers.wire.rollout import Sample
+from longtail_workers.wire.rollout import Sample, source_figures
 from longtail_workers.wire.samples import StepSamples
 
 log = logging.getLogger(__name__)
@@ -262,10 +263,10 @@ class StepDriver:
         requests = self.step_requests(step, prompts)
         out = self._rollout(step, requests)
         self._handed_out(out)
-        golds = [ex.answer for ex in prompts for _ in range(algo.group_size)]
+        answered = [ex for ex in prompts for _ in range(algo.group_size)]
         t_train = time.monotonic()
         self._check_stop("before scoring")
-        rewards, correct = self._score(out.samples, golds)
+        rewards, correct = self._score(out.samples, answered)
         adv = group_advantages(torch.tensor(rewards), algo.group_size)
         batch = build_grpo_batch(out.samples, adv.tolist(), pad_id=int(self.tok.pad_token_id))
         if self.reference is not None:
@@ -335,15 +336,19 @@ class StepDriver:
         return out
 
     def _score(
-        self, samples: Sequence[Sample], golds: Sequence[str]
+        self, samples: Sequence[Sample], examples: Sequence[Example]
     ) -> tuple[list[float], list[bool]]:
+        """Rewards of ``samples`` (answers to ``examples``, in order), each example scored by
+        its reward (``dataset.rewardBySource`` routes a row's data_source)."""
         texts = self.tok.batch_decode(
             [s.output_token_ids for s in samples], skip_special_tokens=True
         )
         ds = self.spec.dataset
-        resp = self.verifier.verify(
-            list(zip(texts, golds, strict=True)), reward=ds.reward, format_weight=ds.format_weight
-        )
+        items = [
+            VerifyItem(text, ex.answer, reward_name(ex, ds))
+            for text, ex in zip(texts, examples, strict=True)
+        ]
+        resp = self.verifier.verify(items, reward=ds.reward, format_weight=ds.format_weight)
         return [r.reward for r in resp.results], [r.correct for r in resp.results]
 
     def _merge_drafters(self, samples: Sequence[Sample]) -> float:
@@ -405,6 +410,7 @@ class StepDriver:
         sd_tokens = sum(e.sd_tokens for e in eng)
         rows = sum(e.accepted_rows for e in eng)
         acc_len = sum(e.mean_accepted_length * e.accepted_rows for e in eng)
+        fractions, lengths_by_source = source_figures(eng)
         return StepRow(
             step=step,
             policy_version=self.state.policy_version,
@@ -418,6 +424,8 @@ class StepDriver:
             tail_s=out.seconds - out.first_done_s,
             sd_fraction=sd_tokens / tokens if tokens else 0.0,
             mean_accepted_length=acc_len / rows if rows else 0.0,
+            sd_fraction_by_source=fractions,
+            accepted_length_by_source=lengths_by_source,
             redispatched=out.redispatched,
             failed_workers=sorted(out.failed_workers),
             train=dict(stats),
@@ -455,8 +463,8 @@ class StepDriver:
         ]  # fmt: skip
         out = self.pool.run(reqs, self.state.step, self.state.policy_version, self.stop)
         self._handed_out(out)
-        golds = [ex.answer for ex in self.eval_set] * (1 + algo.eval_samples)
-        rewards, correct = self._score(out.samples, golds)
+        answered = list(self.eval_set) * (1 + algo.eval_samples)
+        rewards, correct = self._score(out.samples, answered)
         acc = float(np.mean(correct[:n]))
         sampled = float(np.mean(correct[n:])) if algo.eval_samples else None
         self.state.eval_accuracy, self.state.eval_sampled_accuracy = acc, sampled

@@ -48,6 +48,7 @@ from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from longtail_api import metrics as names
+from longtail_api.policies import DRAFT_SOURCES
 from longtail_api.protocol import ProtocolError
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
@@ -107,6 +108,8 @@ class TrainerMetrics:
         self.reward = gauge_from_spec(names.TRAINER_REWARD_MEAN, r)
         self.accuracy = gauge_from_spec(names.TRAINER_ACCURACY, r)
         self.policy = gauge_from_spec(names.TRAINER_POLICY_VERSION, r)
+        self.sd_fraction = gauge_from_spec(names.TRAINER_SD_FRACTION, r)
+        self.accepted_length = gauge_from_spec(names.TRAINER_ACCEPTED_LENGTH, r)
         self.harvested = counter_from_spec(names.TRAINER_HARVESTED_SECONDS_TOTAL, r)
         self.rejected = counter_from_spec(names.TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL, r)
         self.sync_seconds = histogram_from_spec(names.WEIGHT_SYNC_SECONDS, r)
@@ -125,6 +128,11 @@ class TrainerMetrics:
         self.reward.set(row.reward_mean)
         self.accuracy.set(row.accuracy)
         self.policy.set(row.policy_version)
+        # Every source each step (0 when it drafted nothing), so no gauge holds a stale step.
+        for source in sorted({*DRAFT_SOURCES, *row.sd_fraction_by_source}):
+            self.sd_fraction.labels(source=source).set(row.sd_fraction_by_source.get(source, 0))
+            length = row.accepted_length_by_source.get(source, 0.0)
+            self.accepted_length.labels(source=source).set(length)
         self.harvested.inc(row.trainer_harvested_s or 0.0)  # None when harvest is off
         self._observe_sync(row)
 
@@ -252,6 +260,8 @@ class TrainerApp(BackgroundHTTPServer):
             figures_step=None if row is None else row.step,
             worker_policy_versions=d.syncs.held_versions(),
             drafter_merges=None if self.drafters is None else self.drafters.registry.merges(),
+            sd_fraction_by_source={} if row is None else dict(row.sd_fraction_by_source),
+            accepted_length_by_source={} if row is None else dict(row.accepted_length_by_source),
         )
 
     def routes(self) -> list[Route]:

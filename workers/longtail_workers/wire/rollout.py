@@ -90,6 +90,18 @@ class Sample:
 
 
 @dataclass(frozen=True)
+class SourceDelta:
+    """One draft source's share of a generate call's speculation (``EngineDelta.by_source``)."""
+
+    sd_tokens: Count = 0
+    """Tokens committed in speculative steps by the rows this source drafted."""
+    accepted_length_sum: Count = 0
+    """Sum of those rows' accepted lengths (accepted drafts + 1, per row and step)."""
+    accepted_rows: Count = 0
+    """Rows (one per row and speculative step) this source drafted."""
+
+
+@dataclass(frozen=True)
 class EngineDelta:
     """The engine's figures for one generate call (``GenerateReply.engine``): the step driver
     sums them into the step's row (``trainer/driver.py``) and the sync book
@@ -112,6 +124,27 @@ class EngineDelta:
     policy_load_seconds: NonNegative = 0.0
     """The rollout pause the call spent obtaining and loading the policy version it names (0
     when the worker held it)."""
+    by_source: dict[str, SourceDelta] = field(default_factory=dict)
+    """The speculation split by draft source (``longtail_api.policies.DRAFT_SOURCES``:
+    ``learned``, ``history``); a source that drafted nothing is absent (and so is the whole
+    field in a reply from a worker older than the split)."""
+
+
+def source_figures(deltas: Sequence[EngineDelta]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per draft source over the replies of one step: the share of all generated tokens its
+    rows committed in speculative steps, and its mean accepted length (the step row's
+    ``sd_fraction_by_source`` and ``accepted_length_by_source``)."""
+    tokens = sum(d.tokens for d in deltas)
+    sums: dict[str, list[int]] = {}
+    for d in deltas:
+        for source, part in d.by_source.items():
+            acc = sums.setdefault(source, [0, 0, 0])
+            acc[0] += part.sd_tokens
+            acc[1] += part.accepted_length_sum
+            acc[2] += part.accepted_rows
+    fractions = {s: (v[0] / tokens if tokens else 0.0) for s, v in sorted(sums.items())}
+    lengths = {s: (v[1] / v[2] if v[2] else 0.0) for s, v in sorted(sums.items())}
+    return fractions, lengths
 
 
 @dataclass(frozen=True)
