@@ -95,14 +95,16 @@ def per_step(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 def summarise(runs: dict[str, list[dict[str, Any]]], steps: int) -> dict[str, Any]:
     """Per arm over its rounds: mean step and rollout seconds (steps 2+), accepted length over
-    the first and last quarter of the run, start and end greedy eval."""
+    the first and last quarter of the run (steps that speculated), start and end greedy eval."""
     out: dict[str, Any] = {}
     quarter = max(1, steps // 4)
     for arm, rounds in runs.items():
         rows = [s for r in rounds for s in r["per_step"]]
         later = [s for s in rows if s["step"] >= 2] or rows
-        first = [s["accepted_length"] or 0.0 for s in rows if s["step"] <= quarter]
-        last = [s["accepted_length"] or 0.0 for s in rows if s["step"] > steps - quarter]
+        # steps that speculated at all (a step whose tail never reached the threshold has none)
+        spec = [s for s in rows if s["accepted_length"]]
+        first = [s["accepted_length"] for s in spec if s["step"] <= quarter]
+        last = [s["accepted_length"] for s in spec if s["step"] > steps - quarter]
         out[arm] = {
             "mean_step_s_from_2": mean([s["step_s"] for s in later]),
             "mean_rollout_s_from_2": mean([s["rollout_s"] for s in later]),
@@ -135,8 +137,8 @@ def plot(runs: dict[str, list[dict[str, Any]]], dest: Path) -> None:
         if arm == "baseline":
             continue
         for i, r in enumerate(rounds):
-            xs = [s["step"] for s in r["per_step"]]
-            ys = [s["accepted_length"] or 0.0 for s in r["per_step"]]
+            spec = [s for s in r["per_step"] if s["accepted_length"]]  # steps that speculated
+            xs, ys = [s["step"] for s in spec], [s["accepted_length"] for s in spec]
             ax.plot(xs, ys, marker="o", ms=3, label=arm if i == 0 else None)
     ax.set_xlabel("RL step (a new policy version each step)")
     ax.set_ylabel("accepted length (tokens per verify)")
