@@ -20,6 +20,7 @@ DISTS=(
     pytest pluggy iniconfig pygments packaging pytest-timeout
     prometheus-client httpx httpcore h11 anyio sniffio idna certifi
     starlette uvicorn click tenacity rich markdown-it-py mdurl python-multipart typing-extensions
+    math-verify latex2sympy2_extended antlr4-python3-runtime
 )
 
 mkdir -p "$DEST" || exit 1

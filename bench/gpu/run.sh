@@ -175,6 +175,10 @@ NEEDED = {
     "starlette": "starlette", "uvicorn": "uvicorn", "click": "click", "tenacity": "tenacity",
     "rich": "rich", "markdown_it": "markdown-it-py", "mdurl": "mdurl",
     "python_multipart": "python-multipart", "typing_extensions": "typing-extensions",
+    # reward 'math' (the verifier, the build's eval): math-verify and its parser; sympy comes
+    # with torch. Without them every math reward fails (the 2026-12-04 sitting C build log).
+    "math_verify": "math-verify", "latex2sympy2_extended": "latex2sympy2_extended",
+    "antlr4": "antlr4-python3-runtime",
 }
 missing = sorted({d for m, d in NEEDED.items() if importlib.util.find_spec(m) is None})
 print("missing:", " ".join(missing) or "nothing")
@@ -204,6 +208,7 @@ import pytest
 
 import longtail_workers.engine.torch_engine
 import longtail_workers.profile.main  # noqa: F401
+import math_verify  # noqa: F401  # reward 'math' judges every answer with it
 
 print("imports ok; pytest", pytest.__version__)
 PY
