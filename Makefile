@@ -59,10 +59,10 @@ crds: ## Regenerate the CRD and the RLJob reference from the spec dataclasses
 	$(PY) -m longtail_chart.chartgen --write
 
 unit: ## Unit tests (no control plane, no GPU)
-	$(VENV)/bin/pytest -m "not integration"
+	$(VENV)/bin/pytest -m "not integration" --durations=25
 
 integration: ## Operator and control-plane tests on a real Kubernetes v1.20 (first run builds it: 10-15 min)
-	$(VENV)/bin/pytest -m integration tests/integration
+	$(VENV)/bin/pytest -m integration tests/integration --durations=25
 
 controlplane: ## Build (cached under ~/.cache/longtail/kube) the local Kubernetes control plane
 	e2e/controlplane.sh build

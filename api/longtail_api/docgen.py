@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from longtail_api import mutability
-from longtail_api.fields import class_doc, constraints, field_docs, format_number, json_name
+from longtail_api.fields import (
+    DEFAULT_DOC_KEY,
+    class_doc,
+    constraints,
+    field_docs,
+    format_number,
+    json_name,
+)
 from longtail_api.schema import _json_default
 from longtail_api.spec import RLJobSpec
 
@@ -68,6 +75,8 @@ def _type_name(tp: Any) -> str:
 
 
 def _default(f: dataclasses.Field[Any]) -> str:
+    if DEFAULT_DOC_KEY in f.metadata:
+        return str(f.metadata[DEFAULT_DOC_KEY])
     if f.default is not dataclasses.MISSING:
         return "" if f.default is None else f"`{json.dumps(f.default)}`"
     if f.default_factory is not dataclasses.MISSING:

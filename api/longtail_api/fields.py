@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 _META_KEY = "longtail"
+DEFAULT_DOC_KEY = "longtail.default_doc"
+"""Field metadata: the reference's wording of a default that depends on other fields."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,11 @@ def spec_field(
     max_items: int | None = None,
     free_form: bool = False,
     fix: str | None = None,
+    default_doc: str | None = None,
 ) -> Any:
-    """A ``dataclasses.field`` that also carries :class:`Constraints` for this field."""
+    """A ``dataclasses.field`` that also carries :class:`Constraints` for this field;
+    ``default_doc`` is what the reference says of a default that depends on other fields
+    (defaulting.py), in place of the programmatic default."""
     meta = Constraints(
         minimum=minimum,
         maximum=maximum,
@@ -87,6 +92,8 @@ def spec_field(
         fix=fix,
     )
     kwargs: dict[str, Any] = {"metadata": {_META_KEY: meta}}
+    if default_doc is not None:
+        kwargs["metadata"][DEFAULT_DOC_KEY] = default_doc
     if default is not dataclasses.MISSING:
         kwargs["default"] = default
     if default_factory is not dataclasses.MISSING:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from longtail_api import API_VERSION, KIND, rules
+from longtail_api.defaulting import apply_defaults
 from longtail_api.spec import RLJobSpec
 from longtail_api.validation import FieldError, parse
 
@@ -130,6 +131,7 @@ def validate_manifest(obj: Any) -> ValidationResult:
     spec, field_errors = parse(RLJobSpec, obj["spec"], "spec")
     errors += field_errors
     if spec is not None:
+        spec = apply_defaults(spec, obj["spec"])
         errors += rules.check(spec, field_errors)
     return ValidationResult(name if isinstance(name, str) else None, spec, errors)
 

@@ -466,6 +466,33 @@ TRAINER_DRAFTER_CANDIDATES_REJECTED_TOTAL = MetricSpec(
     labels=(LABEL_STAGE, LABEL_REASON),
 )
 
+LABEL_BACKEND = "backend"
+"""An experiment tracker the trainer logs to: ``tensorboard``, ``mlflow`` or ``wandb``
+(``longtail_api.tracking``)."""
+
+TRAINER_TRACKING_FAILURES_TOTAL = MetricSpec(
+    "longtail_trainer_tracking_failures_total",
+    "counter",
+    "Failed attempts to hand records to an experiment tracker (spec.tracking), by backend: "
+    "unreachable, refusing or erroring. Training goes on; the records wait in a bounded buffer "
+    "and are sent when the tracker answers again (the trainer log names each failure).",
+    labels=(LABEL_BACKEND,),
+)
+TRAINER_TRACKING_BUFFERED = MetricSpec(
+    "longtail_trainer_tracking_buffered",
+    "gauge",
+    "Records (one per step, plus the parameters and artifacts) waiting to be sent to an "
+    "experiment tracker, by backend; grows while the tracker is down.",
+    labels=(LABEL_BACKEND,),
+)
+TRAINER_TRACKING_DROPPED_TOTAL = MetricSpec(
+    "longtail_trainer_tracking_dropped_total",
+    "counter",
+    "Records dropped, oldest first, because the tracker stayed down past "
+    "spec.tracking.bufferRecords, by backend.",
+    labels=(LABEL_BACKEND,),
+)
+
 LABEL_SYNC_PHASE = "phase"
 """A phase of one policy version's weight sync: ``gather``, ``pack``, ``wire``, ``load`` or
 ``pause`` (``longtail_api.steprow.SYNC_PHASES`` says what each one is)."""
@@ -510,6 +537,9 @@ TRAINER_METRICS: tuple[MetricSpec, ...] = (
     WEIGHT_SYNC_SECONDS,
     WEIGHT_SYNC_BYTES,
     WEIGHT_SYNC_BYTES_PER_SECOND,
+    TRAINER_TRACKING_FAILURES_TOTAL,
+    TRAINER_TRACKING_BUFFERED,
+    TRAINER_TRACKING_DROPPED_TOTAL,
 )
 """Everything the trainer exports (dashboards and alerts need all of them)."""
 

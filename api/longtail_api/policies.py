@@ -49,11 +49,28 @@ class StrategySpec:
 
 
 def _default_strategies() -> list[StrategySpec]:
-    # TLT's measured preference: deeper drafts at small batch, shallower ones as batch grows;
-    # the bandit picks per batch-size bucket among these. Learned only, so that a job on
-    # either engine is valid as written; torch-engine jobs add history and hybrid strategies
-    # (examples/01, docs/performance.md, issue #49).
-    return [StrategySpec(draft_depth=2), StrategySpec(draft_depth=4), StrategySpec(draft_depth=6)]
+    # The programmatic default (a SpeculativeSpec built in code): learned chains, valid on
+    # either engine. An RLJob that lists no strategies gets default_strategies() for its engine
+    # instead (defaulting.py), as Kubernetes defaults a field from its neighbours.
+    return default_strategies("vllm")
+
+
+def default_strategies(engine: str, learned: bool = True) -> list[StrategySpec]:
+    """The strategy set of an RLJob that lists none, for its ``rollout.engine``; ``learned``:
+    the job has a drafter (online training or an initial drafter).
+
+    TLT's measured preference: deeper drafts at small batch, shallower ones as batch grows; the
+    bandit picks per batch-size bucket among these by accepted tokens per second. vLLM runs the
+    learned drafter only. The torch engine adds the history drafter (no forward pass, so a
+    lookup one depth deeper costs nothing extra) and a hybrid; without a drafter it speculates
+    with history alone (issue #49, docs/performance.md)."""
+    chains = [StrategySpec(draft_depth=d) for d in (2, 4, 6)]
+    if engine != "torch":
+        return chains
+    history = [StrategySpec(draft_depth=d, drafter="history") for d in (4, 8)]
+    if not learned:
+        return history
+    return [*chains, *history, StrategySpec(draft_depth=4, drafter="hybrid")]
 
 
 @dataclass
@@ -112,12 +129,17 @@ class SpeculativeSpec:
     warmup_steps: int = spec_field(3, minimum=0, maximum=10000)
     """Consecutive decode steps at or below the threshold before SD switches on."""
     strategies: list[StrategySpec] = spec_field(
-        default_factory=_default_strategies, min_items=1, max_items=16
+        default_factory=_default_strategies,
+        min_items=1,
+        max_items=16,
+        default_doc="by engine: torch `learned` 2/4/6, `history` 4/8, `hybrid` 4 "
+        "(`history` 4/8 alone without a drafter); vllm `learned` 2/4/6",
     )
-    """Candidate strategies (draft depth / tokens to verify / drafter). The default is the
-    learned drafter at depths 2, 4 and 6 (valid on both engines); with ``rollout.engine:
-    torch`` add ``history`` and ``hybrid`` ones (``rollout.engine: vllm`` takes ``learned``
-    only)."""
+    """Candidate strategies (draft depth / tokens to verify / drafter). Left out, the job gets
+    its engine's set: with ``rollout.engine: torch`` the learned drafter at depths 2, 4 and 6,
+    history at 4 and 8 and hybrid at 4 (history alone when the job has no drafter: no
+    drafterTraining and no initialDrafter); with ``vllm`` the learned drafter at 2, 4 and 6
+    (``rollout.engine: vllm`` takes ``learned`` only)."""
     selector: SelectorSpec = spec_field(default_factory=SelectorSpec)
     """How a strategy is picked per batch-size bucket."""
     history: HistorySpec = spec_field(default_factory=HistorySpec)

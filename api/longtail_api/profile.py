@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from longtail_api.policies import DRAFT_SOURCES
+
 PROFILE_FORMAT = "longtail-profile/2"
 Source = Literal["measured", "roofline"]
 SOURCES: tuple[str, ...] = ("measured", "roofline")
@@ -188,6 +190,28 @@ class EngineProfile:
     """Whole speculative steps of depth k (``tokens`` = k+1) measured through the engine: k draft
     steps, the verify, the rejection sampler. Empty (roofline): the simulator adds k draft
     steps and one verify."""
+    history_speculative: list[StepPoint] = field(default_factory=list)
+    """Whole history-only speculative steps of depth k (``tokens`` = k+1) measured through the
+    torch engine: the verify of drafts staged from the history index and the rejection sampler,
+    no drafter forward; the host's proposals are taken out (they are :attr:`history_propose`).
+    Empty (a profile written before the history drafter, vLLM, the roofline): the simulator
+    charges the speculative step less its k draft steps."""
+    history_propose: list[StepPoint] = field(default_factory=list)
+    """Host seconds of one row's history proposal (``engine/history.py``: the longest match of
+    the answer's newest tokens and its continuation) with ``context`` tokens in the answer and
+    ``tokens`` = the depth k asked for; ``batch`` is 1: a step pays its rows x this. Empty: not
+    measured (the simulator then uses its documented default, with a note)."""
+    accepted_length: dict[str, float] = field(default_factory=dict)
+    """Accepted length (accepted drafts + 1) per draft source (``learned``, ``history``: every
+    row of a history step, matched or not) that the speculative steps were timed with and that
+    the simulator uses when the job's strategies name that drafter. Empty: a profile written
+    before these were recorded (the simulator then uses its defaults, with a note)."""
+    hybrid_history_share: float | None = None
+    """Share of a ``hybrid`` step's rows whose history match reaches ``hybridMinMatch`` (they
+    take the history's drafts); None: not recorded."""
+    hybrid_history_accepted_length: float | None = None
+    """Accepted length of those rows (longer than a history step's over all rows: only long
+    matches are taken); None: not recorded (the simulator's default, with a note)."""
     notes: list[str] = field(default_factory=list)
     """Assumptions and caveats, printed with every result that uses this profile."""
     format: str = PROFILE_FORMAT
@@ -196,9 +220,10 @@ class EngineProfile:
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ProfileError(f"source={self.source!r}: use one of {', '.join(SOURCES)}")
-        for name in ("decode", "verify", "draft", "speculative"):
+        for name in ("decode", "verify", "draft", "speculative", "history_speculative",
+                     "history_propose"):  # fmt: skip
             points: list[StepPoint] = getattr(self, name)
-            if not points and name != "speculative":
+            if not points and name in ("decode", "verify", "draft"):
                 raise ProfileError(f"{name}: no points; profile at least one batch size")
             for i, p in enumerate(points):
                 if p.batch < 1 or p.context < 0 or p.tokens < 1 or not p.seconds > 0:
@@ -221,6 +246,23 @@ class EngineProfile:
             value = getattr(self, name)
             if not value > 0:
                 raise ProfileError(f"{name}={value!r}: must be > 0")
+        self._check_acceptance()
+
+    def _check_acceptance(self) -> None:
+        for source, length in self.accepted_length.items():
+            if source not in DRAFT_SOURCES or not length >= 1:
+                raise ProfileError(
+                    f"accepted_length[{source!r}]={length!r}: give a draft source "
+                    f"({', '.join(DRAFT_SOURCES)}) and a length >= 1 (accepted drafts + 1)"
+                )
+        share = self.hybrid_history_share
+        if share is not None and not 0 <= share <= 1:
+            raise ProfileError(
+                f"hybrid_history_share={share!r}: must be a share in [0, 1], or null"
+            )
+        hybrid = self.hybrid_history_accepted_length
+        if hybrid is not None and not hybrid >= 1:
+            raise ProfileError(f"hybrid_history_accepted_length={hybrid!r}: must be >= 1, or null")
 
     @property
     def padded_context(self) -> bool:
@@ -256,7 +298,7 @@ class EngineProfile:
             rest = {
                 k: v for k, v in data.items()
                 if k not in ("model", "decode", "verify", "draft", "speculative", "weight_sync",
-                             "overheads")
+                             "overheads", "history_speculative", "history_propose")
             }  # fmt: skip
             sync = data.get("weight_sync")
             return cls(
@@ -265,6 +307,11 @@ class EngineProfile:
                 verify=points("verify"),
                 draft=points("draft"),
                 speculative=points("speculative") if "speculative" in data else [],
+                # absent from a profile written before the history drafter: empty
+                history_speculative=points("history_speculative")
+                if "history_speculative" in data
+                else [],
+                history_propose=points("history_propose") if "history_propose" in data else [],
                 weight_sync=None if sync is None else SyncCosts(**sync),
                 overheads=None if data.get("overheads") is None else Overheads(**data["overheads"]),
                 **rest,

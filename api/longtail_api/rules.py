@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from longtail_api.context import BUILTIN_MODEL_POSITIONS, context_error
 from longtail_api.scheduling import gang_problems
 from longtail_api.spec import REWARD_NAME_HINT, REWARD_NAME_PATTERN, RLJobSpec
+from longtail_api.tracking import tracking_errors
 from longtail_api.validation import FieldError
 
 Rule = Callable[[RLJobSpec], Iterator[tuple[FieldError, tuple[str, ...]]]]
@@ -295,7 +296,13 @@ def _reward_by_source(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...
             )  # fmt: skip
 
 
+def _tracking(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    for err in tracking_errors(s.tracking):
+        yield err, ("spec.tracking",)
+
+
 RULES: tuple[Rule, ...] = (
+    _tracking,
     _reward_by_source,
     _drafter_source,
     _builtin_drafter,

@@ -18,7 +18,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from longtail_api import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
-from longtail_api.fields import class_doc, constraints, field_docs, json_name
+from longtail_api.fields import DEFAULT_DOC_KEY, class_doc, constraints, field_docs, json_name
 from longtail_api.mutability import cel_rules
 from longtail_api.spec import RLJobSpec
 from longtail_api.status import SPEC_ACCEPTED, RLJobStatus
@@ -73,7 +73,9 @@ def _json_default(value: Any) -> Any:
         return {
             json_name(f): _json_default(getattr(value, f.name))
             for f in dataclasses.fields(value)
-            if getattr(value, f.name) is not None
+            # A field defaulted from its neighbours after parsing stays out of its parent's
+            # default too, or the API server would store the programmatic default.
+            if getattr(value, f.name) is not None and DEFAULT_DOC_KEY not in f.metadata
         }
     if isinstance(value, list):
         return [_json_default(v) for v in value]
@@ -132,7 +134,9 @@ def _field_schema(cls: type, f: dataclasses.Field[Any], tp: Any) -> dict[str, An
         out["exclusiveMinimum"] = True
     if c.exclusive_maximum:
         out["exclusiveMaximum"] = True
-    if f.default is not dataclasses.MISSING and f.default is not None:
+    if DEFAULT_DOC_KEY in f.metadata:
+        pass  # defaulted from other fields after parsing (defaulting.py): stored as written
+    elif f.default is not dataclasses.MISSING and f.default is not None:
         out["default"] = f.default
     elif f.default_factory is not dataclasses.MISSING:
         out["default"] = _json_default(f.default_factory())

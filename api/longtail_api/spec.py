@@ -25,6 +25,7 @@ from longtail_api.policies import (
     resolved_transport,
 )
 from longtail_api.scheduling import SchedulingSpec
+from longtail_api.tracking import TrackingSpec
 
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -258,6 +259,8 @@ class RLJobSpec:
     """How policy versions reach the rollout workers (HTTP pieces or a bucketed broadcast)."""
     scheduling: SchedulingSpec = spec_field(default_factory=SchedulingSpec)
     """How the pods are placed: gang placement by Volcano, coscheduling or KAI."""
+    tracking: TrackingSpec = spec_field(default_factory=TrackingSpec)
+    """Experiment trackers (TensorBoard, MLflow, Weights & Biases) the trainer logs to."""
     suspend: bool = spec_field(False)
     """When true, the trainer checkpoints and the worker pods are deleted; setting it back to
     false resumes from the last checkpoint."""

@@ -25,7 +25,7 @@ METRICS_FILE = "metrics.jsonl"
 TRAIN_PREFIX = "train_"
 """Prefix of the optimizer statistics' keys (``train_loss``, ``train_grad_norm``, ...)."""
 _OPTIONAL = ("trainer_harvested_s", "eval_accuracy", "eval_sampled_accuracy", "idle_s",
-             "harvested_s", "drafter_candidates", "drafter_unpublished")  # fmt: skip
+             "harvested_s", "drafter_candidates", "drafter_unpublished", "reward_std")  # fmt: skip
 SYNC_PHASES = ("gather", "pack", "wire", "load", "pause")
 """The phases of one policy version's weight sync, in order (metric labels, row keys
 ``sync_<phase>_s``, docs): ``gather`` (the trainer producing whole tensors: a sharded trainer's
@@ -114,6 +114,9 @@ class StepRow:
     """``longtail run`` only: GPU-seconds rollout workers sat idle (from the harvest books)."""
     harvested_s: Finite | None = None
     """``longtail run`` only: of those, seconds spent training the drafter."""
+    reward_std: Finite | None = None
+    """Standard deviation of the step's answers' rewards (None: a row written before it was
+    recorded)."""
     worker_generate_s: dict[str, float] = field(default_factory=dict)
     """Seconds each rollout worker spent in its generate call (drafter refresh, engine, capture
     for drafter training), by worker: the rollout less the slowest of these is dispatch, the

@@ -233,6 +233,9 @@ class TrainerStatus:
     accepted_length_by_source: dict[str, NonNegative] = field(default_factory=dict)
     """:attr:`accepted_length` of the rows each draft source drafted in step
     :attr:`figures_step`."""
+    tracking_failing: dict[str, str] = field(default_factory=dict)
+    """Experiment trackers (``spec.tracking``) whose last attempt failed, by backend: the error
+    and how many records wait for it (empty: every tracker is keeping up, or none is set)."""
 
 
 @dataclass(frozen=True)

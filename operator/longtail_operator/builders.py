@@ -30,6 +30,7 @@ from longtail_api.podenv import FIELD_REFS, WEIGHT_SPOOL_DIR, Peer, PodEnv
 from longtail_api.rendezvous import DEFAULT_PORT, TrainerRendezvous
 from longtail_api.scheduling import GangSpec, effective_gang
 from longtail_api.spec import RLJobSpec, RoleSpec
+from longtail_api.tracking import WANDB_API_KEY_ENV
 from longtail_operator import gang as gangs
 from longtail_operator.merge import deep_merge
 from longtail_operator.settings import Settings
@@ -106,6 +107,17 @@ def token_env(job: str) -> dict[str, Any]:
     updates)."""
     ref = {"name": secret_name(job), "key": TOKEN_KEY}
     return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}
+
+
+def tracking_env(spec: RLJobSpec) -> list[dict[str, Any]]:
+    """The trainer's W&B key (``WANDB_API_KEY``) from the Secret that
+    ``spec.tracking.wandb.apiKeySecret`` names; none without one. The key never enters the spec
+    or the operator: the kubelet reads the Secret."""
+    wandb = spec.tracking.wandb
+    if wandb is None or wandb.api_key_secret is None:
+        return []
+    ref = {"name": wandb.api_key_secret.name, "key": wandb.api_key_secret.key}
+    return [{"name": WANDB_API_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
 
 
 def labels(job: str, role: str | None = None, index: int | None = None) -> dict[str, str]:
@@ -313,6 +325,8 @@ def worker_pod(
         port_entry = {"containerPort": settings.weight_sync_port, "protocol": "TCP"}
         ports.append({"name": "weight-sync", **port_entry})
     env.append(token_env(job.name))
+    if role == "trainer":
+        env.extend(tracking_env(spec))
     mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": configmap_name(job.name)}}
@@ -390,6 +404,7 @@ def worker_pod(
         pod["metadata"]["ownerReferences"] = [owner_reference(job)]
         owned = [token_env(job.name)]
         owned += [e for e in env if role == "trainer" and e["name"] in rdzv_names]
+        owned += tracking_env(spec) if role == "trainer" else []
         _keep_owned_env(pod["spec"], owned)
     placement = job_gang(spec, settings)
     if placement is not None:  # joins its job's group (gang.py), whatever a template says

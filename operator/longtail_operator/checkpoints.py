@@ -2,7 +2,7 @@
 
 ``reconcile.py`` asks trainer pod 0 for a checkpoint (``POST /v1/checkpoint``) before it deletes
 the pods of a suspended, evicted or operator-failed job, or restarts a resized trainer group
-(``derive.Plan.checkpoint``). Writing one can take minutes (``checkpoint_timeout_s``), and a
+(``model.Plan.checkpoint``). Writing one can take minutes (``checkpoint_timeout_s``), and a
 reconcile that waited for it would write no status and post no event meanwhile. So the call
 runs in a daemon thread (:class:`CheckpointCall`), and each reconcile asks
 :meth:`Checkpointing.advance` whether the pods may go yet: the reconcile itself goes on planning,
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from longtail_api.workerapi import CheckpointAnswer
-from longtail_operator.conditions import Event
+from longtail_operator.model import Event
 
 GRACE_S = 1.0
 """How long a reconcile waits for a call it just started before going on: a trainer that

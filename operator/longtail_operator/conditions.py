@@ -9,18 +9,12 @@ changed, and :func:`condition_events` for the events of the changed ones. Pure, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from longtail_api.spec import RLJobSpec
 from longtail_api.status import SPEC_ACCEPTED, Condition, RoleStatus
 from longtail_operator import placement, trainergroup
+from longtail_operator.model import TERMINAL, Event, Observed
 from longtail_operator.specgate import INVALID, REJECTED
 
-if TYPE_CHECKING:
-    from longtail_operator.derive import Observed
-
-TERMINAL = ("Succeeded", "Failed")
 WARNING_REASONS = frozenset(
     {
         "InvalidSpec",
@@ -37,16 +31,10 @@ WARNING_REASONS = frozenset(
         "IdlenessSourceFailing",
         "KueueNotInstalled",
         "ChildRejected",
+        "TrackerFailing",
     }
 )
 """Event reasons posted as ``Warning``; every other reason is ``Normal``."""
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str
-    reason: str
-    message: str
 
 
 def condition_type(role: str) -> str:
@@ -97,6 +85,9 @@ def job_conditions(
     idleness = _idleness(obs, phase)
     if idleness is not None:
         want["IdlenessUnavailable"] = idleness
+    tracker = _tracking(obs, spec, phase)
+    if tracker is not None:
+        want["TrackerUnavailable"] = tracker
     collapsed = _acceptance(obs, phase)
     if collapsed is not None:
         want["AcceptanceCollapsed"] = collapsed
@@ -214,6 +205,25 @@ def _idleness(obs: Observed, phase: str) -> tuple[str, str, str] | None:
         old = next(c for c in obs.previous.conditions if c.type == "IdlenessUnavailable")
         return (old.status, old.reason, old.message)
     return ("False", "IdlenessRead", f"the {h.source} source answers")
+
+
+def _tracking(obs: Observed, spec: RLJobSpec, phase: str) -> tuple[str, str, str] | None:
+    """``TrackerUnavailable``: for a job with ``spec.tracking`` (or once shown). True while the
+    trainer reports a tracker whose last attempt failed: training goes on, its records wait in
+    a bounded buffer and are sent when the tracker answers again."""
+    shown = any(c.type == "TrackerUnavailable" for c in obs.previous.conditions)
+    if not shown and not spec.tracking.backends():
+        return None
+    if phase not in ("Running", "Initializing"):
+        return ("False", "JobNotRunning", f"job is {phase}")
+    if obs.trainer is None:  # not read this time: keep what was shown
+        old = next((c for c in obs.previous.conditions if c.type == "TrackerUnavailable"), None)
+        return None if old is None else (old.status, old.reason, old.message)
+    failing = obs.trainer.tracking_failing
+    if failing:
+        text = "; ".join(f"{name}: {error[:300]}" for name, error in sorted(failing.items()))
+        return ("True", "TrackerFailing", f"{text}; training goes on, the records wait")
+    return ("False", "TrackersAnswer", "every experiment tracker takes the trainer's records")
 
 
 def merge_conditions(

@@ -3,8 +3,9 @@
 ``reconcile.py`` gathers an :class:`Observed` (the RLJob's parsed spec or its validation
 errors, its previous status, its pods/Services/ConfigMap, the trainer's status, the harvest
 loop's snapshot) and calls :func:`plan`; it then executes the returned :class:`Plan` (create,
-delete, checkpoint, write status, post events). Level-triggered: the plan depends only on what
-is observed now, never on which event woke the reconcile, so running it twice is harmless.
+delete, checkpoint, write status, post events); both types are ``model.py``'s.
+Level-triggered: the plan depends only on what is observed now, never on which event woke the
+reconcile, so running it twice is harmless.
 
 The spec planned with is the one ``specgate.py`` chose: the edit as written, or, for an invalid
 edit or a frozen field changed while the job runs, the last accepted spec (``SpecAccepted``
@@ -31,28 +32,21 @@ is ``conditions.py``.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 from longtail_api.spec import RLJobSpec
-from longtail_api.status import RLJobStatus, RoleStatus
-from longtail_api.workerapi import TrainerStatus
+from longtail_api.status import Phase, RLJobStatus, RoleStatus
 from longtail_operator import access, builders, kueue, placement, trainergroup
-from longtail_operator.builders import JobRef
 from longtail_operator.conditions import (
-    TERMINAL,
-    Event,
     condition_events,
     condition_type,
     job_conditions,
     merge_conditions,
     spec_conditions,
 )
-from longtail_operator.harvester import HarvestSnapshot
+from longtail_operator.model import RUNNING, TERMINAL, Event, Observed, Plan, PlanPhase
 from longtail_operator.observe import PodView, parse_time, rfc3339
 from longtail_operator.settings import Settings
-from longtail_operator.specgate import SpecGate
 from longtail_operator.trainergroup import GroupPlan
 
 QUEUE_LABEL = kueue.QUEUE_LABEL
@@ -61,77 +55,12 @@ CHECKPOINT_BEFORE = {"BackoffLimitExceeded": "backoff-limit", "DeadlineExceeded"
 checkpoint before its pods go, so the run can be continued from it (checkpoint reason)."""
 
 
-@dataclass
-class Observed:
-    job: JobRef
-    spec: RLJobSpec | None
-    """The spec to run under (``specgate.decide``); None when the job never had a valid one."""
-    raw_spec: dict[str, Any]
-    """The same as stored (the ConfigMap's content)."""
-    errors: tuple[str, ...]
-    """Validation errors of the spec as written (the edit)."""
-    previous: RLJobStatus
-    pods: tuple[PodView, ...]
-    services: frozenset[str]
-    configmap: dict[str, Any] | None
-    """The ConfigMap's ``data``; None when it does not exist."""
-    now: datetime
-    trainer: TrainerStatus | None = None
-    harvest: HarvestSnapshot | None = None
-    counted: frozenset[str] = frozenset()
-    """UIDs of failed pods already counted against backoffLimit."""
-    rejected: tuple[str, ...] = ()
-    """The API server's refusals of objects made from the spec as written (``Kube.refusal``:
-    a dry run of every object a plan creates), each naming the object and the API's message;
-    handled as validation errors, with reason ``ChildRejected``."""
-    network_policy: bool | None = None
-    """Whether the job's NetworkPolicy exists; None when the operator manages none."""
-    trainer_policy: bool | None = None
-    """Whether the trainer group's NetworkPolicy exists; None when the operator manages none
-    (or did not look)."""
-    weight_sync_policy: bool | None = None
-    """Whether the weight-sync NetworkPolicy (``broadcast`` jobs) exists; None when the
-    operator manages none (or did not look)."""
-    gate: SpecGate | None = None
-    """Why ``spec`` is or is not the spec as written (``SpecAccepted``); None: accepted."""
-    gang_group: bool | None = None
-    """Whether the job's gang group object exists (None: not read, the job has no gang)."""
-    queue: str | None = None
-    """The RLJob's ``kueue.x-k8s.io/queue-name`` label: it asks for admission by Kueue."""
-    priority: str | None = None
-    """The RLJob's ``kueue.x-k8s.io/priority-class`` label (a WorkloadPriorityClass)."""
-    kueue_served: bool | None = None
-    """Whether the cluster serves Kueue's Workload API (None: not known, or not asked)."""
-    kueue_enabled: bool = True
-    """Whether this install does Kueue admission (``Settings.kueue``); False: a labelled job
-    waits, told so."""
-    workload: kueue.View | None = None
-    """The job's Kueue Workload (None: none, or no queue label)."""
-
-
-@dataclass
-class Plan:
-    status: RLJobStatus
-    events: list[Event] = field(default_factory=list)
-    create: list[dict[str, Any]] = field(default_factory=list)
-    update: list[dict[str, Any]] = field(default_factory=list)
-    delete_pods: list[str] = field(default_factory=list)
-    delete_objects: list[tuple[str, str]] = field(default_factory=list)
-    """(kind, name) of Services/ConfigMaps/NetworkPolicies to delete (TTL, removed roles)."""
-    checkpoint: bool = False
-    """Ask the trainer to checkpoint before deleting the pods (suspend, trainer world change)."""
-    checkpoint_reason: str = "suspend"
-    """Why, as the checkpoint request says it (``suspend``, ``resize``, or a
-    :data:`CHECKPOINT_BEFORE` value)."""
-    counted: list[str] = field(default_factory=list)
-    patches: list[tuple[str, str, str, dict[str, Any], bool]] = field(default_factory=list)
-    """Merge patches of custom objects: (apiVersion, plural, name, patch, of its status)."""
-
-
-def _phase(obs: Observed, spec: RLJobSpec, roles: dict[str, RoleStatus]) -> tuple[str, str, str]:
-    """(phase, reason, message) before readiness (Running/Initializing/Pending resolved later)."""
+def _phase(
+    obs: Observed, spec: RLJobSpec, roles: dict[str, RoleStatus]
+) -> tuple[PlanPhase, str, str]:
+    """(phase, reason, message) before readiness (``running``: resolved by :func:`_readiness`)."""
     prev = obs.previous
-    if prev.phase in TERMINAL:
+    if prev.phase == "Succeeded" or prev.phase == "Failed":
         cond = next((c for c in prev.conditions if c.type in ("Failed", "Complete")), None)
         return prev.phase, cond.reason if cond else "Finished", cond.message if cond else ""
     start = parse_time(prev.start_time)
@@ -155,7 +84,7 @@ def _phase(obs: Observed, spec: RLJobSpec, roles: dict[str, RoleStatus]) -> tupl
         return ("Queued", *placement.queue_wait(obs))
     if spec.suspend:
         return "Suspended", "JobSuspended", "spec.suspend is true"
-    return "", "", ""
+    return RUNNING, "", ""
 
 
 def _roles(
@@ -284,12 +213,12 @@ def plan(obs: Observed, settings: Settings) -> Plan:
     st.roles = _roles(obs, spec, new_failed, group)
     ready = sum(r.ready for r in st.roles.values())
     st.ready = f"{ready}/{sum(r.total for r in st.roles.values())}"
-    phase, reason, message = _phase(obs, spec, st.roles)
+    decided, reason, message = _phase(obs, spec, st.roles)
     want_workload = placement.workload(obs, spec, settings)
-    wait = placement.admission_wait(obs, want_workload) if phase == "" else None
+    wait = placement.admission_wait(obs, want_workload) if decided == RUNNING else None
     if wait is not None:
-        phase, (reason, message) = "Queued", wait
-    running = phase == ""
+        decided, (reason, message) = "Queued", wait
+    running = decided == RUNNING
     _workers(obs, spec, settings, p, group if running else None)
     placement.gang_group(obs, spec, settings, p, running)
     if running and obs.workload is not None:  # admitted: where Kueue placed each podSet
@@ -306,23 +235,18 @@ def plan(obs: Observed, settings: Settings) -> Plan:
             p.checkpoint, p.checkpoint_reason = True, "resize"
     if not running:
         st.trainer.formed = False  # every pod goes: the next group is made from scratch
-    if running or phase in ("Suspended", "Queued"):
+    if running or decided in ("Suspended", "Queued"):
         _support_objects(obs, spec, settings, p)
-    if phase in ("Suspended", "Queued"):  # a queue label on a running job stops it, safely
+    if decided in ("Suspended", "Queued"):  # a queue label on a running job stops it, safely
         p.checkpoint, p.checkpoint_reason = _last_checkpoint(obs, p), "suspend"
         st.start_time = None  # the deadline restarts on resume, as for Kubernetes Jobs
-    if phase == "Failed" and reason in CHECKPOINT_BEFORE:  # also while the Failed job's pods go
+    if decided == "Failed" and reason in CHECKPOINT_BEFORE:  # also while its pods go
         p.checkpoint, p.checkpoint_reason = _last_checkpoint(obs, p), CHECKPOINT_BEFORE[reason]
-    if running:
-        creating = sum(1 for m in p.create if m["kind"] == "Pod")
-        all_ready = all(r.ready >= r.total for r in st.roles.values())
-        alive = any(q.active for q in obs.pods) or creating
-        phase = (
-            "Running" if all_ready and not creating else ("Initializing" if alive else "Pending")
-        )
-        reason = {"Running": "AllRolesReady", "Initializing": "PodsStarting"}.get(phase, "NoPods")
-        if alive and st.start_time is None:
-            st.start_time = rfc3339(obs.now)
+    phase: Phase
+    if decided == RUNNING:
+        phase, reason = _readiness(obs, st, p)
+    else:
+        phase = decided
     if phase in TERMINAL:
         st.completion_time = st.completion_time or rfc3339(obs.now)
         _ttl(obs, spec, p)
@@ -332,7 +256,7 @@ def plan(obs: Observed, settings: Settings) -> Plan:
     if phase != prev.phase:
         kind = "Warning" if phase == "Failed" else "Normal"
         p.events.append(Event(kind, f"Job{phase}", message or f"phase {prev.phase} -> {phase}"))
-    st.phase = phase  # type: ignore[assignment]
+    st.phase = phase
     restarting = group.restarting if group is not None else None
     want = job_conditions(obs, spec, phase, reason, message, st.roles, restarting)
     st.conditions, changed = merge_conditions(
@@ -341,6 +265,20 @@ def plan(obs: Observed, settings: Settings) -> Plan:
     p.events.extend(condition_events(prev.conditions, changed))
     _action_events(obs, p)
     return p
+
+
+def _readiness(obs: Observed, st: RLJobStatus, p: Plan) -> tuple[Phase, str]:
+    """The status phase of a running job, and its reason: Running when every role's replicas
+    are ready, Initializing while any pod exists or is created, Pending before; the deadline's
+    clock starts with the first pod."""
+    creating = sum(1 for m in p.create if m["kind"] == "Pod")
+    all_ready = all(r.ready >= r.total for r in st.roles.values())
+    alive = any(q.active for q in obs.pods) or creating
+    if alive and st.start_time is None:
+        st.start_time = rfc3339(obs.now)
+    if all_ready and not creating:
+        return "Running", "AllRolesReady"
+    return ("Initializing", "PodsStarting") if alive else ("Pending", "NoPods")
 
 
 def _trainer_group(obs: Observed, spec: RLJobSpec) -> GroupPlan | None:

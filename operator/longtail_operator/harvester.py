@@ -40,29 +40,10 @@ from longtail_api.policies import HarvestSpec
 from longtail_api.status import WorkerStatus
 from longtail_operator.clients import WorkerClient
 from longtail_operator.metrics import OperatorMetrics
+from longtail_operator.model import HarvestSnapshot
 from longtail_operator.sources import IdlenessSource, WorkerStatusSource, WorkerTarget
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HarvestSnapshot:
-    """What the status derivation needs from the harvest loop."""
-
-    workers: tuple[WorkerStatus, ...] = ()
-    idle_gpus: int = 0
-    harvested_gpus: int = 0
-    harvested_gpu_seconds: float = 0.0
-    training_workers: int = 0
-    unacknowledged: tuple[str, ...] = ()
-    accepted_length: float | None = None
-    """Mean accepted length reported by the workers (their current drafter version)."""
-    unreachable: tuple[str, ...] = ()
-    """``NAME: last error`` of each worker whose status polls keep failing, sorted."""
-    source: str = "workers"
-    """The idleness source (``spec.harvest.source``) of the last step."""
-    source_error: str | None = None
-    """Why the last read of the source gave nothing (Prometheus down or misconfigured)."""
 
 
 @dataclass

@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from longtail_api import GROUP, PLURAL, VERSION
 from longtail_operator.builders import LABEL_JOB, JobRef
-from longtail_operator.conditions import Event
+from longtail_operator.model import Event
 
 COMPONENT = "longtail-operator"
 """Who reports the operator's Events (``reportingComponent``, ``source.component``)."""

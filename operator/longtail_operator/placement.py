@@ -1,6 +1,6 @@
 """The plan's placement parts: admission by Kueue and the gang group (``derive.plan`` calls them).
 
-Pure, like the rest of the plan: given what ``reconcile.py`` observed (:class:`~.derive.Observed`)
+Pure, like the rest of the plan: given what ``reconcile.py`` observed (:class:`~.model.Observed`)
 they say why a job waits for Kueue, which Workload it should have and what to create, patch or
 delete to keep it in step (``kueue.py`` builds the objects), and when the job's gang group
 object is made and deleted (``gang.py``). Split from ``derive.py`` to keep each file to one
@@ -9,18 +9,15 @@ concern; docs/scheduling.md says what a user sees.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from longtail_api.spec import RLJobSpec
 from longtail_api.validation import FieldError
 from longtail_operator import builders, kueue
+from longtail_operator.model import TERMINAL, Observed, Plan
 from longtail_operator.observe import rfc3339
 from longtail_operator.settings import Settings
 
-if TYPE_CHECKING:
-    from longtail_operator.derive import Observed, Plan
-
-TERMINAL = ("Succeeded", "Failed")
 QUEUE_LABEL = kueue.QUEUE_LABEL
 KUEUE_API = kueue.API_VERSION
 

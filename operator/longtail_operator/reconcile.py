@@ -51,11 +51,10 @@ from longtail_operator import (
 from longtail_operator.builders import JobRef
 from longtail_operator.checkpoints import CheckpointCall, Checkpointing
 from longtail_operator.clients import TrainerClient
-from longtail_operator.conditions import TERMINAL
-from longtail_operator.derive import Observed, Plan
 from longtail_operator.harvester import Harvester
 from longtail_operator.kube import Kube, KubeError
 from longtail_operator.metrics import OperatorMetrics
+from longtail_operator.model import TERMINAL, Observed, Plan
 from longtail_operator.observe import PodView, now_utc, parse_status
 from longtail_operator.settings import Settings
 from longtail_operator.sources import WorkerTarget

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljobs import MINIMAL, VLLM
 
 from longtail_api.manifest import validate_manifest
 from longtail_api.steprow import StepRow
@@ -18,13 +19,6 @@ from longtail_api.wirecodec import from_wire, to_wire
 from longtail_api.workerapi import TrainerStatus
 
 REPO = Path(__file__).resolve().parents[3]
-MINIMAL: dict[str, Any] = {
-    "apiVersion": "longtail.dev/v1alpha1",
-    "kind": "RLJob",
-    "metadata": {"name": "job"},
-    "spec": {"model": {"path": "builtin:tiny"}, "dataset": {"path": "builtin:arith"}},
-}
-VLLM = {"rollout": {"engine": "vllm"}, "drafterTraining": {"layout": "eagle1"}}
 
 
 def errors(**spec: Any) -> list[str]:
@@ -91,7 +85,10 @@ def test_hybrid_min_match_is_checked_against_max_match_when_a_strategy_is_hybrid
     )
     learned = [{"drafter": "learned"}, {"drafter": "history"}]  # no hybrid: nothing to say
     assert errors(speculative={"history": {"maxMatch": 3}, "strategies": learned}) == []
-    assert errors(speculative={"history": {"maxMatch": 3}}) == []  # the default: no hybrid
+    # The torch engine's default set has a hybrid strategy (strategies[5]); vLLM's has none.
+    [default] = errors(speculative={"history": {"maxMatch": 3}})
+    assert "when a strategy is hybrid (strategies[5])" in default
+    assert errors(**VLLM, speculative={"history": {"maxMatch": 3}}) == []
 
 
 def test_only_history_strategies_need_no_drafter() -> None:

@@ -50,7 +50,12 @@ def test_pod_computing_fields_are_frozen_and_operator_fields_live() -> None:
     edit["spec"]["harvest"]["idleSeconds"] = 9.0
     edit["spec"]["drafter"] = {"replicas": 1}  # a new role: live
     got = [str(c) for c in frozen_changes(spec(base), spec(edit))]
-    assert got == [
+    # Example 01 lists no strategies: the engine's set changes with the engine (defaulting.py),
+    # and the refusal says so too (history and hybrid dropped for vLLM).
+    strategies = next(c for c in got if c.startswith("spec.speculative.strategies: [{"))
+    old_set, new_set = (len(s.strategies) for s in (spec(base).speculative, spec(edit).speculative))
+    assert (old_set, new_set) == (6, 3)
+    assert [c for c in got if c != strategies] == [
         "spec.algorithm.totalSteps: 20 -> 40",
         "spec.rollout.engine: 'torch' -> 'vllm'",
         "spec.trainer.image: null -> 'other:1'",

@@ -59,7 +59,7 @@ def test_minimal_spec_gets_defaults() -> None:
     assert s is not None
     assert s.rollout.replicas == 2 and s.rollout.engine == "torch"
     assert s.speculative.batch_threshold == 32
-    assert [st.draft_depth for st in s.speculative.strategies] == [2, 4, 6]
+    assert [st.draft_depth for st in s.speculative.strategies] == [2, 4, 6, 4, 8, 4]
     assert s.drafter_training.window_tokens == 512
     assert s.drafter_training.loss_weights.smooth_l1 == 1.0
     assert s.drafter_training.loss_weights.cross_entropy == 0.1
@@ -120,7 +120,11 @@ def test_missing_required_blocks() -> None:
     ("spec", "expected"),
     [
         (
-            {"drafterTraining": {"enabled": False}, "harvest": {"enabled": False}},
+            {
+                "drafterTraining": {"enabled": False},
+                "harvest": {"enabled": False},
+                "speculative": {"strategies": [{"draftDepth": 4}]},
+            },
             "spec.speculative.enabled: speculative decoding needs a drafter",
         ),
         (
@@ -128,8 +132,8 @@ def test_missing_required_blocks() -> None:
             "spec.speculative.strategies[0].verifyTokens: must be >= draftDepth (4), got 2",
         ),
         (
-            {"speculative": {"selector": {"type": "fixed", "fixedIndex": 3}}},
-            "spec.speculative.selector.fixedIndex: must be < the number of strategies (3)",
+            {"speculative": {"selector": {"type": "fixed", "fixedIndex": 6}}},
+            "spec.speculative.selector.fixedIndex: must be < the number of strategies (6)",
         ),
         (
             {"speculative": {"selector": {"buckets": [4, 2]}}},

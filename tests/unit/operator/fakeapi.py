@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from longtail_operator.builders import JobRef
-from longtail_operator.conditions import Event
 from longtail_operator.kube import KubeError
+from longtail_operator.model import Event
 
 UID = "uid-1"
 _UIDS = (f"uid-{i}" for i in itertools.count(1000))

@@ -15,7 +15,7 @@ from longtail_api.spec import RLJobSpec
 from longtail_api.status import RLJobStatus
 from longtail_operator import specgate
 from longtail_operator.builders import JobRef
-from longtail_operator.derive import Observed
+from longtail_operator.model import Observed
 from longtail_operator.observe import PodView
 
 REPO = Path(__file__).resolve().parents[3]

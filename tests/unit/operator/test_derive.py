@@ -9,8 +9,8 @@ from optest import NOW, all_pods, example, observed, pod, spec_of
 
 from longtail_api.status import Condition, RLJobStatus, RoleStatus
 from longtail_api.workerapi import TrainerStatus
-from longtail_operator.derive import Plan, plan
-from longtail_operator.harvester import HarvestSnapshot
+from longtail_operator.derive import plan
+from longtail_operator.model import HarvestSnapshot, Plan
 from longtail_operator.observe import PodView, rfc3339
 from longtail_operator.settings import Settings
 

@@ -14,9 +14,9 @@ from optest import JOB, all_pods, example, observed, pod, spec_of
 from longtail_api.status import RLJobStatus, RoleStatus
 from longtail_cli.main import build_parser
 from longtail_operator import access, builders
-from longtail_operator.derive import Plan, plan
-from longtail_operator.harvester import HarvestSnapshot
+from longtail_operator.derive import plan
 from longtail_operator.metrics import OperatorMetrics
+from longtail_operator.model import HarvestSnapshot, Plan
 from longtail_operator.reconcile import harvest_targets
 from longtail_operator.settings import Settings
 

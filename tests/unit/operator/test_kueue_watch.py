@@ -22,7 +22,8 @@ from test_scheduling import admitted, queued
 from longtail_api.status import RLJobStatus
 from longtail_operator import handlers, kueue
 from longtail_operator.builders import LABEL_JOB
-from longtail_operator.derive import Plan, plan
+from longtail_operator.derive import plan
+from longtail_operator.model import Plan
 from longtail_operator.observe import rfc3339
 from longtail_operator.settings import Settings
 

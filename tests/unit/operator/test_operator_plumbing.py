@@ -20,9 +20,9 @@ from kubernetes import client
 
 from longtail_operator import handlers
 from longtail_operator.builders import JobRef
-from longtail_operator.conditions import Event
 from longtail_operator.kube import COMPONENT, Kube
 from longtail_operator.metrics import Health, HealthServer, OperatorMetrics
+from longtail_operator.model import Event
 
 CALLS = 32
 """Concurrent API calls of the burst: more than the client's default pool (five per CPU) on the

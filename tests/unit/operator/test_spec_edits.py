@@ -20,7 +20,8 @@ from optest import JOB, NOW, all_pods, example, observed, pod, spec_of
 
 from longtail_api.status import RLJobStatus, RoleStatus
 from longtail_operator import builders
-from longtail_operator.derive import Plan, plan
+from longtail_operator.derive import plan
+from longtail_operator.model import Plan
 from longtail_operator.observe import PodView, rfc3339
 from longtail_operator.settings import Settings
 

@@ -13,7 +13,8 @@ from optest import JOB, NOW, example, observed, pod, spec_of
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.status import RLJobStatus
 from longtail_operator import access, builders, trainergroup
-from longtail_operator.derive import Plan, plan
+from longtail_operator.derive import plan
+from longtail_operator.model import Plan
 from longtail_operator.observe import PodView, rfc3339
 from longtail_operator.reconcile import harvest_targets, rank0
 from longtail_operator.settings import Settings

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 import torch
 from tiny_targets import tiny_qwen2
 
+from longtail_api.policies import HistorySpec
 from longtail_api.profile import EngineProfile
 from longtail_cli.main import main
+from longtail_workers.engine.history import HistoryIndex
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.engine.torch_engine import EngineConfig
+from longtail_workers.profile import history_costs
 from longtail_workers.profile.calls import CallShape, call_costs
 from longtail_workers.profile.engine_steps import catch_up_tokens_per_s, engine_curves, step_config
 from longtail_workers.profile.forwards import StepGrid, capped_contexts, step_curves
@@ -23,7 +27,8 @@ from longtail_workers.profile.timing import Repeats
 def test_quick_profile_writes_a_valid_file(tmp_path: Path, capsys) -> None:
     out = tmp_path / "p.json"
     args = ["profile", "--shape", "micro", "--quick", "--device", "cpu", "--threads", "1"]
-    code = main([*args, "--batches", "1,3", "--contexts", "8,24", "--out", str(out)])
+    code = main([*args, "--batches", "1,3", "--contexts", "8,24", "--out", str(out),
+                 "--history-accepted-length", "2", "--hybrid-history-share", "0.3"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     profile = EngineProfile.read(out)
     assert (profile.source, profile.engine, profile.model.hidden_size) == ("measured", "torch", 64)
@@ -40,6 +45,17 @@ def test_quick_profile_writes_a_valid_file(tmp_path: Path, capsys) -> None:
     assert {(p.batch, p.context, p.tokens) for p in profile.speculative} == {
         (b, c, 5) for b in (1, 3) for c in (8, 24)
     }
+    # The history drafter: history-only steps through the engine at the same points, one
+    # row's proposal per context and depth, and the accepted lengths the steps were timed at.
+    assert {(p.batch, p.context, p.tokens) for p in profile.history_speculative} == {
+        (b, c, 5) for b in (1, 3) for c in (8, 24)
+    }
+    assert all(p.seconds > 0 for p in profile.history_speculative)
+    assert {(p.batch, p.context, p.tokens) for p in profile.history_propose} == {
+        (1, 8, 4), (1, 24, 4)
+    }  # fmt: skip
+    assert profile.accepted_length == {"learned": 3.0, "history": 2.0}
+    assert profile.hybrid_history_share == 0.3 and profile.hybrid_history_accepted_length == 2.5
     assert profile.weight_sync_s > 0
     # The weight sync's phases, both transports, measured here (sim/sync.py charges them).
     sync = profile.weight_sync
@@ -145,3 +161,28 @@ def test_the_drafters_catch_up_is_timed_when_sd_switches_on() -> None:
     gen = torch.Generator().manual_seed(0)
     rate = catch_up_tokens_per_s(policy, drafter, 4, 8, 48, 4, 3, gen, accepted_drafts=2)
     assert rate is not None and rate > 0
+
+
+def test_history_proposals_are_timed_on_an_index_where_rows_find_matches() -> None:
+    # The synthetic group shares most of its text, so most rows' lookups find a match (the
+    # walk the engine pays for), and every (context, depth) gets one per-row point.
+    rng = random.Random(0)
+    solution = history_costs._solution(rng, 300)
+    index = HistoryIndex(HistorySpec())
+    for tokens in history_costs._answers(rng, solution, 8):
+        done = index.admit([1, 2, 3])
+        index.extend(done, tokens)
+        index.finish(done)
+    rows = []
+    for tokens in history_costs._answers(rng, solution, 8):
+        rows.append(index.admit([1, 2, 3]))
+        index.extend(rows[-1], tokens[:200])
+    matched = [index.propose(row, 4)[1] >= HistorySpec().hybrid_min_match for row in rows]
+    assert sum(matched) >= len(rows) // 2
+    points = history_costs.propose_points((16, 64), (2, 4), group=4, rounds=3)
+    assert [(p.batch, p.context, p.tokens) for p in points] == [
+        (1, 16, 2), (1, 16, 4), (1, 64, 2), (1, 64, 4)
+    ]  # fmt: skip
+    assert all(p.seconds > 0 for p in points)
+    with pytest.raises(ValueError, match="context=0"):
+        history_costs.propose_seconds(0, 2, 4, 3)

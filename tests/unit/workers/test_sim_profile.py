@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,37 @@ def test_committed_profiles_are_valid_and_measured(path: Path) -> None:
     assert profile.source == "measured"
     model = LatencyModel(profile)
     assert model.decode_s(1, 128) > 0
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
+def test_a_profile_written_before_the_history_drafter_loads_with_empty_history_fields(
+    path: Path,
+) -> None:
+    raw = json.loads(path.read_text())
+    assert "history_speculative" not in raw and "accepted_length" not in raw
+    profile = EngineProfile.read(path)
+    assert (profile.history_speculative, profile.history_propose) == ([], [])
+    assert profile.accepted_length == {} and profile.hybrid_history_share is None
+    assert profile.hybrid_history_accepted_length is None
+
+
+def test_history_fields_round_trip_and_bad_ones_name_the_field() -> None:
+    base = roofline_profile("Qwen2-0.5B")
+    profile = dataclasses.replace(
+        base,
+        history_speculative=[StepPoint(1, 128, 3, 0.002)],
+        history_propose=[StepPoint(1, 128, 2, 1e-5)],
+        accepted_length={"learned": 3.0, "history": 1.6},
+        hybrid_history_share=0.28,
+        hybrid_history_accepted_length=2.5,
+    )
+    assert EngineProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
+    bad = {
+        "accepted_length": ({"hybrid": 2.0}, "accepted_length"),
+        "hybrid_history_share": (1.5, "hybrid_history_share"),
+        "hybrid_history_accepted_length": (0.5, "hybrid_history_accepted_length"),
+        "history_propose": ([StepPoint(1, 0, 2, 0.0)], "history_propose"),
+    }
+    for name, (value, message) in bad.items():
+        with pytest.raises(ProfileError, match=message):
+            dataclasses.replace(base, **{name: value})

@@ -39,7 +39,9 @@ class InstantPool:
         pass
 
     def run(self, requests: list[Any], step: int, version: int, stop: threading.Event,
-            group: int = 1) -> RolloutOutcome:  # fmt: skip
+            group: int = 1, started: Any = None) -> RolloutOutcome:  # fmt: skip
+        if started is not None:
+            started()
         samples = [
             Sample(r.request_id, list(r.prompt_token_ids), [50 + i % 7, 51, 52], [-1.0, -1.2, -0.8])
             for i, r in enumerate(requests)

@@ -43,6 +43,7 @@ from longtail_api.drafterstatus import describe_refusals
 from longtail_api.protocol import ProtocolError
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
+from longtail_api.tracking import TRACKING_BACKENDS
 from longtail_api.wirecodec import from_wire
 from longtail_api.workerapi import TrainerStatus
 from longtail_workers.auth import export_run_token
@@ -53,6 +54,7 @@ from longtail_workers.local.launcher import Child, ChildFailed, free_port, stop_
 from longtail_workers.local.progress import Progress
 from longtail_workers.local.report import write_report
 from longtail_workers.local.restarts import Restarts
+from longtail_workers.local.tracking_end import log_report, tracking_switch
 from longtail_workers.models.cache import BuildWaitStopped
 
 STOPPED = 130
@@ -70,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "http", "broadcast"),
         default="auto",
         help="how policy versions reach the rollout workers (auto: the job's spec.weightSync)",
+    )
+    ap.add_argument(
+        "--tracking",
+        action="append",
+        choices=TRACKING_BACKENDS,
+        default=[],
+        help="also log to this experiment tracker (spec.tracking; repeatable)",
     )
     ap.add_argument("--startup-timeout", type=float, default=600.0)
     return ap
@@ -97,6 +106,7 @@ def prepare_run_dir(args: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
         "no_speculative": args.no_speculative,
         "no_harvest": args.no_harvest,
         "weight_sync": args.weight_sync,
+        "tracking": args.tracking,
     }
     (run_dir / "job.yaml").write_text(switched_job(Path(args.file).read_text(), opts))
     (run_dir / "run.json").write_text(json.dumps(opts, indent=2) + "\n")
@@ -108,11 +118,12 @@ def switched_job(text: str, opts: dict[str, Any]) -> str:
     (``enabled: false``): every process of the run (this one, the trainer, the workers) reads
     the run's ``job.yaml``, so each switch is a spec field there. Unchanged without switches."""
     switched = [field for field in ("speculative", "harvest") if opts.get(f"no_{field}")]
-    if not switched:
+    if not switched and not opts.get("tracking"):
         return text  # the user's file as written, comments included
     job = yaml.safe_load(text)
     for field in switched:
         job["spec"].setdefault(field, {})["enabled"] = False
+    tracking_switch(job, opts.get("tracking") or [])
     return str(yaml.safe_dump(job, sort_keys=False))
 
 
@@ -336,6 +347,8 @@ def run(argv: list[str]) -> int:
         **restarts.summary(),
     }
     summary = write_report(run_dir, coordinator.books if coordinator else None, info)
+    if not log_report(spec, run_dir, coordinator.books if coordinator else None, info["outcome"]):
+        progress.message("tracking: some records were not sent (see the warnings above)")
     print_summary(progress, summary, run_dir, code)
     return code
 

@@ -16,6 +16,13 @@ target's cache and fed through the drafter at the next step), so the untrained d
 are judged by :func:`forced_acceptance`, which accepts a set number of them: every row then gains
 the profile's accepted length per step, as a trained drafter's rows do on average. That rule is
 for timing only: it is not lossless, and nothing but the profiler uses it.
+
+With ``history_drafts``, each depth is also timed as a **history-only** step (a ``history``
+strategy, no learned drafter: the engine verifies drafts staged from its history index, no
+drafter forward), its rows keeping ``history_drafts`` drafts. The host's proposals are part of
+the engine's step time; the engine records them (``StepRecord.history_propose_s``) and they are
+taken out here, as they depend on what the index holds (random prompts' answers share nothing):
+``history_costs.py`` times them on a realistic index instead.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from longtail_api.policies import SelectorSpec, SpeculativeSpec, StrategySpec
+from longtail_api.policies import DrafterKind, SelectorSpec, SpeculativeSpec, StrategySpec
 from longtail_api.profile import StepPoint
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
@@ -57,6 +64,10 @@ class EngineCurves:
     """Plain decode steps (tokens 1)."""
     speculative: list[StepPoint]
     """Speculative steps of depth k (tokens k+1): k draft steps, the verify, the sampler."""
+    history: list[StepPoint] = field(default_factory=list)
+    """History-only speculative steps of depth k (tokens k+1): the verify of staged history
+    drafts and the sampler, no drafter forward, the host's proposals taken out (empty unless
+    asked for)."""
 
 
 def forced_acceptance(accepted_drafts: int) -> AcceptanceRule:
@@ -77,14 +88,14 @@ def forced_acceptance(accepted_drafts: int) -> AcceptanceRule:
     return rule
 
 
-def speculative_spec(depth: int, batch: int) -> SpeculativeSpec:
+def speculative_spec(depth: int, batch: int, drafter: DrafterKind = "learned") -> SpeculativeSpec:
     """Speculation forced on up to ``batch`` rows: no warm-up, one fixed strategy of depth
-    ``depth`` (also ``vllm_steps.py``'s)."""
+    ``depth`` drafted by ``drafter`` (also ``vllm_steps.py``'s)."""
     return SpeculativeSpec(
         enabled=True,
         batch_threshold=batch,
         warmup_steps=0,
-        strategies=[StrategySpec(draft_depth=depth)],
+        strategies=[StrategySpec(draft_depth=depth, drafter=drafter)],
         selector=SelectorSpec(type="fixed"),
     )
 
@@ -104,7 +115,8 @@ def _median_step(
     gen: torch.Generator,
 ) -> float:  # fmt: skip
     """Median seconds of the ``mode`` steps of one generate call of ``new_tokens`` tokens per
-    row, the first quarter left out."""
+    row, the first quarter left out, less the host's history proposals (0 but in history and
+    hybrid steps)."""
     prompt = torch.randint(0, vocab, (context,), generator=gen).tolist()
     requests = [
         GenerationRequest(prompt, new_tokens, temperature=1.0, seed=i) for i in range(batch)
@@ -112,7 +124,11 @@ def _median_step(
     recorder = StepRecorder()
     engine.stats = recorder
     engine.generate(requests)
-    times = [r.latency_s for r in recorder.records if r.mode == mode and r.batch_size == batch]
+    times = [
+        r.latency_s - r.history_propose_s
+        for r in recorder.records
+        if r.mode == mode and r.batch_size == batch
+    ]
     if len(times) < 4:
         raise RuntimeError(
             f"profiling {mode} steps at batch {batch}, context {context}: the engine ran "
@@ -131,10 +147,12 @@ def engine_curves(
     max_positions: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     accepted_drafts: int = 0,
+    history_drafts: int | None = None,
 ) -> EngineCurves:
     """Plain and speculative step latencies at every (batch, context[, depth]) of ``grid``;
     ``steps``: engine steps per point; ``accepted_drafts``: drafts every speculative step keeps
-    (:func:`forced_acceptance`). A context too long for ``max_positions`` plus the generated
+    (:func:`forced_acceptance`); ``history_drafts``: time history-only steps too, keeping that
+    many drafts (None: not timed). A context too long for ``max_positions`` plus the generated
     tokens is profiled at the longest prompt that fits (and recorded as such).
     ``should_stop`` is asked before every point (a neighbour's way out, ``neighbours.py``)."""
     vocab = int(model.get_output_embeddings().out_features)  # type: ignore[operator]
@@ -147,10 +165,11 @@ def engine_curves(
     contexts = sorted({min(c, (max_positions or c + room) - room) for c in grid.contexts})
     decode: list[StepPoint] = []
     speculative: list[StepPoint] = []
+    history: list[StepPoint] = []
     for context in contexts:
         for batch in grid.batches:
             if should_stop():
-                return EngineCurves(decode, speculative)
+                return EngineCurves(decode, speculative, history)
             config = step_config(batch, context)
             plain = TorchEngine(model, config=config)
             s = _median_step(plain, "plain", batch, context, steps + 1, vocab, gen)
@@ -164,8 +183,26 @@ def engine_curves(
                 s = _median_step(sd, "sd", batch, context, tokens, vocab, gen)
                 speculative.append(StepPoint(batch, context, depth + 1, s))
                 line += f", SD k={depth} {s * 1e3:8.3f} ms"
+                if history_drafts is not None:
+                    s = _history_step(model, config, depth, batch, context, steps, history_drafts,
+                                      vocab, gen)  # fmt: skip
+                    history.append(StepPoint(batch, context, depth + 1, s))
+                    line += f" (history {s * 1e3:8.3f} ms)"
             say(line)
-    return EngineCurves(decode, speculative)
+    return EngineCurves(decode, speculative, history)
+
+
+def _history_step(
+    model: nn.Module, config: EngineConfig, depth: int, batch: int, context: int, steps: int,
+    kept: int, vocab: int, gen: torch.Generator,
+) -> float:  # fmt: skip
+    """Median seconds of a history-only speculative step of depth ``depth`` whose rows keep
+    ``kept`` drafts, less the host's proposals (see the module text)."""
+    engine = TorchEngine(model, config=config,
+                         speculative=speculative_spec(depth, batch, drafter="history"),
+                         acceptance_rule=forced_acceptance(kept))  # fmt: skip
+    tokens = (steps + 1) * (min(kept, depth) + 1)
+    return _median_step(engine, "sd", batch, context, tokens, vocab, gen)
 
 
 def catch_up_tokens_per_s(

@@ -3,8 +3,11 @@
 Called by ``longtail profile`` (``longtail_cli.main``) with the arguments after ``profile``.
 Loads or builds the target and its drafter (``profile/models.py``), times the engine's forwards
 (``profile/forwards.py``), its whole plain and speculative steps (``profile/engine_steps.py``;
-``profile/vllm_steps.py`` with ``--engine vllm``) and the two training steps
-(``profile/training.py``), and writes an :class:`~longtail_api.profile.EngineProfile`.
+``profile/vllm_steps.py`` with ``--engine vllm``), the history drafter's history-only steps and
+host proposals (torch engine: ``engine_steps.py``, ``profile/history_costs.py``) and the two
+training steps (``profile/training.py``), and writes an
+:class:`~longtail_api.profile.EngineProfile` with the accepted length per draft source it timed
+the speculative steps at (``--accepted-length``, ``--history-accepted-length``).
 ``--quick`` is a small preset for tests and smoke runs; explicit options override a preset's
 values.
 """
@@ -33,6 +36,7 @@ from longtail_workers.profile.forwards import (
     prefill_tokens_per_s,
     step_curves,
 )
+from longtail_workers.profile.history_costs import propose_points
 from longtail_workers.profile.merge import merge_costs
 from longtail_workers.profile.models import SHAPES, load_target, make_drafter, model_shape
 from longtail_workers.profile.neighbours import Neighbours, NeighbourSpec
@@ -48,6 +52,11 @@ from longtail_workers.profile.vllm_steps import (
     check_model,
     vllm_curves,
     vllm_engine_module,
+)
+from longtail_workers.sim.drafters import (
+    DEFAULT_HISTORY_ACCEPTED_LENGTH,
+    DEFAULT_HYBRID_HISTORY_ACCEPTED_LENGTH,
+    DEFAULT_HYBRID_HISTORY_SHARE,
 )
 from longtail_workers.sim.runs import read_run
 
@@ -157,6 +166,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens a row gains per timed speculative step (accepted drafts + 1; a step's cost "
         "grows with what it keeps); use the job's expected accepted length",
     )
+    ap.add_argument(
+        "--history-accepted-length",
+        type=float,
+        default=DEFAULT_HISTORY_ACCEPTED_LENGTH,
+        help="the same for the history drafter's steps, over all their rows (default: "
+        "examples/01's measured history arm); recorded for the simulator",
+    )
+    ap.add_argument(
+        "--hybrid-history-share",
+        type=float,
+        default=DEFAULT_HYBRID_HISTORY_SHARE,
+        help="share of a hybrid step's rows whose history match is long enough to take its "
+        "drafts (default: examples/01's measured hybrid arm); recorded for the simulator",
+    )
+    ap.add_argument(
+        "--hybrid-history-accepted-length",
+        type=float,
+        default=DEFAULT_HYBRID_HISTORY_ACCEPTED_LENGTH,
+        help="accepted length of those rows (default: examples/01's hybrid arm)",
+    )
     ap.add_argument("--repeats", type=int, default=None, help="timed runs (median reported)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed runs first")
     ap.add_argument("--quick", action="store_true", help="small preset (tests, smoke runs)")
@@ -221,7 +250,8 @@ def _whole_steps(args: argparse.Namespace, policy: torch.nn.Module, drafter: Eag
                            gen, say, threads=args.threads, seed=args.seed)  # fmt: skip
     return engine_curves(policy, drafter, grid, preset.engine_steps, gen, say,
                          TargetModel(policy).max_positions,
-                         accepted_drafts=_accepted_drafts(args))  # fmt: skip
+                         accepted_drafts=_accepted_drafts(args),
+                         history_drafts=_accepted_drafts(args, "history"))  # fmt: skip
 
 
 def _catch_up(args: argparse.Namespace, policy: torch.nn.Module, drafter: EagleDrafter,
@@ -255,12 +285,37 @@ def _rate(tokens_per_s: float | None) -> str:
     return "too small to measure" if tokens_per_s is None else f"{tokens_per_s:,.0f} tokens/s"
 
 
-def _accepted_drafts(args: argparse.Namespace) -> int:
-    if not args.accepted_length >= 1:
+def _accepted_drafts(args: argparse.Namespace, source: str = "learned") -> int:
+    """Drafts a timed speculative step of ``source`` keeps (its accepted length - 1)."""
+    flag, value = (
+        ("--accepted-length", args.accepted_length)
+        if source == "learned"
+        else ("--history-accepted-length", args.history_accepted_length)
+    )
+    if not value >= 1:
+        raise ValueError(f"{flag} {value}: must be >= 1 (accepted drafts + 1)")
+    return round(float(value) - 1)
+
+
+def _acceptance(args: argparse.Namespace) -> dict[str, Any]:
+    """The profile's accepted lengths (what its steps were timed at, and the hybrid's mix);
+    vLLM drafts with the learned drafter only."""
+    if args.engine == "vllm":
+        return {"accepted_length": {"learned": float(args.accepted_length)}}
+    share, hybrid = args.hybrid_history_share, args.hybrid_history_accepted_length
+    if not 0 <= share <= 1 or not hybrid >= 1:
         raise ValueError(
-            f"--accepted-length {args.accepted_length}: must be >= 1 (accepted drafts + 1)"
+            f"--hybrid-history-share {share} (a share in [0, 1]), "
+            f"--hybrid-history-accepted-length {hybrid} (>= 1)"
         )
-    return round(float(args.accepted_length) - 1)
+    return {
+        "accepted_length": {
+            "learned": float(args.accepted_length),
+            "history": float(args.history_accepted_length),
+        },
+        "hybrid_history_share": float(share),
+        "hybrid_history_accepted_length": float(hybrid),
+    }
 
 
 def _train_rows(args: argparse.Namespace) -> list[tuple[int, int]] | None:
@@ -283,6 +338,20 @@ def _train_label(shape: TrainShape, rows: list[tuple[int, int]] | None) -> str:
     if rows is None:
         return f"{shape.sequences} rollouts of {shape.prompt_tokens}+{shape.response_tokens} tokens"
     return f"the {len(rows)} rollouts of a run's median step ({sum(p + r for p, r in rows)} tokens)"
+
+
+def _history_notes(args: argparse.Namespace) -> list[str]:
+    if args.engine == "vllm":
+        return ["history drafter: not timed (vLLM drafts with the learned drafter only)"]
+    kept = _accepted_drafts(args, "history")
+    return [
+        f"history-only steps (no drafter forward) keep {kept} draft(s) a row (accepted length "
+        f"{kept + 1}), the host's proposals taken out; proposals: one row's "
+        "HistoryIndex.propose on a synthetic index of 16 near-identical answers and 16 earlier "
+        "ones per prompt (profile/history_costs.py); accepted lengths per source and the "
+        f"hybrid's share ({args.hybrid_history_share}) as given (defaults: examples/01's "
+        "bench/results/staleness.json), not measured here"
+    ]
 
 
 def _engine_notes(args: argparse.Namespace) -> list[str]:
@@ -323,6 +392,7 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
         contexts=capped_contexts(preset.grid.contexts, target.max_positions, preset.grid.depths),
     )
     gen = torch.Generator().manual_seed(args.seed)
+    acceptance = _acceptance(args)  # checked before anything is timed
     say(f"profiling {name} on {engine_label}: batches {list(grid.batches)}, "
         f"contexts {list(grid.contexts)}, depths {list(grid.depths)}")  # fmt: skip
     curves = step_curves(target, drafter, grid, preset.runs, gen, say)
@@ -338,6 +408,10 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
             f"{calls.step_s * 1e3:.3f} ms an engine step beyond the steps; first call "
             f"+{calls.warmup_s * 1e3:.0f} ms")  # fmt: skip
     say(f"drafter catch-up when SD switches on: {_rate(catch_up)}")
+    propose = [] if args.engine == "vllm" else propose_points(grid.contexts, grid.depths)
+    if propose:
+        points = ", ".join(f"{p.context}x{p.tokens} {p.seconds * 1e6:.1f}" for p in propose)
+        say(f"history proposals, host us a row at context x depth: {points}")
     sync_s, sync_costs = measure_sync(policy, preset.runs.repeats)
     say(f"weight sync (publish, pull over loopback HTTP, load): {sync_s * 1e3:.1f} ms")
     say(_sync_rates(sync_costs))
@@ -369,6 +443,9 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
         verify=curves.verify,
         draft=curves.draft,
         speculative=steps.speculative,
+        history_speculative=steps.history,
+        history_propose=propose,
+        **acceptance,
         prefill_tokens_per_s=prefill,
         drafter_catch_up_tokens_per_s=catch_up,
         drafter_train_tokens_per_s=drafter_rate,
@@ -389,6 +466,7 @@ def measure(args: argparse.Namespace, say: Any) -> EngineProfile:
             "loopback HTTP",
             f"speculative steps keep {_accepted_drafts(args)} draft(s) a row (accepted length "
             f"{_accepted_drafts(args) + 1})",
+            *_history_notes(args),
             *_engine_notes(args),
         ],
     )

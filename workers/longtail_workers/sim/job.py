@@ -6,6 +6,8 @@ Called by ``longtail simulate`` (and the docs' projections). Two pieces:
   trainer world, plus the inputs a spec does not hold (running batch, prompt length, accepted
   length, weight-sync seconds). Strategies the engine cannot run (tree drafting: ``verifyTokens``
   differs from ``draftDepth``, which ``SpecDecodePolicy`` rejects) are dropped, with a note.
+  ``drafter`` projects the job with every strategy drafted by one kind (``longtail simulate
+  --drafter``); without it the strategies' own kinds are simulated.
 * :func:`lognormal_lengths`: a parametric long tail: each prompt group draws a log-normal
   difficulty and each answer a log-normal length around it (half of the log-variance each), with
   the overall p99/median set by ``p99_ratio``; lengths are capped at ``max_new_tokens`` and the
@@ -22,7 +24,9 @@ import math
 import random
 from dataclasses import dataclass
 
+from longtail_api.policies import DrafterKind
 from longtail_api.spec import RLJobSpec
+from longtail_workers.sim.drafters import DEFAULT_HISTORY, HistoryAcceptance
 from longtail_workers.sim.step import JobShape
 
 Z99 = 2.3263478740408408
@@ -36,12 +40,25 @@ def shape_from_job(
     prompt_tokens: int,
     accepted_length: float,
     weight_sync_s: float | None = None,
+    drafter: DrafterKind | None = None,
+    history: HistoryAcceptance = DEFAULT_HISTORY,
 ) -> tuple[JobShape, list[str]]:
     """The job's :class:`JobShape` and notes on what was adapted. Trainer replicas are the
     trainer's GPUs (replicas x GPUs per pod; pods on CPU), as a roofline profile's trainer
-    seconds per token are for one GPU."""
+    seconds per token are for one GPU. ``drafter``: every strategy drafted by this kind instead
+    of its own; ``history``: what history and hybrid steps' rows gain."""
     notes: list[str] = []
     sd = spec.speculative
+    if drafter is not None and any(s.drafter != drafter for s in sd.strategies):
+        notes.append(f"every strategy drafted by {drafter} (--drafter), not the job's own")
+        sd = dataclasses.replace(
+            sd, strategies=[dataclasses.replace(s, drafter=drafter) for s in sd.strategies]
+        )
+    if spec.rollout.engine == "vllm" and any(s.drafter != "learned" for s in sd.strategies):
+        notes.append(
+            "the job's rollout engine is vllm, which drafts with the learned drafter only "
+            "(docs/vllm.md): history and hybrid steps are projected as the torch engine runs them"
+        )
     chain = [s for s in sd.strategies if s.verify_tokens in (None, s.draft_depth)]
     if len(chain) < len(sd.strategies):
         dropped = [s.draft_depth for s in sd.strategies if s not in chain]
@@ -62,6 +79,7 @@ def shape_from_job(
         accepted_length=accepted_length,
         trainer_replicas=spec.trainer.replicas * max(1, spec.trainer.resources.gpus),
         weight_sync_s=weight_sync_s,
+        history=history,
     )
     return shape, notes
 

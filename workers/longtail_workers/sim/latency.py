@@ -14,6 +14,14 @@ the batch sizes, contexts and token counts it was taken at; in between they are 
 Every axis is **clamped**: outside the profiled range the nearest end's value is used (no
 extrapolation), so a query beyond the profile never invents a slope the profile did not show.
 A profile that should cover long answers must therefore be taken at long contexts.
+
+A speculative step costs what its drafter kind runs (:meth:`LatencyModel.speculative_step_s`):
+``learned`` the whole speculative step; ``history`` the history-only step (the verify of staged
+drafts, no drafter forward: the profile's ``history_speculative`` curve, or the speculative step
+less its k draft steps and at least a plain step, for a profile without it) plus every row's
+host proposal (the profile's ``history_propose``, or :data:`DEFAULT_PROPOSE_S`); ``hybrid`` the
+whole speculative step plus the proposals. The drafter's catch-up is the worker's to charge
+(``sim/worker.py``): a history step feeds the learned drafter nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +29,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 
+from longtail_api.policies import DrafterKind
 from longtail_api.profile import EngineProfile, ProfileError, StepPoint
+
+DEFAULT_PROPOSE_S = 1e-5
+"""Host seconds of one row's history proposal where the profile has none: rounded up from what
+``profile/history_costs.py`` measures on the development VM's CPU over the contexts and depths
+of the full profile (docs/simulator.md)."""
 
 
 def interp1(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -96,6 +110,8 @@ class LatencyModel:
         self._verify = Curve(profile.verify, "verify")
         self._draft = Curve(profile.draft, "draft")
         self._speculative = Curve(profile.speculative) if profile.speculative else None
+        self._history = Curve(profile.history_speculative) if profile.history_speculative else None
+        self._propose = Curve(profile.history_propose) if profile.history_propose else None
 
     def decode_s(self, batch: int, context: float) -> float:
         """One plain decode step (1 new token per sequence) of the target."""
@@ -115,6 +131,33 @@ class LatencyModel:
         if self._speculative is not None:
             return self._speculative.seconds(batch, context, depth + 1)
         return depth * self.draft_s(batch, context) + self.verify_s(batch, context, depth)
+
+    def history_step_s(self, batch: int, context: float, depth: int) -> float:
+        """One history-only speculative step of depth ``depth`` without the host's proposals:
+        the profile's measured step, else the speculative step less its ``depth`` draft steps
+        (at least a plain decode step)."""
+        if self._history is not None:
+            return self._history.seconds(batch, context, depth + 1)
+        spec = self.speculative_s(batch, context, depth)
+        return max(self.decode_s(batch, context), spec - depth * self.draft_s(batch, context))
+
+    def propose_s(self, context: float, depth: int) -> float:
+        """Host seconds of one row's history proposal of ``depth`` tokens at ``context``."""
+        if self._propose is None:
+            return DEFAULT_PROPOSE_S
+        return self._propose.seconds(1, context, depth)
+
+    def speculative_step_s(
+        self, kind: DrafterKind, batch: int, context: float, depth: int
+    ) -> float:
+        """One speculative step of depth ``depth`` drafted by ``kind`` (the module text), the
+        learned drafter's catch-up not included."""
+        if kind == "learned":
+            return self.speculative_s(batch, context, depth)
+        proposals = batch * self.propose_s(context, depth)
+        if kind == "hybrid":
+            return self.speculative_s(batch, context, depth) + proposals
+        return self.history_step_s(batch, context, depth) + proposals
 
     def catch_up_s(self, response_tokens: float) -> float:
         """The drafter reading ``response_tokens`` (all rows together) when speculation

@@ -11,6 +11,12 @@ overrides it with a fixed figure), runs
 harvested GPU-seconds side by side with the projected speedup, followed by the profile's notes
 and what was adapted from the job. ``--plot FILE.png`` draws the per-worker timeline of one
 step; ``--sensitivity`` adds the table of the inputs that move the projection most.
+``--drafter KIND[,KIND...]`` (``learned``, ``history``, ``hybrid`` or ``all``) projects the job
+with every strategy drafted by each kind, one column each, next to the one baseline; without
+it the job's strategies are simulated as written. The history drafter's accepted lengths come
+from ``--history-accepted-length`` / ``--hybrid-history-share``, else the profile, else the
+defaults of ``sim/drafters.py`` (with a note); the learned drafter's from ``--accepted-length``,
+else the profile's ``accepted_length["learned"]``, else :data:`DEFAULT_ACCEPTED_LENGTH`.
 """
 
 from __future__ import annotations
@@ -21,9 +27,12 @@ import sys
 from collections.abc import Sequence
 
 from longtail_api.manifest import ManifestError, validate_file
+from longtail_api.policies import DrafterKind
 from longtail_api.profile import EngineProfile, ProfileError
 from longtail_api.spec import RLJobSpec
+from longtail_workers.sim.drafters import history_acceptance
 from longtail_workers.sim.job import parse_lengths, shape_from_job
+from longtail_workers.sim.latency import DEFAULT_PROPOSE_S
 from longtail_workers.sim.roofline import QWEN2_SHAPES, roofline_profile
 from longtail_workers.sim.runs import mean_results, read_run, replay
 from longtail_workers.sim.sensitivity import format_rows, sensitivity
@@ -31,7 +40,8 @@ from longtail_workers.sim.step import JobShape, StepResult, compare
 from longtail_workers.sim.sync import TRANSPORTS, SyncCharge, job_sync_charge
 
 DEFAULT_ACCEPTED_LENGTH = 3.0
-"""Accepted length when neither ``--accepted-length`` nor a run gives one."""
+"""Accepted length when neither ``--accepted-length``, a run nor the profile gives one."""
+DRAFTER_KINDS: tuple[DrafterKind, ...] = ("learned", "history", "hybrid")
 
 ROWS: tuple[tuple[str, str], ...] = (
     ("step_s", "step (s)"),
@@ -44,6 +54,16 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("harvested_gpu_s", "harvested GPU-seconds (drafter training)"),
     ("preempted", "answers preempted (KV cache full)"),
 )
+
+
+def _kinds(text: str) -> list[DrafterKind]:
+    names = list(DRAFTER_KINDS) if text == "all" else [k.strip() for k in text.split(",")]
+    kinds = [k for k in DRAFTER_KINDS if k in names]
+    if not names or len(kinds) != len(set(names)):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give all or one or more of {', '.join(DRAFTER_KINDS)}, comma-separated"
+        )
+    return kinds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +88,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="mean accepted length per SD step (accepted drafts + 1); default: each step's own "
         f"with run:DIR, else {DEFAULT_ACCEPTED_LENGTH}",
+    )
+    ap.add_argument(
+        "--drafter",
+        type=_kinds,
+        default=None,
+        help="project the job with every strategy drafted by this kind (learned, history, "
+        "hybrid; several comma-separated or all: one column each); default: the job's "
+        "strategies as written",
+    )
+    ap.add_argument(
+        "--history-accepted-length",
+        type=float,
+        default=None,
+        help="accepted length of a history step over all its rows (default: the profile's, "
+        "else examples/01's measured 1.6)",
+    )
+    ap.add_argument(
+        "--hybrid-history-share",
+        type=float,
+        default=None,
+        help="share of a hybrid step's rows whose match is long enough to draft from history "
+        "(default: the profile's, else examples/01's measured 0.28)",
     )
     ap.add_argument("--max-running", type=int, default=256, help="running batch per worker")
     ap.add_argument("--prompt-tokens", type=int, default=256, help="prompt length, tokens")
@@ -109,18 +151,22 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def format_table(base: StepResult, longtail: StepResult) -> str:
-    """The side-by-side table (one line per figure, then the projected speedup)."""
+def format_table(base: StepResult, longtail: StepResult, *more: tuple[str, StepResult]) -> str:
+    """The side-by-side table (one line per figure, then the projected speedup); ``more``:
+    further (label, result) columns, ``longtail`` then being labelled by the first's label."""
+    arms = [("longtail", longtail)] if not more else list(more)
     width = max(len(label) for _, label in ROWS)
-    lines = [f"{'':{width}}  {'baseline':>12}  {'longtail':>12}"]
+    lines = [f"{'':{width}}  {'baseline':>12}" + "".join(f"  {n:>12}" for n, _ in arms)]
     for attr, label in ROWS:
-        b, lt = getattr(base, attr), getattr(longtail, attr)
-        digits = 2 if max(abs(b), abs(lt)) < 100 else 1  # CPU steps take seconds, GPU minutes
-        lines.append(f"{label:{width}}  {b:12.{digits}f}  {lt:12.{digits}f}")
-    lines.append(
-        f"{'projected speedup':{width}}  step {base.step_s / longtail.step_s:.2f}x, "
-        f"rollout {base.rollout_s / longtail.rollout_s:.2f}x"
-    )
+        values = [getattr(base, attr), *(getattr(r, attr) for _, r in arms)]
+        digits = 2 if max(map(abs, values)) < 100 else 1  # CPU steps take seconds, GPU minutes
+        lines.append(f"{label:{width}}" + "".join(f"  {v:12.{digits}f}" for v in values))
+    for name, r in arms:
+        tag = "projected speedup" if len(arms) == 1 else f"projected speedup, {name}"
+        lines.append(
+            f"{tag:{width}}  step {base.step_s / r.step_s:.2f}x, "
+            f"rollout {base.rollout_s / r.rollout_s:.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -159,6 +205,17 @@ def _simulate(
     )
 
 
+def _learned_length(args: argparse.Namespace, profile: EngineProfile) -> float:
+    """``--accepted-length``, else the profile's learned figure, else the default."""
+    if args.accepted_length is not None:
+        return float(args.accepted_length)
+    return profile.accepted_length.get("learned", DEFAULT_ACCEPTED_LENGTH)
+
+
+def _uses_history(shape: JobShape) -> bool:
+    return any(s.drafter != "learned" for s in shape.speculative.strategies)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -170,16 +227,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.kv_tokens < 0:
                 raise ValueError(f"--kv-tokens {args.kv_tokens}: must be >= 0 (0: unbounded)")
             profile = dataclasses.replace(profile, kv_cache_tokens=args.kv_tokens or None)
-        fixed = args.accepted_length
         charge = _charge(args, spec, profile)
-        shape, notes = shape_from_job(
-            spec,
-            max_running=args.max_running,
-            prompt_tokens=args.prompt_tokens,
-            accepted_length=DEFAULT_ACCEPTED_LENGTH if fixed is None else fixed,
-            weight_sync_s=args.weight_sync_s if charge is None else charge.pause_s,
+        acceptance, drafter_notes = history_acceptance(
+            profile, args.history_accepted_length, args.hybrid_history_share
         )
-        steps, source = _simulate(args, spec, shape, profile)
+        arms: list[tuple[str, JobShape, list[tuple[StepResult, StepResult]]]] = []
+        notes: list[str] = []
+        for kind in args.drafter or [None]:
+            shape, shape_notes = shape_from_job(
+                spec,
+                max_running=args.max_running,
+                prompt_tokens=args.prompt_tokens,
+                accepted_length=_learned_length(args, profile),
+                weight_sync_s=args.weight_sync_s if charge is None else charge.pause_s,
+                drafter=kind,
+                history=acceptance,
+            )
+            steps, source = _simulate(args, spec, shape, profile)
+            arms.append((kind or "longtail", shape, steps))
+            notes += [n for n in shape_notes if n not in notes]
+        shape, steps = arms[0][1], arms[0][2]
         if args.sensitivity and args.lengths.startswith("run:"):
             raise ValueError("--sensitivity varies the lognormal length model; drop run:DIR")
         table = (
@@ -194,14 +261,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"profile: {label} ({profile.device}, engine {profile.engine})")
     print(source)
     base = mean_results([b for b, _ in steps])
-    longtail = mean_results([lt for _, lt in steps])
-    print(format_table(base, longtail))
+    results = [(name, mean_results([lt for _, lt in s])) for name, _, s in arms]
+    print(format_table(base, results[0][1], *(results if args.drafter else [])))
     if charge is not None:
         print(charge.line())
     else:
         print(f"weight sync: {args.weight_sync_s:g} s a version (given: --weight-sync-s)")
     if table is not None:
-        print(f"\nsensitivity (one input varied at a time; * = base case, {label}):")
+        print(f"\nsensitivity (one input varied at a time; * = base case, {label}; drafter "
+              f"{arms[0][0]}):")  # fmt: skip
         print(table)
     if args.plot:
         plotted = max(range(len(steps)), key=lambda i: steps[i][0].tail_s)
@@ -209,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         caption = (f"{label}: {profile.device}, engine {profile.engine}; {source}; step "
                    f"{plotted + 1} of {len(steps)} (longest baseline tail)")  # fmt: skip
+        if args.drafter:
+            caption += f"; drafter {arms[0][0]}"
         timeline_png(*steps[plotted], args.plot, caption)
         print(f"timeline: {args.plot}")
     sync_notes = [] if charge is None else [f"weight sync: {n}" for n in charge.notes]
@@ -218,6 +288,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             "between steps, warm-ups, the drafter merge): left out; a profile taken with this "
             "version's `longtail profile` measures them"
         )
+    if any(_uses_history(s) for _, s, _ in arms):
+        notes += drafter_notes + _history_cost_notes(profile)
     for note in [*profile.notes, *notes, *sync_notes]:
         print(f"note: {note}")
     return 0
+
+
+def _history_cost_notes(profile: EngineProfile) -> list[str]:
+    """What the history steps' costs were taken from, where the profile did not measure them."""
+    notes = []
+    if not profile.history_speculative:
+        notes.append(
+            "history step: the profile has no measured history-only step (written before the "
+            "history drafter, vLLM or the roofline): charged as the speculative step less its "
+            "draft steps, at least a plain step"
+        )
+    if not profile.history_propose:
+        notes.append(
+            f"history proposals: {DEFAULT_PROPOSE_S * 1e6:.0f} us a row a step (default, "
+            "sim/latency.py; the profile did not time them)"
+        )
+    return notes

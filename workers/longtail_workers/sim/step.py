@@ -25,7 +25,8 @@ Called by ``longtail simulate`` (and the projections in docs/performance.md) thr
    engine's and the update's warm-up.
 
 GPU-seconds are worker seconds x GPUs per rollout worker. The accepted length is an input and
-stays fixed over the step (the drafter's improvement during harvest is not modelled).
+stays fixed over the step (the drafter's improvement during harvest is not modelled); so are the
+history drafter's (``JobShape.history``, used by the steps whose strategy drafts from history).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from longtail_api.harvest import DRAFTER_TRAIN, WorkerView, decide
 from longtail_api.policies import HarvestSpec, SpeculativeSpec
 from longtail_api.profile import EngineProfile
 from longtail_workers.shards import shard_round_robin
+from longtail_workers.sim.drafters import DEFAULT_HISTORY, HistoryAcceptance
 from longtail_workers.sim.latency import LatencyModel
 from longtail_workers.sim.worker import CallOverhead, Segment, WorkerRun, simulate_worker
 
@@ -69,6 +71,9 @@ class JobShape:
     weight_sync_s: float | None = None
     """Seconds to move the new weights to the rollout workers after the update (``longtail
     simulate``: the transport's charge, ``sim/sync.py``; None: the profile's flat figure)."""
+    history: HistoryAcceptance = DEFAULT_HISTORY
+    """What the rows of history and hybrid steps gain (``sim/drafters.py``; learned steps use
+    :attr:`accepted_length`)."""
 
     def __post_init__(self) -> None:
         for name in ("rollout_workers", "gpus_per_worker", "prompts", "group", "max_running",
@@ -198,6 +203,7 @@ def simulate_step(
             accepted=None if accepted is None else [accepted[i] for i in shard],
             padded=profile.padded_context,
             overhead=overhead,
+            history=shape.history,
         )
         for w, shard in enumerate(shard_round_robin(n, shape.rollout_workers, shape.group))
     ]

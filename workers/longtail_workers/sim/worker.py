@@ -7,7 +7,10 @@ admitted answer's first token, as the engines do; then one decode step advances 
 sequence. Whether that step speculates is decided by the job's own adaptive policy,
 :class:`SpecDecodePolicy` (the one decision function; its latch and strategy choice are not
 re-implemented here). A speculative step of depth k costs what ``LatencyModel.speculative_s``
-says (the engine-measured step, or k draft steps plus one verify of k+1 positions).
+says (the engine-measured step, or k draft steps plus one verify of k+1 positions), by the
+drafter kind of the strategy the policy picked (``LatencyModel.speculative_step_s``: a
+``history`` step runs no drafter forward and pays every row's host proposal instead, a
+``hybrid`` one pays both); the kind also sets what the rows gain (``sim/drafters.py``).
 
 Accepted length follows ``engine/stats.py``: tokens one sequence gains in one speculative step,
 accepted drafts plus the correction/bonus token (1: every draft rejected), capped at k+1. Each
@@ -22,7 +25,10 @@ batch that holds one 80-token prompt among 11-token ones decodes at context 80 a
 
 When speculation switches on (the step before did not speculate), the drafter first reads every
 running row's response so far (the engine's catch-up, ``engine/specdec.py``): that step costs
-the profile's ``drafter_catch_up_tokens_per_s`` on top.
+the profile's ``drafter_catch_up_tokens_per_s`` on top. A history step feeds the learned drafter
+nothing, so it does not keep the drafter's cache live: the next ``learned`` or ``hybrid`` step
+first reads what the history steps since its last step committed (all the running rows'
+responses if no learned step ran since speculation switched on).
 
 KV cache: with a capacity (``kv_tokens``, from the profile), an answer is admitted only while
 the running answers' tokens (prompt + generated) and its own fit; when the running answers grow
@@ -42,6 +48,7 @@ from typing import Literal, NamedTuple
 
 from longtail_api.policies import SpeculativeSpec
 from longtail_workers.engine.sd_policy import SpecDecodePolicy
+from longtail_workers.sim.drafters import DEFAULT_HISTORY, HistoryAcceptance
 from longtail_workers.sim.latency import LatencyModel
 
 SegmentKind = Literal["overhead", "prefill", "decode", "speculative", "idle", "harvest"]
@@ -184,14 +191,20 @@ class _Running:
                 return self.progress - neg
             heapq.heappop(self.longest)  # retired, preempted or grown since: stale
 
-    def advance(self, speculative_cap: float | None = None) -> int:
+    def advance(
+        self, speculative_cap: float | None = None, mix: tuple[float, float] = (0.0, 1.0)
+    ) -> int:
         """One step: every running answer gains one token, or with ``speculative_cap`` (depth
-        + 1) the whole tokens of its credit of ``min(rate, cap)``; none goes past its length.
-        Returns the tokens emitted and retires the finished answers."""
+        + 1) the whole tokens of its credit of ``min(rate, cap)``, its rate being ``share x
+        length + (1 - share) x its own`` for ``mix`` = (share of rows drafted from history, their
+        accepted length; ``HistoryAcceptance.mix``); none goes past its length. Returns the
+        tokens emitted and retires the finished answers."""
         emitted = len(self.alive)
         if speculative_cap is not None:
+            share, history = mix
             for i, a in self.alive.items():
-                a.credit += min(a.rate, speculative_cap)
+                rate = a.rate if share == 0 else share * history + (1 - share) * a.rate
+                a.credit += min(rate, speculative_cap)
                 whole = math.floor(a.credit + 1e-9)
                 a.credit -= whole
                 if whole > 1:
@@ -252,13 +265,14 @@ def simulate_worker(
     accepted: Sequence[float] | None = None,
     padded: bool = False,
     overhead: CallOverhead = CallOverhead(),
+    history: HistoryAcceptance = DEFAULT_HISTORY,
 ) -> WorkerRun:
     """Generate ``lengths`` (response tokens per answer, in dealt order) on one worker;
     ``prompts``: each answer's prompt length, same order; ``kv_tokens``: the KV
     cache's capacity in tokens (None: unbounded); ``accepted``: each answer's own accepted
     length (default: ``accepted_length`` for all); ``padded``: a step's context is the longest
     running answer's, not the mean (``EngineProfile.padded_context``); ``overhead``: what the
-    call costs beyond the engine's steps."""
+    call costs beyond the engine's steps; ``history``: what the history drafter's rows gain."""
     rates = list(accepted) if accepted is not None else [accepted_length] * len(lengths)
     if len(rates) != len(lengths) or len(prompts) != len(lengths):
         raise ValueError(
@@ -272,7 +286,7 @@ def simulate_worker(
     run = WorkerRun(worker=worker, answers=len(lengths), done_s=0.0, tokens=0)
     t = overhead.warmup_s
     _add(run.segments, worker, 0.0, t, "overhead")
-    speculating = False  # the last decode step speculated (the drafter's cache is live)
+    behind: float | None = None  # response tokens the learned drafter has not read (None: all)
 
     while waiting or running:
         admitted, prefill = _admit(waiting, running, max_running, kv_tokens)
@@ -288,12 +302,14 @@ def simulate_worker(
         context = running.longest_tokens() if padded else running.mean_tokens()
         if policy.observe(n):
             choice = policy.choose(n)
-            depth = choice.draft_depth
-            dt = latency.speculative_s(n, context, depth)
-            if not speculating:  # switching on: the drafter reads every row's response so far
-                dt += latency.catch_up_s(_catch_up_tokens(running, speculative))
-            speculating = True
-            emitted = running.advance(speculative_cap=depth + 1.0)
+            depth, drafter = choice.draft_depth, choice.drafter
+            dt = latency.speculative_step_s(drafter, n, context, depth)
+            if drafter != "history":  # the learned drafter first reads what it has not read
+                dt += latency.catch_up_s(_catch_up_tokens(running, speculative, behind))
+                behind = 0.0
+            emitted = running.advance(speculative_cap=depth + 1.0, mix=history.mix(drafter))
+            if drafter == "history" and behind is not None:
+                behind += emitted  # committed without the learned drafter reading them
             policy.record(choice, emitted, dt)  # the engine's own step time, as it records it
             dt += overhead.step_s
             run.speculative_steps += 1
@@ -301,7 +317,7 @@ def simulate_worker(
         else:
             dt = latency.decode_s(n, context) + overhead.step_s
             emitted = running.advance()
-            speculating = False
+            behind = None  # plain steps feed no drafter: a switch on reads everything again
             run.decode_steps += 1
             kind = "decode"
         _add(run.segments, worker, t, t + dt, kind)
@@ -332,9 +348,15 @@ def _admit(
     return admitted, prefill
 
 
-def _catch_up_tokens(running: _Running, speculative: SpeculativeSpec) -> float:
-    """Response tokens the drafter reads when speculation switches on: every running row's
-    response so far, at most ``drafterContextWindow`` a row."""
+def _catch_up_tokens(
+    running: _Running, speculative: SpeculativeSpec, behind: float | None
+) -> float:
+    """Response tokens the learned drafter reads before its step: every running row's response
+    so far when it has read none of it (``behind`` None: speculation just switched on), else
+    the ``behind`` tokens committed since its last step (history steps; 0 after its own step),
+    at most ``drafterContextWindow`` a row."""
     tokens = running.generated_tokens()
+    if behind is not None:
+        tokens = min(tokens, behind)
     window = speculative.drafter_context_window
     return tokens if window is None else min(tokens, float(len(running) * window))

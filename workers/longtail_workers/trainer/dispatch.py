@@ -152,10 +152,14 @@ class RolloutPool:
         policy_version: int,
         stop: threading.Event,
         group: int = 1,
+        started: Callable[[], None] | None = None,
     ) -> RolloutOutcome:
         """Generate every request on the pool; samples come back in request order.
 
         ``group``: consecutive requests that stay on one worker (a prompt's answers).
+        ``started``: called once the first shards are handed out, every worker holding one
+        already marked busy (``on_assign``): the trainer reports the rollout as active from
+        there, so a harvest poll never sees it active while its workers look idle.
         """
         live = self.live
         if not live:
@@ -180,6 +184,9 @@ class RolloutPool:
                     self.on_assign(name, True)
                     probe = HealthProbe(name, self.workers[name], self.liveness)
                     in_flight[_spawn(self._post, name, call)] = _Call(name, shard, attempts, probe)
+                if started is not None:
+                    started()
+                    started = None
                 if not in_flight:
                     raise RolloutFailed(self._no_worker_message(queue))
                 done, _ = wait(list(in_flight), timeout=0.2, return_when=FIRST_COMPLETED)

@@ -322,11 +322,16 @@ class StepDriver:
         st = self.state
         if self.harvest is not None:  # before rollout_active: it may be harvested from then on
             self.harvest.begin_rollout(st.policy_version)
-        st.rollout_started = time.time()
-        st.answers_done, st.answers_total, st.rollout_active = 0, len(requests), True
+        st.answers_done, st.answers_total = 0, len(requests)
+
+        def started() -> None:  # the pool has marked the workers it handed shards to
+            st.rollout_started, st.rollout_active = time.time(), True
+
         try:
             group = self.spec.algorithm.group_size
-            out = self.pool.run(requests, step, st.policy_version, self.stop, group=group)
+            out = self.pool.run(
+                requests, step, st.policy_version, self.stop, group=group, started=started
+            )
         finally:
             st.rollout_active, st.rollout_started = False, None
             st.pending_workers.clear()
@@ -416,6 +421,7 @@ class StepDriver:
             policy_version=self.state.policy_version,
             drafter_version=self.state.drafter_version,
             reward_mean=float(np.mean(rewards)),
+            reward_std=float(np.std(rewards)),
             accuracy=float(np.mean(correct)),
             answers=len(out.samples),
             mean_length=float(np.mean(lengths)),

@@ -76,6 +76,9 @@ from longtail_workers.metricspec import counter_from_spec, gauge_from_spec, hist
 from longtail_workers.runtime import add_weight_sync_args, role_device, torch_threads
 from longtail_workers.signals import install_stop_signals
 from longtail_workers.spot.cycle import RoleConflictError, answer_put_role, check_activity
+from longtail_workers.tracking import trainer_side as tracking
+from longtail_workers.tracking.sink import Tracker
+from longtail_workers.tracking.trainer_side import TrackingMetrics
 from longtail_workers.trainer.checkpoint import latest_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed
 from longtail_workers.trainer.drafter_window import (
@@ -115,6 +118,7 @@ class TrainerMetrics:
         self.sync_seconds = histogram_from_spec(names.WEIGHT_SYNC_SECONDS, r)
         self.sync_bytes = gauge_from_spec(names.WEIGHT_SYNC_BYTES, r)
         self.sync_rate = gauge_from_spec(names.WEIGHT_SYNC_BYTES_PER_SECOND, r)
+        self.tracking = TrackingMetrics(r)
         self.last_step.set(time.time())
 
     def observe(self, row: StepRow) -> None:
@@ -172,6 +176,8 @@ class TrainerApp(BackgroundHTTPServer):
         """Set once the driver's drafter registry exists (``--drafters``)."""
         self.harvest: TrainerHarvestee | None = None
         """The trainer's own drafter training (set when the job makes it a harvest target)."""
+        self.tracker: Tracker | None = None
+        """The experiment trackers of ``spec.tracking`` (``tracking/``)."""
         self.started = time.time()
         self.stop_requested: threading.Event | None = None
         """Set when the trainer is asked to stop (SIGTERM, Ctrl-C): it is no longer ready."""
@@ -262,6 +268,7 @@ class TrainerApp(BackgroundHTTPServer):
             drafter_merges=None if self.drafters is None else self.drafters.registry.merges(),
             sd_fraction_by_source={} if row is None else dict(row.sd_fraction_by_source),
             accepted_length_by_source={} if row is None else dict(row.accepted_length_by_source),
+            tracking_failing={} if self.tracker is None else self.tracker.failing(),
         )
 
     def routes(self) -> list[Route]:
@@ -498,18 +505,28 @@ def _drive(
         log.info("resumed from %s (step %d)", found, state.step)
     elif args.resume:
         log.info("--resume: no checkpoint under %s; starting at step 0", ckpt_dir)
+    resumed = start_step if found is not None else None
+    tracker = app.tracker = tracking.start(driver.spec, run_dir, ckpt_dir, resumed,
+                                           app.metrics.tracking)  # fmt: skip
 
     def on_row(row: StepRow) -> None:
         with metrics_path.open("a") as f:
             f.write(json.dumps(row.to_dict()) + "\n")
         app.metrics.observe(row)
+        tracker.step(row)
 
     driver.on_row = on_row
     app.harvest = driver.harvest
     app.driver = driver
     urls = [driver.verifier.base_url, *driver.pool.workers.values()]
-    wait_healthy(urls, args.startup_timeout, stop)
-    return driver.run(start_step)
+    outcome = "failed"
+    try:
+        wait_healthy(urls, args.startup_timeout, stop)
+        outcome = driver.run(start_step)
+    finally:
+        drafters = None if driver.registry is None else driver.registry.root
+        tracking.finish(tracker, outcome, drafters)
+    return outcome
 
 
 def _truncate_rows(path: Path, step: int) -> None:
