@@ -10,6 +10,7 @@ in ``test_tracking_mlflow.py``.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -19,10 +20,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from tracking_helpers import step_rows, tracked_spec, wandb_history, wandb_records
 
-from longtail_workers.tracking import sink
+from longtail_workers.drafter.checkpoint import save_drafter
+from longtail_workers.drafter.model import EagleDrafter, layout_options
+from longtail_workers.tracking import sink, trainer_side
 from longtail_workers.tracking.backends import RUN_IDS_FILE, TrackerRefused
 from longtail_workers.tracking.sink import BackendSink, Tracker, open_tracker
 from longtail_workers.tracking.trainer_side import TrackingMetrics
+from longtail_workers.trainer import drafter_artifact
 
 
 def scalars(log_dir: Path) -> dict[str, dict[int, float]]:
@@ -53,8 +57,9 @@ def test_tensorboard_reader_reads_back_every_step(tmp_path: Path) -> None:
     assert got["response_length/max"] == {r.step: r.max_length for r in rows}
     assert set(got["speculative/accepted_length"]) == set(range(1, 13))
     assert got["drafter/version"][12] == 9
-    # "reward/std" etc. but no figure the rows do not have (no entropy is recorded).
-    assert not any("entropy" in tag for tag in got)
+    assert got["policy/entropy"] == pytest.approx({r.step: r.train["entropy"] for r in rows})
+    # No figure the rows do not have (they record no sampled eval accuracy).
+    assert "eval/sampled_accuracy" not in got
 
 
 def test_a_resumed_tensorboard_run_replaces_the_steps_it_runs_again(tmp_path: Path) -> None:
@@ -120,6 +125,7 @@ class FlakyBackend:
         self.up.set()
         self.refuse_steps: set[int] = set()
         self.steps: list[int] = []
+        self.artifacts: list[tuple[Path, str]] = []
 
     def _call(self) -> None:
         assert self.up.wait(60), "test never released the hanging tracker"
@@ -141,6 +147,7 @@ class FlakyBackend:
 
     def log_artifact(self, path: Path, name: str) -> None:
         self._call()
+        self.artifacts.append((path, name))
 
     def finish(self, outcome: str) -> None:
         self._call()
@@ -215,6 +222,46 @@ def test_close_gives_up_on_a_tracker_that_stays_down(fast_retries: Any) -> None:
     tracker = Tracker([BackendSink(backend, 100, sink.TrackingObserver())])
     tracker.step(step_rows(1)[0])
     assert not tracker.close("complete", 0.5)
+
+
+@pytest.mark.parametrize("case", ["eagle1", "longtail", "slow"])
+def test_the_end_logs_the_drafter_exported_where_it_exports_exactly(
+    case: str, target: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    target.save_pretrained(tmp_path / "model")  # the job's model directory
+    drafters = tmp_path / "drafters"  # drafter/registry.py's layout, version 2 published
+    layout = layout_options("longtail" if case == "longtail" else "eagle1")
+    drafter = EagleDrafter(target, target_id="tiny", **layout)
+    version = save_drafter(drafter, drafters / "versions" / "000002", version=2)
+    (drafters / "LATEST").write_text("2\n")
+    release = threading.Event()
+    if case == "slow":  # an export that does not end: the wait is bounded
+        monkeypatch.setattr(drafter_artifact, "EXPORT_TIMEOUT_S", 0.2)
+        monkeypatch.setattr(drafter_artifact, "export_drafter", lambda *a, **k: release.wait(30))
+    backend = FlakyBackend()
+    tracker = Tracker([BackendSink(backend, 100, sink.TrackingObserver())])
+    out = tmp_path / "run" / drafter_artifact.EXPORT_DIR
+    with caplog.at_level(logging.INFO, logger=drafter_artifact.__name__):  # as the service does
+        chosen = drafter_artifact.drafter_artifact(drafters, str(tmp_path / "model"), out)
+        trainer_side.finish(tracker, "complete", chosen)
+    [(path, name)] = backend.artifacts
+    assert name == "drafter"
+    if case == "eagle1":  # exact: the EAGLE-1 draft model SGLang loads
+        assert path == out
+        info = json.loads((out / "longtail_export.json").read_text())
+        assert info["exact"] and info["engine"] == "sglang"
+        assert info["source"]["drafter_version"] == 2
+        config = json.loads((out / "config.json").read_text())
+        assert config["architectures"] == ["Qwen2ForCausalLMEagle"]
+        assert (out / "model.safetensors").is_file()
+        assert "exported for sglang" in caplog.text
+        return
+    release.set()
+    assert path == version and not out.exists()  # the version's own directory
+    assert "not exported" in caplog.text
+    why = "input RMSNorm" if case == "longtail" else "the export took over 0.2 s"
+    assert why in caplog.text
 
 
 def sink_wait(value: Any, timeout_s: float = 30.0) -> Any:

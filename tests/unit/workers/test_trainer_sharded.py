@@ -90,6 +90,7 @@ def test_one_update_at_world_2_equals_world_1(two_ranks: tuple[dict[str, Any], P
     stats = policy.train(first, 1)
     assert stats.loss == pytest.approx(got["stats1"].loss, rel=LOSS_RTOL)
     assert stats.grad_norm == pytest.approx(got["stats1"].grad_norm, rel=LOSS_RTOL)
+    assert stats.entropy == pytest.approx(got["stats1"].entropy, rel=LOSS_RTOL)  # summed
     assert stats.tokens == got["stats1"].tokens and stats.sequences == got["stats1"].sequences
     assert got["stats1"].micro_batches >= 3  # rank 0 and rank 1 each packed their own rows
     assert_close_states(got["full1"], policy.full_state() or {})

@@ -51,7 +51,8 @@ def step_rows(n: int, seed: int = 0) -> list[StepRow]:
             "accepted_length_by_source": {"learned": 3.6} if spec_on else {},
             "train_loss": -0.36, "train_kl_ref": 0.001 * step, "train_approx_kl": 2.6e-9,
             "train_clip_fraction": 0.0, "train_grad_norm": 0.3 + 0.01 * step,
-            "train_learning_rate": 1e-4, "trainer_harvested_s": 0.0,
+            "train_learning_rate": 1e-4, "train_entropy": 0.9 - 0.02 * step,
+            "trainer_harvested_s": 0.0,
             "response_lengths": lengths, "prompt_lengths": [30] * 64,
         }  # fmt: skip
         if step % 5 == 0:
@@ -86,10 +87,26 @@ def wandb_records(path: Path) -> Iterator[Any]:
             yield record
 
 
-def wandb_history(path: Path) -> dict[int, dict[str, float]]:
-    """The run file's history rows by ``_step``: key -> value."""
+def wandb_history(path: Path, timeout_s: float = 30.0) -> dict[int, dict[str, float]]:
+    """The run file's history rows by ``_step``: key -> value. Waits (bounded) for the run's
+    ``exit`` record: W&B's writer (the wandb-core process) may still be writing the file when
+    ``run.finish()`` has returned, and it writes the exit record last."""
     import json
+    import time
 
+    from google.protobuf.message import DecodeError
+
+    def finished() -> bool:
+        try:
+            return any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path))
+        except (OSError, AssertionError, struct.error, DecodeError):  # absent, or mid-write
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while not finished():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path}: no exit record within {timeout_s} s")
+        time.sleep(0.1)
     out: dict[int, dict[str, float]] = {}
     for record in wandb_records(path):
         if record.WhichOneof("record_type") == "history":

@@ -62,6 +62,7 @@ def step_figures(row: StepRow) -> dict[str, float]:
         "train/grad_norm": row.train.get("grad_norm"),
         "train/learning_rate": row.train.get("learning_rate"),
         "train/clip_fraction": row.train.get("clip_fraction"),
+        "policy/entropy": row.train.get("entropy"),
         "time/step_s": row.step_s,
         "time/rollout_s": row.rollout_s,
         "time/tail_s": row.tail_s,

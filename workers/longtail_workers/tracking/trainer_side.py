@@ -2,7 +2,8 @@
 
 Called by ``trainer/service.py`` (rank 0 only): :func:`start` opens the job's
 :class:`~longtail_workers.tracking.sink.Tracker` and logs the spec, :func:`finish` adds the
-newest published drafter version (what ``longtail drafter export`` takes) and ends the tracker
+drafter the service hands it (``trainer/drafter_artifact.py``: the newest published version,
+exported as ``longtail drafter export`` writes it where it exports exactly) and ends the tracker
 runs with the outcome. :class:`TrackingMetrics` counts failures, drops and buffered records
 (``longtail_api.metrics``: ``longtail_trainer_tracking_*``).
 """
@@ -53,20 +54,12 @@ def start(spec: RLJobSpec, run_dir: Path, ckpt_dir: Path, resumed_step: int | No
     return tracker
 
 
-def latest_drafter(drafters_dir: Path | None) -> Path | None:
-    """The newest published drafter version's directory (``drafter/registry.py`` layout)."""
-    if drafters_dir is None or not (drafters_dir / "LATEST").is_file():
-        return None
-    version = int((drafters_dir / "LATEST").read_text().strip())
-    path = drafters_dir / "versions" / f"{version:06d}"
-    return path if path.is_dir() else None
-
-
-def finish(tracker: Tracker, outcome: str, drafters_dir: Path | None) -> None:
-    """Log the newest drafter version and end the tracker runs (bounded wait)."""
+def finish(tracker: Tracker, outcome: str, drafter: Path | None) -> None:
+    """Log ``drafter`` (``trainer/drafter_artifact.py``'s choice: the exported drafter, or the
+    newest version's own directory; None: there is none) and end the tracker runs (bounded
+    wait)."""
     if not tracker.sinks:
         return  # the job tracks nothing
-    drafter = latest_drafter(drafters_dir)
     if drafter is not None:
         tracker.artifact(drafter, "drafter")
     if not tracker.close(outcome, FLUSH_TIMEOUT_S):

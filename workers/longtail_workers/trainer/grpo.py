@@ -3,7 +3,8 @@
 Pure torch functions, no I/O. The trainer's step driver calls :func:`group_advantages` on the
 verifier's rewards, :func:`sequence_logprobs` to score the rollouts under the current (and the
 reference) policy, and :func:`~longtail_workers.trainer.optim.train_step`, which calls
-:func:`grpo_loss`.
+:func:`sequence_logprobs_and_entropy` (the same scores plus the policy's token entropy, a
+diagnostic) and :func:`grpo_loss`.
 
 Conventions. A batch holds ``B`` sequences of ``T`` token positions (prompt + response, padded
 on either side). Per-token tensors are ``[B, T]`` and aligned with ``input_ids``: position
@@ -22,6 +23,10 @@ from torch import Tensor, nn
 # exp() of a log-ratio above this overflows float32 gradients long before it means anything;
 # veRL clamps at the same place.
 MAX_LOG_RATIO = 20.0
+ENTROPY_CHUNK_ELEMENTS = 1 << 24
+"""Most logits one step of :func:`token_entropy` turns into probabilities at once: its extra
+memory is a few float32 ``[rows, V]`` temporaries with ``rows * V`` at most this (one row if
+``V`` alone is larger), whatever the batch, so it never doubles the ``[B, T, V]`` logits."""
 
 
 def group_advantages(
@@ -80,6 +85,9 @@ class LossStats:
     ratio_mean: float
     tokens: int
     """Valid (response) tokens in this call."""
+    entropy: float = 0.0
+    """Mean entropy of the policy's tempered next-token distribution at the response tokens
+    (nats); 0 when no entropy is given. A diagnostic: it carries no gradient."""
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
@@ -95,6 +103,7 @@ def grpo_loss(
     kl_coef: float = 0.0,
     *,
     num_tokens: int | None = None,
+    entropy: Tensor | None = None,
 ) -> tuple[Tensor, LossStats]:
     """Token-level PPO-clipped GRPO loss, with an optional k3 KL penalty to a reference.
 
@@ -105,10 +114,11 @@ def grpo_loss(
     weighs the same and long answers are not down-weighted. Gradient accumulation passes the
     whole batch's token count as ``num_tokens`` so the micro-batch losses add up exactly.
 
-    Shapes: ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``mask`` ``[B, T]``;
-    ``advantages`` ``[B]``. Values at masked positions are ignored, even NaN or inf.
+    Shapes: ``logprobs``, ``old_logprobs``, ``ref_logprobs``, ``mask``, ``entropy`` (the
+    per-token entropy of :func:`sequence_logprobs_and_entropy`, only averaged into the stats)
+    ``[B, T]``; ``advantages`` ``[B]``. Values at masked positions are ignored, even NaN or inf.
     """
-    _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs)
+    _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, entropy)
     if not 0.0 < clip_ratio < 1.0:
         raise ValueError(f"clip_ratio must be in (0, 1), got {clip_ratio}")
     if kl_coef < 0:
@@ -146,6 +156,7 @@ def grpo_loss(
             approx_kl=_masked_mean(ratio - 1.0 - log_ratio, valid),
             ratio_mean=_masked_mean(ratio, valid),
             tokens=tokens,
+            entropy=0.0 if entropy is None else _masked_mean(entropy.detach(), valid),
         )
     return loss, stats
 
@@ -170,6 +181,71 @@ def sequence_logprobs(
     temperature: float = 1.0,
 ) -> Tensor:
     """Per-token log-probs ``[B, T]`` of ``input_ids`` under a HF causal LM, at ``temperature``.
+
+    What :func:`sequence_logprobs_and_entropy` computes, without the entropy.
+    """
+    return _score(model, input_ids, attention_mask, response_mask, temperature, False)[0]
+
+
+def sequence_logprobs_and_entropy(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_mask: Tensor,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Per-token log-probs and entropies ``[B, T]`` of ``input_ids`` under a HF causal LM.
+
+    The log-probs are :func:`sequence_logprobs`'s. ``entropy[b, t]`` is the entropy of the
+    tempered distribution the token at ``t`` was drawn from (:func:`token_entropy`, from the
+    same logits, under ``no_grad``; 0 off the response), as veRL logs it: the loss and its
+    gradients do not change.
+    """
+    logprobs, entropy = _score(model, input_ids, attention_mask, response_mask, temperature, True)
+    assert entropy is not None
+    return logprobs, entropy
+
+
+def token_entropy(
+    logits: Tensor, valid: Tensor, chunk_elements: int = ENTROPY_CHUNK_ELEMENTS
+) -> Tensor:
+    """Entropy ``H(softmax(logits[b, t]))`` in nats where ``valid[b, t]``, else 0: ``[B, T]``.
+
+        ``logits`` ``[B, T, V]`` (already divided by the temperature), ``valid`` ``[B, T]``. Only
+        the valid positions are computed, ``chunk_elements // V`` rows at a time (at least one), so
+        the extra memory is bounded by ``chunk_elements`` (:data:`ENTROPY_CHUNK_ELEMENTS`), not by
+        the batch. ``H = -sum(p log p)`` with ``p = softmax(z)``, in float32 at least, so a logit of
+    ``-inf`` (a token the model rules out) adds nothing rather than NaN. No gradient.
+    """
+    if logits.dim() != 3 or valid.shape != logits.shape[:2]:
+        raise ValueError(
+            f"logits must be [B, T, V] and valid [B, T]; got {tuple(logits.shape)} "
+            f"and {tuple(valid.shape)}"
+        )
+    if chunk_elements < 1:
+        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    out = torch.zeros(valid.shape, dtype=dtype, device=logits.device)  # [B, T]
+    rows, cols = torch.nonzero(valid, as_tuple=True)  # [N] each
+    step = max(1, chunk_elements // logits.shape[-1])
+    with torch.no_grad():
+        for start in range(0, rows.numel(), step):
+            r, c = rows[start : start + step], cols[start : start + step]
+            z = logits[r, c].detach().to(dtype)  # [n, V]: a copy of n rows only
+            p = torch.softmax(z, dim=-1)  # [n, V]
+            out[r, c] = -torch.special.xlogy(p, p).sum(dim=-1)  # a 0 probability adds 0
+    return out
+
+
+def _score(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_mask: Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) of :func:`sequence_logprobs_and_entropy`; see there.
 
     ``out[b, t] = log_softmax(logits[b, t - 1] / temperature)[input_ids[b, t]]`` where
     ``response_mask[b, t]``, else 0. The rollout sampled from ``softmax(logits / T)``, so the
@@ -207,7 +283,12 @@ def sequence_logprobs(
     targets = input_ids[:, 1:].unsqueeze(-1)  # [B, T-1, 1]
     picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [B, T-1]
     out = torch.cat([picked.new_zeros(picked.shape[0], 1), picked], dim=1)  # [B, T]
-    return torch.where(valid, out, out.new_zeros(()))
+    entropy = None
+    if with_entropy:  # position t's token was drawn from logits[:, t - 1]
+        entropy = torch.cat(
+            [picked.new_zeros(picked.shape[0], 1), token_entropy(logits, valid[:, 1:])], dim=1
+        )  # [B, T]
+    return torch.where(valid, out, out.new_zeros(())), entropy
 
 
 def _masked_mean(x: Tensor, valid: Tensor) -> float:
@@ -220,12 +301,15 @@ def _check_loss_inputs(
     advantages: Tensor,
     mask: Tensor,
     ref_logprobs: Tensor | None,
+    entropy: Tensor | None,
 ) -> None:
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T], got {tuple(logprobs.shape)}")
     named = {"old_logprobs": old_logprobs, "mask": mask}
     if ref_logprobs is not None:
         named["ref_logprobs"] = ref_logprobs
+    if entropy is not None:
+        named["entropy"] = entropy
     for name, tensor in named.items():
         if tensor.shape != logprobs.shape:
             raise ValueError(

@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from longtail_api.spec import AlgorithmSpec
 from longtail_workers.trainer.batch import GrpoBatch, micro_batches, shard_rows
-from longtail_workers.trainer.grpo import grpo_loss, sequence_logprobs
+from longtail_workers.trainer.grpo import grpo_loss, sequence_logprobs_and_entropy
 from longtail_workers.trainer.world import TrainerWorld
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,9 @@ class StepStats:
     clip_fraction: float
     approx_kl: float
     ratio_mean: float
+    entropy: float
+    """Mean entropy (nats) of the policy's tempered next-token distribution over the response
+    tokens, from the update's own forward passes (veRL's ``actor/entropy``)."""
     grad_norm: float
     """Global gradient norm before clipping."""
     grad_clipped: bool
@@ -159,7 +162,7 @@ class StepStats:
         return {k: float(v) for k, v in dataclasses.asdict(self).items()}
 
 
-_STAT_FIELDS = ("pg_loss", "kl_ref", "clip_fraction", "approx_kl", "ratio_mean")
+_STAT_FIELDS = ("pg_loss", "kl_ref", "clip_fraction", "approx_kl", "ratio_mean", "entropy")
 
 
 def train_step(
@@ -202,9 +205,9 @@ def train_step(
         _check_stop(stop, world, optimizer, f"before micro-batch {k + 1} of {passes}")
         real = k < len(mine)
         mb = (mine[k] if real else filler).to(device)
-        logprobs = sequence_logprobs(
+        logprobs, entropy = sequence_logprobs_and_entropy(
             model, mb.input_ids, mb.attention_mask, mb.response_mask, cfg.temperature
-        )  # [b, t]
+        )  # [b, t] each; the entropy carries no gradient
         loss, stats = grpo_loss(
             logprobs,
             mb.old_logprobs,
@@ -214,6 +217,7 @@ def train_step(
             ref_logprobs=mb.ref_logprobs,
             kl_coef=cfg.kl_coef,
             num_tokens=total_tokens,  # token-mean over the whole batch, not per micro-batch
+            entropy=entropy,
         )
         if not real:
             loss = loss * 0.0  # keeps the graph, so the pass's gradient reduction still runs

@@ -81,6 +81,7 @@ from longtail_workers.tracking.sink import Tracker
 from longtail_workers.tracking.trainer_side import TrackingMetrics
 from longtail_workers.trainer.checkpoint import latest_checkpoint
 from longtail_workers.trainer.dispatch import RolloutFailed
+from longtail_workers.trainer.drafter_artifact import EXPORT_DIR, drafter_artifact
 from longtail_workers.trainer.drafter_window import (
     TRAIN,
     WORKER_NAME,
@@ -525,7 +526,10 @@ def _drive(
         outcome = driver.run(start_step)
     finally:
         drafters = None if driver.registry is None else driver.registry.root
-        tracking.finish(tracker, outcome, drafters)
+        drafter = None
+        if tracker.sinks:  # the export is for the trackers only
+            drafter = drafter_artifact(drafters, driver.spec.model.path, run_dir / EXPORT_DIR)
+        tracking.finish(tracker, outcome, drafter)
     return outcome
 
 
