@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from longtail_api.manifest import validate_manifest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rl_step import compare_eval, mean, run_job, run_scratch  # the benchmarks' one runner
 
@@ -42,8 +44,15 @@ ARMS = ("frozen", "online", "history", "hybrid", "baseline")
 def strategies(doc: dict[str, Any], drafter: str) -> list[dict[str, Any]]:
     """The job's strategies (their depths) with every one drafting from ``drafter``; history
     strategies get one deeper depth as well (a lookup costs nothing per extra token)."""
-    found = doc["spec"]["speculative"].get("strategies") or [{"draftDepth": 4}]
-    depths = sorted({int(s.get("draftDepth", 4)) for s in found})
+    found = doc["spec"]["speculative"].get("strategies")
+    if found is None:  # the engine's set (defaulting.py): the depths of its learned strategies
+        result = validate_manifest(doc)
+        if result.spec is None:
+            raise SystemExit(f"the job is invalid: {'; '.join(map(str, result.errors))}")
+        resolved = result.spec.speculative.strategies
+        depths = sorted({st.draft_depth for st in resolved if st.drafter == "learned"})
+    else:
+        depths = sorted({int(s.get("draftDepth", 4)) for s in found})
     if drafter == "history":
         depths = sorted({*depths, 2 * depths[-1]})
     return [{"draftDepth": d, "drafter": drafter} for d in depths]

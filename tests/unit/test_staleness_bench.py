@@ -36,7 +36,9 @@ def test_every_arm_is_a_valid_job_that_changes_only_its_drafting(arm: str) -> No
     spec = result.spec
     assert spec.algorithm.total_steps == 20 and spec.algorithm.eval_every_steps == 20
     kinds = {s.drafter for s in spec.speculative.strategies}
-    shipped = {s.get("drafter", "learned") for s in base["spec"]["speculative"]["strategies"]}
+    as_shipped = validate_manifest(base).spec  # the example's strategies, or its engine's set
+    assert as_shipped is not None
+    shipped = {s.drafter for s in as_shipped.speculative.strategies}
     expected = {"frozen": {"learned"}, "online": {"learned"}, "history": {"history"},
                 "hybrid": {"hybrid"}, "baseline": shipped}[arm]  # fmt: skip
     assert kinds == expected
