@@ -135,8 +135,8 @@ def _field_schema(cls: type, f: dataclasses.Field[Any], tp: Any) -> dict[str, An
     if c.exclusive_maximum:
         out["exclusiveMaximum"] = True
     if DEFAULT_DOC_KEY in f.metadata:
-        pass  # defaulted from other fields after parsing (defaulting.py): stored as written
-    elif f.default is not dataclasses.MISSING and f.default is not None:
+        return out  # defaulted from other fields after parsing (defaulting.py): stored as written
+    if f.default is not dataclasses.MISSING and f.default is not None:
         out["default"] = f.default
     elif f.default_factory is not dataclasses.MISSING:
         out["default"] = _json_default(f.default_factory())

@@ -77,7 +77,7 @@ class LookingPool:
         self.seen: list[tuple[str, bool]] = []
 
     def revive(self) -> None:
-        pass
+        """Every worker is always up here: nothing to health-check."""
 
     def run(self, requests: list[Any], step: int, version: int, stop: threading.Event,
             group: int = 1, started: Any = None) -> RolloutOutcome:  # fmt: skip
