@@ -6,6 +6,7 @@ Called by ``bench/gpu/run.sh --suite rl`` (stage ``rl-step``) on a lent GPU, and
 
     rl_step_gpu.py --out DIR [--job FILE] [--steps N] [--eval-size K]
                    [--profile-deadline S] [--profile-args "..."] [--build-only]
+                   [--extra-arms history,engine-set] [--no-profile]
 
 ``--build-only`` stops after step 1: the suite's first call (``run.sh --suite rl-build``) builds
 into ``$LONGTAIL_CACHE_DIR`` inside the working tree, which the warm device machine keeps for the
@@ -22,8 +23,12 @@ second call (``--suite rl``), whose build step then only finds the cached builds
    (the two arms' outputs must be identical: lossless SD) and at step N. ``DIR/rl_step.json``,
    and each run's step rows in ``DIR/runs/<arm>/metrics.jsonl`` (replay them later with
    ``longtail simulate --lengths run:DIR/runs/<arm>``).
-3. **The profile**, of the job's own model on this machine, through ``bench/gpu/profile_gpu.py``
-   (per batch size, within ``--profile-deadline``) on the GPU, or ``longtail profile`` on CPU;
+   ``--extra-arms``: more arms after those two, each compared with the baseline run
+   (``history``: the history drafter alone; ``engine-set``: the engine's default strategy
+   set), in ``DIR/rl_step-extra.json``, rewritten as each arm ends.
+3. **The profile** (``--no-profile``: none, nor step 4), of the job's own model on this
+   machine, through ``bench/gpu/profile_gpu.py`` (per batch size, within
+   ``--profile-deadline``) on the GPU, or ``longtail profile`` on CPU;
    GRPO update timed on the Longtail run's median step. ``DIR/profile.json``.
 4. **The prediction**: every step of both runs replayed on that profile (``bench/
    sim_validate.py``'s comparison: each step's own lengths, the job's weight sync, the
@@ -54,7 +59,15 @@ from longtail_api.steprow import METRICS_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from rl_step import compare_arms, run_scratch  # noqa: E402  (the benchmarks' one runner)
+from rl_step import (  # noqa: E402  (the benchmarks' one runner)
+    compare_arms,
+    compare_eval,
+    figures,
+    run_job,
+    run_scratch,
+    step_lines,
+    step_records,
+)
 from sim_validate import compare_arm, table  # noqa: E402  (the one prediction-vs-run check)
 
 DEFAULT_JOB = ROOT / "examples" / "06-small-arith-gpu.yaml"
@@ -74,7 +87,70 @@ def build_parser() -> argparse.ArgumentParser:
         help="`longtail profile` options besides --model, --train-batch and --out",
     )
     ap.add_argument("--build-only", action="store_true", help="build the job's models and stop")
+    ap.add_argument(
+        "--extra-arms",
+        default="",
+        help=f"comma-separated arms run after the two ({', '.join(EXTRA_ARMS)}), each compared "
+        "with the baseline and written as it ends",
+    )
+    ap.add_argument("--no-profile", action="store_true", help="skip the profile and prediction")
     return ap
+
+
+EXTRA_ARMS = {
+    "history": "history drafter alone (strategies history 4/8, no drafter, no harvest)",
+    "engine-set": "the engine's default strategy set (the job's strategies removed)",
+}
+
+
+def extra_arm_job(job: Path, arm: str, dest: Path) -> Path:
+    """``job`` changed into the extra ``arm``'s job (see :data:`EXTRA_ARMS`), written to
+    ``dest``."""
+    doc = yaml.safe_load(job.read_text())
+    spec = doc["spec"]
+    if arm == "history":
+        spec["speculative"]["strategies"] = [
+            {"draftDepth": 4, "drafter": "history"}, {"draftDepth": 8, "drafter": "history"}
+        ]  # fmt: skip
+        spec["drafterTraining"] = {"enabled": False}
+        spec["harvest"] = {"enabled": False}
+    elif arm == "engine-set":
+        spec["speculative"].pop("strategies", None)
+    else:
+        raise SystemExit(f"--extra-arms: unknown arm {arm!r} (use {', '.join(EXTRA_ARMS)})")
+    dest.write_text(yaml.safe_dump(doc))
+    return dest
+
+
+def run_extra_arms(args: argparse.Namespace, job: Path, tmp: Path) -> None:
+    """Each of ``--extra-arms`` after the two, compared with the baseline run just before
+    (figures, step and rollout ratios, the step-0 greedy eval); ``DIR/rl_step-extra.json``
+    rewritten after every arm."""
+    base = json.loads((args.out / "rl_step.json").read_text())["baseline"]
+    record: dict[str, Any] = {"baseline": base, "arms": {}}
+    for arm in [a for a in args.extra_arms.split(",") if a]:
+        arm_job = extra_arm_job(job, arm, tmp / f"job-{arm}.yaml")
+        t0 = time.perf_counter()
+        run = run_job(arm_job, tmp / arm, baseline=False)
+        print(f"\n{arm}: {EXTRA_ARMS[arm]}, per step (seconds)")
+        print("\n".join(step_lines(run["rows"])))
+        f = figures(run)
+        record["arms"][arm] = {
+            "what": EXTRA_ARMS[arm],
+            "seconds": time.perf_counter() - t0,
+            "figures": f,
+            "step_time_ratio": base["mean_step_s"] / f["mean_step_s"],
+            "step_time_ratio_from_2": base["mean_step_s_from_2"] / f["mean_step_s_from_2"],
+            "rollout_time_ratio": base["mean_rollout_s"] / f["mean_rollout_s"],
+            "rollout_time_ratio_from_2": base["mean_rollout_s_from_2"] / f["mean_rollout_s_from_2"],
+            "eval_step0_vs_baseline": compare_eval(tmp / arm, tmp / "baseline"),
+            "per_step": step_records(run["rows"]),
+        }
+        (args.out / "rl_step-extra.json").write_text(json.dumps(record, indent=2) + "\n")
+        keep = args.out / "runs" / arm
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp / arm / METRICS_FILE, keep / METRICS_FILE)
+        print(json.dumps({k: v for k, v in record["arms"][arm].items() if k != "per_step"}))
 
 
 def session_job(job: Path, steps: int, eval_size: int, dest: Path) -> Path:
@@ -148,6 +224,12 @@ def main(argv: list[str]) -> int:
             evals = tmp / arm / "eval"  # the greedy texts the step-0 comparison read
             for path in sorted(evals.glob("step-*.jsonl")) if evals.is_dir() else []:
                 shutil.copy(path, args.out / "runs" / arm / f"eval-{path.name}")
+        t0 = time.perf_counter()
+        run_extra_arms(args, job, tmp)
+        timings["extra_arms_s"] = time.perf_counter() - t0
+        if args.no_profile:
+            print(f"timings: {json.dumps(timings)}")
+            return 0
         t0 = time.perf_counter()
         model = yaml.safe_load(job.read_text())["spec"]["model"]["path"]
         take_profile(args, model, tmp / "longtail", args.out / "profile.json")
