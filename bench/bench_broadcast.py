@@ -28,10 +28,12 @@ import torch.distributed as dist
 from weight_sync import qwen2_shapes, timed
 
 from longtail_workers.trainer.row_gather import RowGather, RowGatherer, one_ahead, row_split
-from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
+from longtail_workers.weights.broadcast import Broadcast
 from longtail_workers.weights.broadcast_source import BroadcastSource
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
 from longtail_workers.weights.pieces import HASH_THREADS, canonical_layout
+from longtail_workers.weights.plan import BroadcastConfig
+from longtail_workers.weights.store import WeightStore, publish_state_dict
 from longtail_workers.weights.sync import TensorMeta
 
 RECEIVERS = ("rollout-0", "rollout-1")
@@ -131,8 +133,10 @@ def one_broadcast(
     ordered, scratch = layout(shape)
     procs: list[subprocess.Popen[str]] = []
     spooled = tempfile.TemporaryDirectory()  # the trainer's --weight-spool-dir
-    server = WeightServer(keep_last=1, spool_dir=Path(spooled.name) if spool else None).start()
-    publisher = BroadcastPublisher(server, 0, BroadcastConfig(bucket_bytes, phase_timeout_s=300))
+    publisher = WeightStore(keep_last=1, spool_dir=Path(spooled.name) if spool else None)
+    server = WeightServer(publisher).start()
+    broadcast = Broadcast(0, BroadcastConfig(bucket_bytes, phase_timeout_s=300))
+    publisher.attach(broadcast)
     reports: queue.Queue[dict[str, Any]] = queue.Queue()
     try:
         world2 = protocol == "broadcast-w2"
@@ -144,11 +148,11 @@ def one_broadcast(
                 timeout=datetime.timedelta(seconds=600),
             )  # fmt: skip
         for name in RECEIVERS:
-            args = ["--receiver", f"127.0.0.1:{publisher.port}", name, server.url, shape]
+            args = ["--receiver", f"127.0.0.1:{broadcast.port}", name, server.url, shape]
             procs.append(_start(script, args))
             threading.Thread(target=_read, args=(procs[-1], reports), daemon=True).start()
         deadline = time.monotonic() + 120
-        while set(publisher.roster.live()) != set(RECEIVERS):
+        while set(broadcast.roster.live()) != set(RECEIVERS):
             if time.monotonic() > deadline:
                 raise RuntimeError("the receivers did not register within 120 s")
             time.sleep(0.1)
@@ -176,8 +180,10 @@ def one_broadcast(
             dist.broadcast(torch.zeros(1, dtype=torch.int64), src=0)
             dist.destroy_process_group()
         tiny = {"x": torch.zeros(8, dtype=torch.bfloat16)}
-        overhead_s, _, _ = timed(lambda: publisher.publish(repeat + 2, tiny))
-        overhead_s = min(overhead_s, timed(lambda: publisher.publish(repeat + 3, tiny))[0])
+        overhead_s, _, _ = timed(lambda: publish_state_dict(publisher, repeat + 2, tiny))
+        overhead_s = min(
+            overhead_s, timed(lambda: publish_state_dict(publisher, repeat + 3, tiny))[0]
+        )
         sample = scratch.view(torch.uint8).numpy().data.cast("B")
         hash_s, _, _ = timed(lambda: hashlib.sha256(sample).digest())
     finally:
@@ -185,8 +191,7 @@ def one_broadcast(
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=30)
-        publisher.close()
-        server.stop()
+        publisher.close()  # its deliveries: the broadcast and the weight server
         spooled.cleanup()
     return _row(shape, protocol, rows, overhead_s, len(sample) / hash_s)
 

@@ -45,7 +45,7 @@ from longtail_api.policies import DrafterTrainingSpec, SelectorSpec, Speculative
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.engine.native.torch_engine import TorchEngine
 from longtail_workers.rollout.control import RolloutWorker
 from longtail_workers.tasks.arith import ArithConfig, generate
 

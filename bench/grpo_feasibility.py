@@ -29,7 +29,7 @@ import torch
 from longtail_api.spec import AlgorithmSpec, DatasetSpec
 from longtail_workers.data import iterate_batches, resolve_dataset
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.engine.native.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.models.loading import load_policy
 from longtail_workers.rewards import get_reward
 from longtail_workers.rewards.extract import extract_final_answer

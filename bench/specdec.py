@@ -55,8 +55,8 @@ from longtail_api.policies import DrafterKind, SelectorSpec, SpeculativeSpec, St
 from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult
+from longtail_workers.engine.native.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.engine.stats import RolloutStats
-from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.models.loading import load_policy
 from longtail_workers.tasks import arith
 from longtail_workers.warmstart.fit import collect_training_sequences, fit_drafter

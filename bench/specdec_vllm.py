@@ -36,8 +36,8 @@ import torch
 
 from longtail_workers.drafter.checkpoint import load_drafter, save_drafter
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
-from longtail_workers.engine.vllm_engine import VllmEngine, VllmEngineConfig
+from longtail_workers.engine.native.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.engine.vllm.vllm_engine import VllmEngine, VllmEngineConfig
 from longtail_workers.models.loading import resolve_model_path
 from longtail_workers.tasks import arith
 

@@ -11,7 +11,7 @@ process while the push runs (RSS growth, sampled every 5 ms).
 * ``blob``: the push before #33, as ``vllm_ext.longtail_load_policy`` did it: the whole state
   dict serialised to one safetensors blob, loaded back into tensors in vLLM's worker and
   applied with one ``reload_weights`` call.
-* ``buckets``: ``VllmEngine.policy_loaded(bucket_bytes=...)`` (``engine/vllm_push.py``):
+* ``buckets``: ``VllmEngine.policy_loaded(bucket_bytes=...)`` (``engine/vllm/vllm_push.py``):
   buckets of references to the torch copy's tensors inside one layerwise reload.
 """
 
@@ -82,7 +82,7 @@ def one(name: str, method: str, repeat: int, bucket_mb: int) -> dict[str, Any]:
     """Measure one (model, method) pair in this process; returns its row."""
     from safetensors.torch import load
 
-    from longtail_workers.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from longtail_workers.engine.vllm.vllm_engine import VllmEngine, VllmEngineConfig
     from longtail_workers.weights.checksum import serialize_state_dict
 
     torch.set_num_threads(2)

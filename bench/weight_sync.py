@@ -24,7 +24,7 @@ it from there (only the package name in their imports is rewritten); the HTTP se
 client modules they use are today's. ``new`` is the package in this tree. Each (shape,
 protocol) runs in a fresh Python process so memory figures do not mix.
 
-``broadcast`` (world 1) runs the tree's :class:`BroadcastPublisher` in that process and two
+``broadcast`` (world 1) runs the tree's store with its :class:`Broadcast` in that process and two
 receivers (:class:`BroadcastSource`, each its own process, started with ``--receiver``) on real
 gloo groups over loopback. The trainer's tensor stream yields views of one scratch tensor as
 large as the largest tensor, in canonical order (the bytes differ from the 'old'/'new' rows'
@@ -50,6 +50,7 @@ and 400 Gb/s InfiniBand from the measured phase rates, with its assumptions prin
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -164,10 +165,19 @@ def one(shape: str, protocol: str, repeat: int, old_rev: str, spool: bool) -> di
         state = qwen2_state(shape)
         totals, pauses, publishes, extras, nbytes = [], [], [], [], 0
         where = {"spool_dir": Path(tmp)} if spool and protocol != "old" else {}
-        with mod.WeightServer(keep_last=1, **where) as server:
+        if protocol == "old":  # its server published (today's store does, with deliveries)
+            server = mod.WeightServer(keep_last=1)
+            publish = server.publish
+        else:
+            from longtail_workers.weights.store import WeightStore, publish_state_dict
+
+            store = WeightStore(keep_last=1, **where)
+            server = mod.WeightServer(store)
+            publish = functools.partial(publish_state_dict, store)
+        with server:
             client = mod.HttpWeightClient(server.url, timeout_s=600.0)
             for version in range(1, repeat + 2):  # the first round warms up
-                pub_s, extra, _ = timed(lambda v=version: server.publish(v, state))
+                pub_s, extra, _ = timed(lambda v=version: publish(v, state))
                 t0 = time.perf_counter()
                 _, pulled = client.fetch(version)
                 with torch.no_grad():

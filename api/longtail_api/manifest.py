@@ -86,6 +86,9 @@ class ValidationResult:
     """The parsed spec with defaults filled in; None when it could not be built."""
     errors: list[FieldError] = field(default_factory=list)
     """Every problem found, field-level first, then cross-field."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """metadata.labels (string values only): what the job asks of the cluster beside its spec
+    (Kueue's queue label), for checks that need them (``rules.placement_errors``)."""
 
     @property
     def ok(self) -> bool:
@@ -133,7 +136,13 @@ def validate_manifest(obj: Any) -> ValidationResult:
     if spec is not None:
         spec = apply_defaults(spec, obj["spec"])
         errors += rules.check(spec, field_errors)
-    return ValidationResult(name if isinstance(name, str) else None, spec, errors)
+    raw_labels = meta.get("labels") if isinstance(meta, dict) else None
+    labels = (
+        {str(k): v for k, v in raw_labels.items() if isinstance(v, str)}
+        if isinstance(raw_labels, dict)
+        else {}
+    )
+    return ValidationResult(name if isinstance(name, str) else None, spec, errors, labels)
 
 
 def validate_file(path: str | Path) -> list[ValidationResult]:

@@ -145,12 +145,13 @@ class SpeculativeSpec:
     history: HistorySpec = spec_field(default_factory=HistorySpec)
     """The history drafter's index (strategies with ``drafter: history`` or ``hybrid``)."""
     drafter_context_window: int | None = spec_field(None, minimum=1, maximum=1_048_576)
-    """Sliding window of the drafter's own attention, in tokens; empty: the whole answer so far
-    (the drafter reads the answer, never the prompt, as it is trained).
-    When SD switches on the drafter re-reads at most this many recent tokens per sequence, and
-    its cache is cut back to this many whenever it doubles, so switching on and each draft step
-    cost O(window) instead of O(context): a bound for very long answers. Shorter windows can
-    lower the accepted length (docs/performance.md)."""
+    """Sliding window of the drafter's own attention, in tokens of the answer; empty: the whole
+    answer so far (the drafter reads the answer, never the prompt, as it is trained).
+    Each draft step attends to at most this many of the answer's newest tokens, and when SD
+    switches on the drafter re-reads at most this many per sequence, so switching on and each
+    draft step cost O(window) instead of O(context): a bound for very long answers. Shorter
+    windows can lower the accepted length (docs/performance.md). The torch engine only (vLLM
+    drafts over the whole context, docs/vllm.md)."""
 
 
 @dataclass

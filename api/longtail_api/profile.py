@@ -197,9 +197,9 @@ class EngineProfile:
     Empty (a profile written before the history drafter, vLLM, the roofline): the simulator
     charges the speculative step less its k draft steps."""
     history_propose: list[StepPoint] = field(default_factory=list)
-    """Host seconds of one row's history proposal (``engine/history.py``: the longest match of
-    the answer's newest tokens and its continuation) with ``context`` tokens in the answer and
-    ``tokens`` = the depth k asked for; ``batch`` is 1: a step pays its rows x this. Empty: not
+    """Host seconds of one row's history proposal (``engine/native/history.py``: the longest
+    match of the answer's newest tokens and its continuation) with ``context`` tokens in the answer
+    and ``tokens`` = the depth k asked for; ``batch`` is 1: a step pays its rows x this. Empty: not
     measured (the simulator then uses its documented default, with a note)."""
     accepted_length: dict[str, float] = field(default_factory=dict)
     """Accepted length (accepted drafts + 1) per draft source (``learned``, ``history``: every

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from longtail_api.context import BUILTIN_MODEL_POSITIONS, context_error
-from longtail_api.scheduling import gang_problems
+from longtail_api.scheduling import GangSpec, gang_problems, scheduling_problems
 from longtail_api.spec import REWARD_NAME_HINT, REWARD_NAME_PATTERN, RLJobSpec
+from longtail_api.topology import KUEUE_QUEUE_LABEL, duplicate_problems
 from longtail_api.tracking import tracking_errors
 from longtail_api.validation import FieldError
 
@@ -249,10 +250,45 @@ def _roles(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
         )
 
 
+def _elastic(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    rollout = s.rollout
+    if rollout.min_replicas is not None and rollout.min_replicas > rollout.replicas:
+        yield (
+            FieldError(
+                "spec.rollout.minReplicas",
+                f"more than rollout.replicas ({rollout.replicas})",
+                rollout.min_replicas,
+                "set minReplicas to at most replicas, or leave it empty for a fixed set",
+            ),
+            ("spec.rollout.minReplicas", "spec.rollout.replicas"),
+        )
+
+
 def _gang(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
     gang = s.scheduling.gang
     for field, why, fix in gang_problems(gang) if gang is not None else []:
         yield FieldError(f"spec.scheduling.gang.{field}", why, fix=fix), ("spec.scheduling.gang",)
+
+
+def _topology(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
+    for field, why, fix in duplicate_problems(s.scheduling.topology):
+        yield FieldError(f"spec.scheduling.{field}", why, fix=fix), ("spec.scheduling.topology",)
+
+
+def placement_errors(
+    spec: RLJobSpec, labels: Mapping[str, str], gang: GangSpec | None
+) -> list[FieldError]:
+    """What the job's placer cannot express of ``spec.scheduling.topology``: not a rule of the
+    spec alone, so not in :data:`RULES`. ``labels``: the RLJob's (its Kueue queue label);
+    ``gang``: the gang it is placed by, the install's default included
+    (``scheduling.effective_gang``). The operator reports these as it reports a gang backend
+    its install does not manage (``placement.refusals``); a worker reading the job's ConfigMap,
+    which has no labels, must not check them."""
+    kueue = KUEUE_QUEUE_LABEL in labels
+    return [
+        FieldError(f"spec.scheduling.{field}", why, fix=fix)
+        for field, why, fix in scheduling_problems(spec.scheduling, gang, kueue)
+    ]
 
 
 def _context(s: RLJobSpec) -> Iterator[tuple[FieldError, tuple[str, ...]]]:
@@ -310,7 +346,9 @@ RULES: tuple[Rule, ...] = (
     _history,
     _harvest,
     _roles,
+    _elastic,
     _gang,
+    _topology,
     _context,
 )
 

@@ -6,7 +6,9 @@ Volcano, the scheduler-plugins coscheduling plugin, NVIDIA's KAI scheduler or co
 gang scheduling (``scheduling.k8s.io/v1alpha2``, alpha in 1.35/1.36, behind the
 ``GenericWorkload`` and ``GangScheduling`` gates); the operator's install may set a default
 (:class:`DefaultGang`, from the chart's ``scheduling.defaultGang``) that ``backend: none`` opts
-a job out of. The operator
+a job out of. The block also holds the pods' ``priorityClassName`` and the topology request
+(``topology.py``: its entries, and what each placer can express, :func:`scheduling_problems`;
+issue #52). The operator
 (``longtail_operator.gang``) turns this block into one group object per RLJob and the pods'
 labels, annotations and ``schedulerName``; ``spec.py`` holds it in :class:`RLJobSpec`, the
 CRD and the reference docs are generated from it. Frozen while the job runs (a change applies
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from longtail_api.fields import spec_field
+from longtail_api.topology import TopologySpec, topology_problems
 
 GangBackend = Literal["volcano", "coscheduling", "kai", "kubernetes", "none"]
 BACKENDS: tuple[str, ...] = ("volcano", "coscheduling", "kai", "kubernetes")
@@ -46,6 +49,8 @@ QUEUED_BACKENDS = ("volcano", "kai")
 """Backends with queues; the others refuse ``queue``."""
 
 _NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A DNS-1123 subdomain: the name of a PriorityClass (and of most cluster objects)."""
 
 
 @dataclass
@@ -72,6 +77,12 @@ class GangSpec:
     """How long coscheduling waits for the whole gang before it gives the pods' reservations
     back and retries (its ``scheduleTimeoutSeconds``). The other backends use their own
     (kube-scheduler's gang plugin: a fixed 5 minutes in 1.36)."""
+    topology_name: str | None = spec_field(
+        None, pattern=DNS_SUBDOMAIN, pattern_hint="a KAI Topology name", max_length=253
+    )
+    """KAI only: the cluster's KAI ``Topology`` object (``kai.scheduler/v1alpha1``) whose
+    levels ``scheduling.topology`` names; needed when the job asks for a topology with
+    ``backend: kai``."""
 
     def resolved_scheduler(self) -> str:
         return self.scheduler_name or DEFAULT_SCHEDULER[self.backend]
@@ -109,6 +120,9 @@ def gang_problems(gang: GangSpec) -> list[tuple[str, str, str]]:
     if gang.queue and gang.backend not in QUEUED_BACKENDS:
         why = f"{gang.backend} has no queues, but queue is {gang.queue!r}"
         return [("queue", why, "remove the queue, or use backend volcano or kai")]
+    if gang.topology_name and gang.backend != "kai":
+        why = f"only KAI names a Topology object, but the backend is {gang.backend!r}"
+        return [("topologyName", why, "remove topologyName, or use backend kai")]
     return []
 
 
@@ -130,3 +144,26 @@ class SchedulingSpec:
     gang: GangSpec | None = spec_field(None)
     """Gang placement; absent: the operator's default (chart value
     ``scheduling.defaultGang``), if it sets one, else the pods are scheduled one by one."""
+    priority_class_name: str | None = spec_field(
+        None, pattern=DNS_SUBDOMAIN, pattern_hint="a PriorityClass name", max_length=253
+    )
+    """The ``PriorityClass`` of every pod of the job (``priorityClassName``; the gang's group
+    object and, without a ``kueue.x-k8s.io/priority-class`` label, the Kueue Workload's
+    priority too). Empty: the cluster's default class, if any, else priority 0."""
+    topology: list[TopologySpec] = spec_field(default_factory=list, max_items=3)
+    """Groups of the job's pods to place within one topology domain (a node label's value),
+    at most one entry per group; empty: no topology request. Placed by Kueue when the job has
+    a queue label, else by the gang backend (volcano, kai, kubernetes; coscheduling has
+    none)."""
+
+
+def scheduling_problems(
+    scheduling: SchedulingSpec, gang: GangSpec | None, kueue: bool
+) -> list[tuple[str, str, str]]:
+    """``(field under spec.scheduling, what is wrong, fix)`` of the topology against what
+    places the job: ``gang`` the gang in use (:func:`effective_gang`; None: none), ``kueue``
+    the job is admitted through Kueue. The operator calls it with the install's default gang
+    too, which ``rules.py`` cannot see."""
+    backend = gang.backend if gang is not None and gang.backend != "none" else None
+    kai = gang.topology_name if gang is not None else None
+    return topology_problems(scheduling.topology, backend, kueue, kai)

@@ -187,7 +187,20 @@ class RolloutSpec(RoleSpec):
     train the drafter on their idle GPUs."""
 
     replicas: int = spec_field(2, minimum=1, maximum=4096)
-    """Number of rollout worker pods."""
+    """Number of rollout worker pods the job wants (its most)."""
+    min_replicas: int | None = spec_field(None, minimum=1, maximum=4096)
+    """Fewest rollout workers the job runs with (elastic rollout, docs/scheduling.md). Empty:
+    ``replicas`` (a fixed set, as before). Between this and ``replicas`` the job starts with
+    the rollout workers it can get (with Kueue: partial admission down to this many), a rollout
+    worker evicted, preempted or deleted shrinks the job instead of failing it (not charged to
+    ``backoffLimit``; a worker that crashes by itself still is), and workers that come back
+    join at the next step. ``longtail run`` has no capacity to wait for: it goes on while at
+    least this many rollout workers live (empty: one), see docs/local-mode.md."""
+    below_min_grace_seconds: float = spec_field(300.0, minimum=0.0, maximum=86_400.0)
+    """How long the job runs on with fewer than ``minReplicas`` rollout workers before it
+    checkpoints and waits for capacity (with Kueue: gives its quota back, as an evicted job
+    does); ``longtail run`` stops with a checkpoint instead."""
+
     engine: Engine = spec_field("torch")
     """Generation backend: ``torch`` (native engine, CPU or GPU) or ``vllm`` (vLLM 0.32 with
     Longtail's online drafter hot-swapped into it; CPU or GPU; docs/vllm.md)."""
@@ -198,6 +211,10 @@ class RolloutSpec(RoleSpec):
     died. A hung worker (a stopped process, a frozen node) rejoins at a later step once it
     answers again. Its HTTP server answers while the engine generates; raise this only for
     networks with pauses this long."""
+
+    def fewest(self) -> int:
+        """``min_replicas``, or ``replicas`` when it is empty."""
+        return self.replicas if self.min_replicas is None else self.min_replicas
 
 
 @dataclass
@@ -258,7 +275,8 @@ class RLJobSpec:
     weight_sync: WeightSyncSpec = spec_field(default_factory=WeightSyncSpec)
     """How policy versions reach the rollout workers (HTTP pieces or a bucketed broadcast)."""
     scheduling: SchedulingSpec = spec_field(default_factory=SchedulingSpec)
-    """How the pods are placed: gang placement by Volcano, coscheduling or KAI."""
+    """How the pods are placed: gang placement (Volcano, coscheduling, KAI, core Kubernetes),
+    topology domains and the pods' priority class."""
     tracking: TrackingSpec = spec_field(default_factory=TrackingSpec)
     """Experiment trackers (TensorBoard, MLflow, Weights & Biases) the trainer logs to."""
     suspend: bool = spec_field(False)

@@ -35,12 +35,15 @@ CONDITION_TYPES: tuple[str, ...] = (
     "ValidationFailed",
     "SpecAccepted",
     "Queued",
+    "RolloutCapacity",
 )
 """Condition types the operator sets (``<Role>Ready`` per role). ``SpecAccepted``: whether the
 job runs the spec as written (True ``Accepted``), or, False, still the last accepted one:
 ``InvalidSpec`` (the edit fails validation), ``ImmutableFieldChanged`` (a frozen field changed
 while the job runs, ``longtail_api.mutability``) or ``WaitingForPodsToStop`` (a frozen change
-while suspended, applied once the job's pods are gone)."""
+while suspended, applied once the job's pods are gone). ``RolloutCapacity`` (elastic rollout,
+``spec.rollout.minReplicas`` set): True while at least ``minReplicas`` rollout workers are
+ready, False ``BelowMinReplicas`` naming the counts."""
 
 SPEC_ACCEPTED = "SpecAccepted"
 
@@ -186,6 +189,43 @@ class WeightSyncStatus:
 
 
 @dataclass
+class RolloutShrink:
+    """Rollout workers the job lost without a crash of their own, or by one (elastic rollout)."""
+
+    time: str = spec_field()
+    """When the operator saw it (RFC 3339)."""
+    reason: str = spec_field(max_length=1024)
+    """CamelCase: ``PodDeleted`` (deleted or evicted through the Eviction API by someone else:
+    a drain, a preemption; not charged to ``backoffLimit``), ``PodEvicted`` (the kubelet or a
+    controller marked it evicted or disrupted; not charged) or ``PodFailed`` (its container
+    failed by itself; charged to ``backoffLimit``)."""
+    pods: list[str] = spec_field(default_factory=list)
+    """The rollout pods lost."""
+    message: str = spec_field("", max_length=1024)
+    """What happened, for people."""
+
+
+@dataclass
+class RolloutCapacityStatus:
+    """The rollout workers an elastic job wants, was given and has (``spec.rollout.minReplicas``
+    set; absent otherwise)."""
+
+    desired: int = spec_field(0, minimum=0)
+    """``spec.rollout.replicas``: the most the job runs with."""
+    min_replicas: int = spec_field(0, minimum=0)
+    """``spec.rollout.minReplicas``: the fewest it runs with."""
+    admitted: int | None = spec_field(None, minimum=0)
+    """Rollout pods Kueue admitted (its partial admission); absent without Kueue."""
+    ready: int = spec_field(0, minimum=0)
+    """Ready rollout workers now."""
+    below_min_since: str | None = spec_field(None)
+    """Since when fewer than ``minReplicas`` are ready after the job had them (RFC 3339);
+    past ``belowMinGraceSeconds`` the job checkpoints and waits."""
+    last_shrink: RolloutShrink | None = spec_field(None)
+    """The newest loss of rollout workers, and why."""
+
+
+@dataclass
 class RLJobStatus:
     """Observed state of an RLJob."""
 
@@ -218,6 +258,9 @@ class RLJobStatus:
     """Per worker: assigned versus observed role."""
     weight_sync: WeightSyncStatus = spec_field(default_factory=WeightSyncStatus)
     """The weight-sync transport and each rollout worker's held policy version."""
+    rollout: RolloutCapacityStatus | None = spec_field(None)
+    """Elastic rollout: desired, admitted and ready rollout workers and the last shrink
+    (absent unless ``spec.rollout.minReplicas`` is set)."""
     start_time: str | None = spec_field(None)
     """When the job started running (RFC 3339)."""
     completion_time: str | None = spec_field(None)

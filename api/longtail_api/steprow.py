@@ -25,7 +25,8 @@ METRICS_FILE = "metrics.jsonl"
 TRAIN_PREFIX = "train_"
 """Prefix of the optimizer statistics' keys (``train_loss``, ``train_grad_norm``, ...)."""
 _OPTIONAL = ("trainer_harvested_s", "eval_accuracy", "eval_sampled_accuracy", "idle_s",
-             "harvested_s", "drafter_candidates", "drafter_unpublished", "reward_std")  # fmt: skip
+             "harvested_s", "drafter_candidates", "drafter_unpublished", "reward_std",
+             "rollout_workers")  # fmt: skip
 SYNC_PHASES = ("gather", "pack", "wire", "load", "pause")
 """The phases of one policy version's weight sync, in order (metric labels, row keys
 ``sync_<phase>_s``, docs): ``gather`` (the trainer producing whole tensors: a sharded trainer's
@@ -39,7 +40,8 @@ _SYNC = ("sync_version", "sync_transport", "sync_bytes", "sync_gb_per_s",
          *(f"sync_{p}_s" for p in SYNC_PHASES))  # fmt: skip
 _BY_SOURCE = ("sd_fraction_by_source", "accepted_length_by_source")
 # Per-answer lists come last in a row: they are long, and not CSV columns.
-_LISTS = ("response_lengths", "prompt_lengths", "answer_spec_steps", "answer_accepted_drafts")
+_LISTS = ("response_lengths", "prompt_lengths", "answer_spec_steps", "answer_accepted_drafts",
+          "answer_ids", "answer_workers")  # fmt: skip
 
 
 @dataclass
@@ -88,6 +90,11 @@ class StepRow:
     """Requests sent again to another worker after theirs failed."""
     failed_workers: list[str] = field(default_factory=list)
     """Rollout workers that failed during the step, sorted."""
+    rollout_workers: Count | None = None
+    """Rollout workers present when the step's rollout ended (live in the trainer's pool, not
+    marked down): a lost worker leaves the count at the step that lost it, a returning one
+    counts from the step it answers again (elastic rollout). None: a row written before it was
+    recorded."""
     drafter_candidates_rejected: Count = 0
     """Drafter candidates the trainer refused during the step (all reasons)."""
     drafter_refused: dict[str, Count] = field(default_factory=dict)
@@ -154,6 +161,12 @@ class StepRow:
     """Draft tokens accepted for every answer over those steps: its accepted length is
     ``1 + accepted / steps``, which the simulator replays per answer (the long answers of the
     tail accept fewer than the step's mean)."""
+    answer_ids: list[str] = field(default_factory=list)
+    """Each answer's request id as the worker sent it back (``s<step>-p<prompt>-g<answer>``),
+    in request order: every request of the step is answered once, re-dispatched or not."""
+    answer_workers: list[str] = field(default_factory=list)
+    """The rollout worker whose answer the step kept, per answer in request order (a lost
+    worker's share shows the workers it was re-dispatched to)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON line's object; optional fields without a value are left out."""

@@ -32,9 +32,9 @@ import torch
 from longtail_api.manifest import validate_file
 from longtail_workers.data.loader import resolve_dataset
 from longtail_workers.data.prompts import format_example
-from longtail_workers.engine.config import EngineConfig
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.engine.native.config import EngineConfig
+from longtail_workers.engine.native.torch_engine import TorchEngine
 from longtail_workers.models.loading import load_policy
 from longtail_workers.runtime import initial_drafter
 

@@ -206,7 +206,7 @@ PY
 """Import what the later stages import (a fresh process sees the installed packages)."""
 import pytest
 
-import longtail_workers.engine.torch_engine
+import longtail_workers.engine.native.torch_engine
 import longtail_workers.profile.main  # noqa: F401
 import math_verify  # noqa: F401  # reward 'math' judges every answer with it
 

@@ -8,7 +8,7 @@ For a Qwen2-1.5B-shaped policy (random weights, fp32 on the device as a trainer 
 nothing downloaded) it times, with the tree's own code (``weights/buckets.py``, ``pieces.py``,
 ``buffers.py``), medians of ``--repeat`` runs after a warm-up:
 
-- **pack**: the trainer's ``BroadcastPublisher.publish_stream`` with no receiver registered
+- **pack**: the trainer's store's ``publish_stream`` with its broadcast and no receiver registered
   (so no wire): one pass of the tensor stream through two alternating device buckets of
   ``--bucket-mb`` (cast fp32 -> bf16 on the device), each bucket's digest, its async copy into a
   pinned staging bucket and from there into the host catch-up copy, mapped from a spool
@@ -44,12 +44,14 @@ sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "workers"), str(ROOT / "api")]
 
 from weight_sync import qwen2_shapes  # noqa: E402
 
-from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher  # noqa: E402
+from longtail_workers.weights.broadcast import Broadcast  # noqa: E402
 from longtail_workers.weights.buckets import bucket_digest, bucket_span  # noqa: E402
 from longtail_workers.weights.buffers import BufferPool  # noqa: E402
 from longtail_workers.weights.checksum import state_dict_checksum  # noqa: E402
 from longtail_workers.weights.http_sync import WeightServer  # noqa: E402
 from longtail_workers.weights.pieces import canonical_layout, tensors_from_buffer  # noqa: E402
+from longtail_workers.weights.plan import BroadcastConfig  # noqa: E402
+from longtail_workers.weights.store import WeightStore  # noqa: E402
 from longtail_workers.weights.sync import TensorMeta  # noqa: E402
 
 
@@ -105,9 +107,11 @@ def main() -> None:
     size = len(header) + sum(m.nbytes for m in ordered)
     pin = dev == "cuda"
     spool = tempfile.TemporaryDirectory()
-    server = WeightServer(keep_last=1, spool_dir=Path(spool.name))
+    publisher = WeightStore(keep_last=1, spool_dir=Path(spool.name))
+    WeightServer(publisher)  # the HTTP delivery, not started: nobody pulls here
     config = BroadcastConfig(bucket, phase_timeout_s=60.0, device=dev)
-    publisher = BroadcastPublisher(server, 0, config)  # nobody registers: no wire
+    broadcast = Broadcast(0, config)  # nobody registers: no wire
+    publisher.attach(broadcast)
 
     def stream() -> Iterator[torch.Tensor]:
         return (trainer[m.name] for m in ordered)
@@ -128,9 +132,9 @@ def main() -> None:
     pack_s = statistics.median(packs)
     expected = state_dict_checksum({m.name: trainer[m.name].cpu().to(m.dtype) for m in ordered})
     ok = published.content_sha256() == expected
-    staging = len(publisher._staging) if publisher._staging is not None else 0
-    publisher.close()
-    latest = server.store.latest()
+    staging = len(broadcast._staging) if broadcast._staging is not None else 0
+    broadcast.close()
+    latest = publisher.latest()
     assert latest is not None
     host = BufferPool(1, pin=pin).take(size)  # the version's bytes in pinned memory
     host.copy_(torch.frombuffer(latest.data, dtype=torch.uint8))

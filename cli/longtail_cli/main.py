@@ -14,8 +14,12 @@ from collections.abc import Callable, Sequence
 
 from longtail_api import __version__
 from longtail_api.context import spec_context_error
-from longtail_api.manifest import ManifestError, validate_file
+from longtail_api.manifest import ManifestError, ValidationResult, validate_file
+from longtail_api.rules import placement_errors
+from longtail_api.scheduling import DefaultGang, effective_gang
 from longtail_api.schema import render_crd
+from longtail_api.topology import KUEUE_QUEUE_LABEL
+from longtail_api.validation import FieldError
 
 WORKER_ROLES: dict[str, str] = {
     "verifier": "longtail_workers.verifier.service:main",
@@ -26,12 +30,25 @@ WORKER_ROLES: dict[str, str] = {
 """Worker roles runnable with ``longtail worker ROLE``: role -> ``module:function(argv)``."""
 
 
+def _placement(res: ValidationResult) -> list[FieldError]:
+    """What the job's placer cannot express of its topology, where the file alone decides it:
+    the job names its gang or asks for Kueue (its queue label). A job that names neither is
+    placed by the install's default gang, which only the operator knows: it checks then."""
+    spec = res.spec
+    if spec is None or not spec.scheduling.topology:
+        return []
+    if spec.scheduling.gang is None and KUEUE_QUEUE_LABEL not in res.labels:
+        return []
+    return placement_errors(spec, res.labels, effective_gang(spec.scheduling.gang, DefaultGang()))
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate RLJob files; print every error, or one summary line per valid job.
 
     Beyond the spec's own rules, a job whose ``algorithm.maxNewTokens`` cannot fit its model's
     context is refused when the context is known without loading the model
-    (``longtail_api.context``)."""
+    (``longtail_api.context``), and a topology its gang or Kueue cannot express is refused when
+    the file names them (:func:`_placement`)."""
     failed = False
     for path in args.files:
         try:
@@ -44,6 +61,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             where = path if len(results) == 1 else f"{path}[{i}]"
             context = spec_context_error(res.spec) if res.spec and not res.errors else None
             errors = [*res.errors, *([context] if context else [])]
+            if not errors:
+                errors = _placement(res)
             if errors:
                 failed = True
                 print(f"{where}: {len(errors)} error(s):", file=sys.stderr)

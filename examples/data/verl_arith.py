@@ -1,8 +1,8 @@
 """Writes ``verl-arith.parquet``, the dataset of examples/08-verl-parquet.yaml, in veRL's layout.
 
 Run from the repository root: ``.venv/bin/python examples/data/verl_arith.py``. The file is
-checked in; ``tests/unit/workers/test_data_verl.py`` regenerates it and compares, so this script
-and the file cannot drift apart. The rows are ``builtin:arith`` training items (the task
+checked in; ``tests/unit/workers/data/test_data_verl.py`` regenerates it and compares, so
+this script and the file cannot drift apart. The rows are ``builtin:arith`` training items (the task
 ``builtin:tiny`` was fitted on, so the example's model answers them) written exactly as veRL's
 data preparation scripts (``examples/data_preprocess/gsm8k.py``) write GSM8K:
 

@@ -79,6 +79,14 @@ def weight_sync_policy_name(job: str) -> str:
     return f"{job}-weight-sync"
 
 
+POLICY_API = "networking.k8s.io/v1"
+
+
+def policy_names(job: str) -> tuple[str, ...]:
+    """Every NetworkPolicy a job may own (``reconcile.py`` reads them by name)."""
+    return network_policy_name(job), trainer_policy_name(job), weight_sync_policy_name(job)
+
+
 def _metadata(job: JobRef, name: str) -> dict[str, Any]:
     return {
         "name": name,
@@ -196,7 +204,7 @@ def network_policy(job: JobRef, settings: Settings) -> dict[str, Any]:
         scraper = label_map(settings.network_policy_metrics_namespace_labels)
         rules.append({"from": [{"namespaceSelector": {"matchLabels": scraper}}], "ports": ports})
     return {
-        "apiVersion": "networking.k8s.io/v1",
+        "apiVersion": POLICY_API,
         "kind": "NetworkPolicy",
         "metadata": _metadata(job, network_policy_name(job.name)),
         "spec": {
@@ -211,7 +219,7 @@ def trainer_network_policy(job: JobRef) -> dict[str, Any]:
     """Ingress to the job's trainer pods from its trainer pods, every TCP port."""
     trainers = {"matchLabels": {LABEL_JOB: job.name, LABEL_ROLE: "trainer"}}
     return {
-        "apiVersion": "networking.k8s.io/v1",
+        "apiVersion": POLICY_API,
         "kind": "NetworkPolicy",
         "metadata": _metadata(job, trainer_policy_name(job.name)),
         "spec": {
@@ -249,7 +257,7 @@ def weight_sync_network_policy(job: JobRef, settings: Settings) -> dict[str, Any
     rollouts = {"matchLabels": {LABEL_JOB: job.name, LABEL_ROLE: "rollout"}}
     store = {"protocol": "TCP", "port": settings.weight_sync_port}
     return {
-        "apiVersion": "networking.k8s.io/v1",
+        "apiVersion": POLICY_API,
         "kind": "NetworkPolicy",
         "metadata": _metadata(job, weight_sync_policy_name(job.name)),
         "spec": {

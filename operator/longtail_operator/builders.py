@@ -2,173 +2,132 @@
 
 No Kubernetes client here: every function takes plain values (the job's identity, the parsed
 :class:`~longtail_api.spec.RLJobSpec`, :class:`~longtail_operator.settings.Settings`) and
-returns plain dicts, so the unit tests read them directly and ``reconcile.py`` hands them to the
-API. Naming: pod ``<job>-<role>-<index>``, headless Service ``<job>-<role>``, ConfigMap
-``<job>-config``. The trainer pods form one torch.distributed group: each gets the rendezvous
-environment (:func:`trainer_rendezvous`, ``longtail_api.rendezvous``) with pod 0's stable DNS
-name as ``MASTER_ADDR``, and labels naming its group and world (``trainergroup.py`` plans
-it). Every object carries the ``longtail.dev/*`` and ``app.kubernetes.io/*`` labels and a
-controller owner reference to the RLJob, so deleting the RLJob garbage-collects it. The worker
-contract (args, the environment typed as ``longtail_api.podenv.PodEnv``, :func:`pod_env`) is
-documented in docs/operator.md; ``spec.weightSync``'s flags are :func:`weight_sync_args`.
-Every pod gets the job's token (``TOKEN_ENV``) from the Secret
-``<job>-auth``
-(:func:`token_env`); the Secret and the NetworkPolicy themselves are built in ``access.py``.
+returns plain dicts, so the unit tests read them directly and ``children.py`` puts them in the
+job's desired set. Names and labels are ``naming.py``'s (re-exported here: the pod contract's
+public face). A worker pod (:func:`worker_pod`) is a base pod plus the parts of its role
+(:data:`PARTS`: ports, environment, volumes, mounts, labels, flags from small functions), folded
+in one place; a template (``spec.<role>.template``) is merged over it and cannot replace the
+operator's own variables; the gang's labels and the job's ``priorityClassName`` come last.
+The trainer pods form one torch.distributed group: each gets the rendezvous environment
+(:func:`trainer_rendezvous`, ``longtail_api.rendezvous``) with pod 0's stable DNS name as
+``MASTER_ADDR``, and labels naming its group and world (``trainergroup.py`` plans it). The
+worker contract (args, the environment typed as ``longtail_api.podenv.PodEnv``,
+:func:`pod_env`) is documented in docs/operator.md;
+``spec.weightSync``'s flags are :func:`weight_sync_args`. Every pod gets the job's token
+(``TOKEN_ENV``) from the Secret ``<job>-auth`` (:func:`token_env`); the Secret and the
+NetworkPolicies themselves are built in ``access.py``.
 """
 
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
 
 from longtail_api import API_VERSION, KIND
-from longtail_api.auth import TOKEN_ENV, TOKEN_KEY
-from longtail_api.podenv import FIELD_REFS, WEIGHT_SPOOL_DIR, Peer, PodEnv
-from longtail_api.rendezvous import DEFAULT_PORT, TrainerRendezvous
+from longtail_api.podenv import WEIGHT_SPOOL_DIR
 from longtail_api.scheduling import GangSpec, effective_gang
 from longtail_api.spec import RLJobSpec, RoleSpec
-from longtail_api.tracking import WANDB_API_KEY_ENV
 from longtail_operator import gang as gangs
 from longtail_operator.merge import deep_merge
+from longtail_operator.naming import (
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+    LABEL_TRAINER_GROUP,
+    LABEL_TRAINER_WORLD,
+    MANAGER,
+    ROLES,
+    WORK_DIR,
+    JobRef,
+    checkpoint_path,
+    configmap_name,
+    desired_pods,
+    gpus_of,
+    job_metadata,
+    labels,
+    owner_reference,
+    pod_name,
+    role_port,
+    role_specs,
+    secret_name,
+    service_name,
+    trainer_host,
+    trainer_local_world_size,
+    trainer_world,
+)
+from longtail_operator.naming import metadata as _metadata
 from longtail_operator.settings import Settings
+from longtail_operator.workerenv import (
+    CONFIG_DIR,
+    CONFIG_FILE,
+    DRAFTERS_SUBDIR,
+    RENDEZVOUS_PORT,
+    container_env,
+    pod_env,
+    token_env,
+    tracking_env,
+    trainer_rendezvous,
+    weight_sync_address,
+    weight_sync_args,
+)
 
-LABEL_JOB = "longtail.dev/rljob"
-LABEL_ROLE = "longtail.dev/role"
-LABEL_INDEX = "longtail.dev/replica-index"
-LABEL_TRAINER_GROUP = "longtail.dev/trainer-group"
-"""Trainer pods: ``status.trainer.restarts`` when the pod was made (its group's number)."""
-LABEL_TRAINER_WORLD = "longtail.dev/trainer-world"
-"""Trainer pods: ``<replicas>x<ranks per pod>`` of the world the pod was made for."""
-RENDEZVOUS_PORT = DEFAULT_PORT
-"""Where pod 0's rank 0 serves the torch.distributed rendezvous store (torchrun's default)."""
-ROLES: tuple[str, ...] = ("trainer", "verifier", "rollout", "drafter")
-"""Worker roles, in creation order (the trainer first: the others discover it)."""
+__all__ = [
+    "CONFIG_DIR",
+    "CONFIG_FILE",
+    "CONTAINER",
+    "DRAFTERS_SUBDIR",
+    "GPU_RESOURCE",
+    "LABEL_INDEX",
+    "LABEL_JOB",
+    "LABEL_ROLE",
+    "LABEL_TRAINER_GROUP",
+    "LABEL_TRAINER_WORLD",
+    "MANAGER",
+    "PARTS",
+    "RENDEZVOUS_PORT",
+    "ROLES",
+    "STARTUP_PROBE_FAILURES",
+    "WORK_DIR",
+    "JobRef",
+    "PodFacts",
+    "PodPart",
+    "checkpoint_path",
+    "configmap_name",
+    "container_env",
+    "desired_pods",
+    "gang_group",
+    "gpus_of",
+    "job_configmap",
+    "job_gang",
+    "job_metadata",
+    "labels",
+    "owner_reference",
+    "pod_env",
+    "pod_name",
+    "role_port",
+    "role_service",
+    "role_specs",
+    "secret_name",
+    "service_name",
+    "token_env",
+    "tracking_env",
+    "trainer_host",
+    "trainer_local_world_size",
+    "trainer_rendezvous",
+    "trainer_world",
+    "weight_sync_address",
+    "weight_sync_args",
+    "worker_pod",
+]
+
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER = "worker"
-CONFIG_DIR = "/etc/longtail"
-CONFIG_FILE = "rljob.yaml"
-WORK_DIR = "/var/lib/longtail"
-"""Working directory of worker containers; relative checkpoint locations resolve under it."""
-MANAGER = "longtail-operator"
-DRAFTERS_SUBDIR = "drafters"
-"""The trainer's drafter registry, under its checkpoint volume (survives trainer restarts)."""
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """Identity of one RLJob object."""
-
-    name: str
-    namespace: str
-    uid: str
-    generation: int = 1
-
-
 STARTUP_PROBE_FAILURES = 90
 """Startup-probe failures, 10 s apart, before the kubelet restarts a loading worker (15 min)."""
-
-
-def role_specs(spec: RLJobSpec) -> dict[str, RoleSpec]:
-    """The roles this job runs (``drafter`` only when the spec asks for it), in ROLES order."""
-    roles: dict[str, RoleSpec | None] = {
-        "trainer": spec.trainer,
-        "verifier": spec.verifier,
-        "rollout": spec.rollout,
-        "drafter": spec.drafter,
-    }
-    return {name: role for name, role in roles.items() if role is not None}
-
-
-def pod_name(job: str, role: str, index: int) -> str:
-    return f"{job}-{role}-{index}"
-
-
-def service_name(job: str, role: str) -> str:
-    return f"{job}-{role}"
-
-
-def configmap_name(job: str) -> str:
-    return f"{job}-config"
-
-
-def secret_name(job: str) -> str:
-    """The Secret holding the job's token (``access.job_secret``)."""
-    return f"{job}-auth"
-
-
-def token_env(job: str) -> dict[str, Any]:
-    """The token variable (``TOKEN_ENV``) from the job's Secret: an environment variable
-    rather than a mounted file, so ``longtail run`` and pods hand it over the same way, the
-    value never appears in the pod spec, and no volume or file mode meets the user's template
-    (a token that never changes while the job exists gains nothing from a file's live
-    updates)."""
-    ref = {"name": secret_name(job), "key": TOKEN_KEY}
-    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}
-
-
-def tracking_env(spec: RLJobSpec) -> list[dict[str, Any]]:
-    """The trainer's W&B key (``WANDB_API_KEY``) from the Secret that
-    ``spec.tracking.wandb.apiKeySecret`` names; none without one. The key never enters the spec
-    or the operator: the kubelet reads the Secret."""
-    wandb = spec.tracking.wandb
-    if wandb is None or wandb.api_key_secret is None:
-        return []
-    ref = {"name": wandb.api_key_secret.name, "key": wandb.api_key_secret.key}
-    return [{"name": WANDB_API_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}]
-
-
-def labels(job: str, role: str | None = None, index: int | None = None) -> dict[str, str]:
-    """Identity labels; the ``longtail.dev/*`` ones select, ``app.kubernetes.io/*`` inform."""
-    out = {
-        LABEL_JOB: job,
-        "app.kubernetes.io/name": "longtail",
-        "app.kubernetes.io/instance": job,
-        "app.kubernetes.io/part-of": "longtail",
-        "app.kubernetes.io/managed-by": MANAGER,
-    }
-    if role is not None:
-        out[LABEL_ROLE] = role
-        out["app.kubernetes.io/component"] = role
-    if index is not None:
-        out[LABEL_INDEX] = str(index)
-    return out
-
-
-def owner_reference(job: JobRef) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": job.name,
-        "uid": job.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def _metadata(job: JobRef, name: str, lbls: dict[str, str]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": job.namespace,
-        "labels": lbls,
-        "ownerReferences": [owner_reference(job)],
-    }
-
-
-def job_metadata(job: JobRef, name: str) -> dict[str, Any]:
-    """Metadata of an object of the job's own (name, namespace, the job's label, owner)."""
-    return _metadata(job, name, labels(job.name))
-
-
-def role_port(settings: Settings, role: str) -> int:
-    """The HTTP port a role's worker listens on (status, control, health, metrics)."""
-    if role == "trainer":
-        return settings.trainer_port
-    if role == "verifier":
-        return settings.verifier_port
-    return settings.worker_port
 
 
 def _resources(role: RoleSpec) -> dict[str, Any]:
@@ -178,115 +137,120 @@ def _resources(role: RoleSpec) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def checkpoint_path(spec: RLJobSpec) -> str:
-    """Where checkpoints live inside the pods (relative locations resolve under WORK_DIR)."""
-    location = spec.checkpoint.location
-    return location if location.startswith("/") else posixpath.join(WORK_DIR, location)
+@dataclass(frozen=True)
+class PodFacts:
+    """What the parts of one worker pod are built from."""
+
+    job: JobRef
+    spec: RLJobSpec
+    settings: Settings
+    role: str
+    index: int
+    trainer_group: int = 0
+    """A trainer pod's group number (``status.trainer.restarts``)."""
 
 
-def trainer_host(job: JobRef) -> str:
-    """Stable DNS name of trainer pod 0 (rank 0), the one trainer pod that serves HTTP (status,
-    checkpoint, weights, drafters) and the rendezvous: ``<job>-trainer-0.<job>-trainer.<ns>.svc``.
-    """
-    svc = f"{service_name(job.name, 'trainer')}.{job.namespace}.svc"
-    return f"{pod_name(job.name, 'trainer', 0)}.{svc}"
+@dataclass(frozen=True)
+class PodPart:
+    """One concern's share of a worker pod, folded into the base pod by :func:`worker_pod`.
+    ``env``: variables the operator owns (a template can neither replace nor delete them)."""
+
+    ports: tuple[dict[str, Any], ...] = ()
+    env: tuple[dict[str, Any], ...] = ()
+    volumes: tuple[dict[str, Any], ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    args: tuple[str, ...] = ()
+
+    def __add__(self, other: PodPart) -> PodPart:
+        return PodPart(*(a + b for a, b in zip(_fields(self), _fields(other), strict=True)))
 
 
-def trainer_local_world_size(spec: RLJobSpec) -> int:
-    """Trainer ranks per pod: one per GPU, one on CPU."""
-    return max(1, spec.trainer.resources.gpus)
+def _fields(part: PodPart) -> tuple[tuple[Any, ...], ...]:
+    return (part.ports, part.env, part.volumes, part.mounts, part.labels, part.args)
 
 
-def trainer_world(spec: RLJobSpec) -> str:
-    """The trainer world as a label value, ``<pods>x<ranks per pod>`` (``2x8``)."""
-    return f"{spec.trainer.replicas}x{trainer_local_world_size(spec)}"
+def _tcp(name: str, port: int) -> dict[str, Any]:
+    return {"name": name, "containerPort": port, "protocol": "TCP"}
 
 
-def trainer_rendezvous(job: JobRef, spec: RLJobSpec, index: int) -> TrainerRendezvous:
-    """Trainer pod ``index``'s rendezvous: rank 0 on pod 0 behind the headless Service. The
-    pod gets no ``RANK``/``LOCAL_RANK``: it holds ``LOCAL_WORLD_SIZE`` ranks, and the trainer
-    entrypoint sets both for each rank it starts, as torchrun does."""
-    return TrainerRendezvous(
-        master_addr=trainer_host(job),
-        master_port=RENDEZVOUS_PORT,
-        nnodes=spec.trainer.replicas,
-        node_rank=index,
-        local_world_size=trainer_local_world_size(spec),
+def _volume(name: str, path: str, source: dict[str, Any]) -> PodPart:
+    return PodPart(volumes=({"name": name, **source},), mounts=({"name": name, "mountPath": path},))
+
+
+def _rendezvous(f: PodFacts) -> PodPart:
+    """The trainer's torch.distributed rendezvous (rank 0 on pod 0 serves the store)."""
+    env = trainer_rendezvous(f.job, f.spec, f.index).to_env()
+    return PodPart(
+        ports=(_tcp("rendezvous", RENDEZVOUS_PORT),),
+        env=tuple({"name": k, "value": v} for k, v in env.items()),
     )
 
 
-def pod_env(job: JobRef, spec: RLJobSpec, settings: Settings, role: str, index: int) -> PodEnv:
-    """What a worker pod is told about its job, its config and its peers (the variables are
-    named in ``longtail_api.podenv``; docs/operator.md documents them). With
-    ``drafterTraining`` enabled, the trainer keeps the drafter registry under its checkpoint
-    volume (``drafter_dir``) and serves it on its HTTP port, which rollout workers and
-    dedicated drafter pods (``spec.drafter``) reach through ``drafter_url``; no shared volume.
-    (A spec with ``drafter`` but without ``drafterTraining`` fails validation, so a drafter
-    pod always gets the URL it needs.)"""
-    trainer = trainer_host(job)
-    drafters = spec.drafter_training.enabled
-    peers = {
-        peer: Peer(f"{service_name(job.name, peer)}.{job.namespace}.svc", role_port(settings, peer))
-        for peer in role_specs(spec)
-    }
-    return PodEnv(
-        job_name=job.name,
-        namespace=job.namespace,
-        role=role,
-        replica_index=index,
-        replicas=role_specs(spec)[role].replicas,
-        config=posixpath.join(CONFIG_DIR, CONFIG_FILE),
-        checkpoint_dir=checkpoint_path(spec),
-        resume=spec.checkpoint.resume,
-        trainer_url=f"http://{trainer}:{settings.trainer_port}",
-        weights_url=f"http://{trainer}:{settings.weights_port}",
-        peers=peers,
-        drafter_dir=(
-            posixpath.join(checkpoint_path(spec), DRAFTERS_SUBDIR)
-            if drafters and role == "trainer"
-            else None
-        ),
-        # Both pull the newest drafter and upload candidates.
-        drafter_url=(
-            f"http://{trainer}:{settings.trainer_port}"
-            if drafters and role in ("rollout", "drafter")
-            else None
-        ),
+def _weight_sync_store(f: PodFacts) -> PodPart:
+    """The trainer's ``spec.weightSync`` flags, and the store's port when it broadcasts."""
+    args = tuple(weight_sync_args(f.job, f.spec, f.settings, f.role))
+    ports = (_tcp("weight-sync", f.settings.weight_sync_port),) if args else ()
+    return PodPart(ports=ports, args=args)
+
+
+def _weight_sync_client(f: PodFacts) -> PodPart:
+    """A rollout worker's ``spec.weightSync`` flags (the store's address when broadcast)."""
+    return PodPart(args=tuple(weight_sync_args(f.job, f.spec, f.settings, f.role)))
+
+
+def _token(f: PodFacts) -> PodPart:
+    return PodPart(env=(token_env(f.job.name),))
+
+
+def _tracking(f: PodFacts) -> PodPart:
+    return PodPart(env=tuple(tracking_env(f.spec)))
+
+
+def _checkpoints(f: PodFacts) -> PodPart:
+    claim = f.spec.checkpoint.persistent_volume_claim
+    source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    return _volume("checkpoints", checkpoint_path(f.spec), source)
+
+
+def _weight_spool(f: PodFacts) -> PodPart:
+    """With ``spec.weightSync.hostCopy: spool``, the copies of the policy versions the trainer
+    serves are mapped from files here (page cache, reclaimable) on the node's disk:
+    RUN_DIR/weight-spool with RUN_DIR=".". Mounted always: empty and unused otherwise."""
+    return _volume("weight-spool", posixpath.join(WORK_DIR, WEIGHT_SPOOL_DIR), {"emptyDir": {}})
+
+
+def _shared_memory(f: PodFacts) -> PodPart:
+    """vLLM's engine processes talk through shared memory; a pod's /dev/shm is 64 MiB."""
+    if f.spec.rollout.engine != "vllm":
+        return PodPart()
+    return _volume("dshm", "/dev/shm", {"emptyDir": {"medium": "Memory"}})
+
+
+def _trainer_group(f: PodFacts) -> PodPart:
+    """Which group and world the pod belongs to (``trainergroup.py``)."""
+    group = (
+        (LABEL_TRAINER_GROUP, str(f.trainer_group)),
+        (LABEL_TRAINER_WORLD, trainer_world(f.spec)),
     )
+    return PodPart(labels=group)
 
 
-def weight_sync_address(job: JobRef, settings: Settings) -> str:
-    """``HOST:PORT`` of the job's weight-sync store: trainer pod 0's stable DNS name (rank 0
-    hosts the store) and :attr:`Settings.weight_sync_port`."""
-    return f"{trainer_host(job)}:{settings.weight_sync_port}"
-
-
-def weight_sync_args(job: JobRef, spec: RLJobSpec, settings: Settings, role: str) -> list[str]:
-    """The worker flags of ``spec.weightSync`` for ``role`` (the workers' command-line names,
-    written here as strings: the operator does not import the workers). ``http`` jobs get
-    none, so their pods start exactly as before the field existed. ``broadcast`` jobs: every
-    trainer pod gets the transport and the store's port (rank 0, on pod 0, hosts the store;
-    the other ranks follow it and never bind), every rollout pod the transport and the
-    store's address; the rollout pod also keeps its ``LONGTAIL_WEIGHTS_URL`` (a new or
-    restarted worker catches up over HTTP before it joins the next broadcast). A rollout
-    worker registers under its ``--name``, its pod name (``LONGTAIL_POD_NAME``), which is the
-    name the trainer gives it in ``--rollout NAME=URL``: both are ``<job>-rollout-<i>``.
-    Drafter pods always pull over HTTP: none."""
-    if spec.weight_sync_transport() != "broadcast":
-        return []
-    if role == "trainer":
-        return ["--weight-sync", "broadcast", "--weight-sync-port", str(settings.weight_sync_port)]
-    if role == "rollout":
-        addr = weight_sync_address(job, settings)
-        return ["--weight-sync", "broadcast", "--weight-sync-addr", addr]
-    return []
-
-
-def container_env(told: PodEnv) -> list[dict[str, Any]]:
-    """``told`` as a container's ``env``: its values, then the downward-API variables."""
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in told.to_env().items()]
-    env += [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in FIELD_REFS.items()]
-    return env
+PARTS: dict[str, tuple[Callable[[PodFacts], PodPart], ...]] = {
+    "trainer": (
+        _rendezvous,
+        _weight_sync_store,
+        _token,
+        _tracking,
+        _checkpoints,
+        _weight_spool,
+        _trainer_group,
+    ),
+    "verifier": (_token,),
+    "rollout": (_weight_sync_client, _token, _shared_memory),
+    "drafter": (_token,),
+}
+"""The parts of each role's pods, in the order their ports, variables and volumes appear."""
 
 
 def worker_pod(
@@ -300,89 +264,80 @@ def worker_pod(
     min_drafter_version: int = -1,
     trainer_group: int = 0,
 ) -> dict[str, Any]:
-    """One worker pod. ``min_*_version``: what the job has published so far; a (re)created
-    pod gets them as ``PodEnv.min_*_version`` (informational); the trainer names the policy
-    version in every generate call, so the pod loads it (and the newest drafter) before it
-    generates.
+    """One worker pod: the base pod plus its role's :data:`PARTS`, then its template, then its
+    gang. ``min_*_version``: what the job has published so far; a (re)created pod gets them as
+    ``PodEnv.min_*_version`` (informational); the trainer names the policy version in every
+    generate call, so the pod loads it (and the newest drafter) before it generates.
     ``trainer_group``: a trainer pod's group number (``status.trainer.restarts``)."""
-    role_spec = role_specs(spec)[role]
-    port = role_port(settings, role)
+    facts = PodFacts(job, spec, settings, role, index, trainer_group)
+    part = sum((make(facts) for make in PARTS[role]), PodPart())
     told = replace(
         pod_env(job, spec, settings, role, index),
         min_policy_version=min_policy_version,
         min_drafter_version=min_drafter_version,
     )
-    env = container_env(told)
-    ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
-    rdzv_names: set[str] = set()
-    if role == "trainer":
-        rdzv = trainer_rendezvous(job, spec, index).to_env()
-        rdzv_names = set(rdzv)
-        env.extend({"name": k, "value": v} for k, v in rdzv.items())
-        ports.append({"name": "rendezvous", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"})
-    sync_args = weight_sync_args(job, spec, settings, role)
-    if role == "trainer" and sync_args:
-        port_entry = {"containerPort": settings.weight_sync_port, "protocol": "TCP"}
-        ports.append({"name": "weight-sync", **port_entry})
-    env.append(token_env(job.name))
-    if role == "trainer":
-        env.extend(tracking_env(spec))
-    mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
-    volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": configmap_name(job.name)}}
-    ]
-    if role == "trainer":
-        claim = spec.checkpoint.persistent_volume_claim
-        source = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
-        volumes.append({"name": "checkpoints", **source})
-        mounts.append({"name": "checkpoints", "mountPath": checkpoint_path(spec)})
-        # With spec.weightSync.hostCopy: spool, the copies of the policy versions the trainer
-        # serves are mapped from files here (page cache, reclaimable) on the node's disk:
-        # RUN_DIR/weight-spool with RUN_DIR=".". Mounted always: empty and unused otherwise.
-        volumes.append({"name": "weight-spool", "emptyDir": {}})
-        mounts.append(
-            {"name": "weight-spool", "mountPath": posixpath.join(WORK_DIR, WEIGHT_SPOOL_DIR)}
-        )
-    if role == "rollout" and spec.rollout.engine == "vllm":
-        # vLLM's engine processes talk through shared memory; a pod's /dev/shm is 64 MiB.
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    probe = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5}
+    pod = _base_pod(facts, container_env(told), part)
+    template = role_specs(spec)[role].template
+    if template:
+        pod = _with_template(pod, template, facts, part)
+    placement = job_gang(spec, settings)
+    if placement is not None:  # joins its job's group (gang.py), whatever a template says
+        joins = gangs.pod_gang(job.name, placement, role)
+        pod["metadata"]["labels"].update(joins.labels)
+        pod["metadata"].setdefault("annotations", {}).update(joins.annotations)
+        pod["spec"].update(joins.pod_spec, schedulerName=joins.scheduler_name)
+    if spec.scheduling.priority_class_name:  # the job's class, whatever a template says
+        pod["spec"]["priorityClassName"] = spec.scheduling.priority_class_name
+    return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def _with_template(
+    pod: dict[str, Any], template: dict[str, Any], f: PodFacts, part: PodPart
+) -> dict[str, Any]:
+    """``template`` merged over ``pod``; the identity, the owner and the operator's own
+    variables stay the operator's."""
+    pod = deep_merge(pod, {k: v for k, v in template.items() if k in ("metadata", "spec")})
+    meta = pod["metadata"]
+    meta["name"], meta["namespace"] = pod_name(f.job.name, f.role, f.index), f.job.namespace
+    meta["labels"] = {**meta.get("labels", {}), **_identity(f, part)}
+    meta["ownerReferences"] = [owner_reference(f.job)]
+    _keep_owned_env(pod["spec"], list(part.env))
+    return pod
+
+
+def _identity(f: PodFacts, part: PodPart) -> dict[str, str]:
+    return {**labels(f.job.name, f.role, f.index), **dict(part.labels)}
+
+
+def _base_pod(f: PodFacts, env: list[dict[str, Any]], part: PodPart) -> dict[str, Any]:
+    """The pod every role shares, with ``part`` folded in."""
+    port = role_port(f.settings, f.role)
+    name = pod_name(f.job.name, f.role, f.index)
+    config = _volume("config", CONFIG_DIR, {"configMap": {"name": configmap_name(f.job.name)}})
+    mounts = [{**config.mounts[0], "readOnly": True}, *part.mounts]
+    health = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
     container = {
         "name": CONTAINER,
-        "image": role_spec.image or settings.worker_image,
-        "imagePullPolicy": settings.image_pull_policy,
+        "image": role_specs(f.spec)[f.role].image or f.settings.worker_image,
+        "imagePullPolicy": f.settings.image_pull_policy,
         "command": ["longtail"],
-        "args": ["worker", role, "--host", "0.0.0.0", "--port", str(port), *sync_args],
+        "args": ["worker", f.role, "--host", "0.0.0.0", "--port", str(port), *part.args],
         "workingDir": WORK_DIR,
-        "ports": ports,
-        "env": env,
-        "resources": _resources(role_spec),
+        "ports": [_tcp("http", port), *part.ports],
+        "env": [*env, *part.env],
+        "resources": _resources(role_specs(f.spec)[f.role]),
         "volumeMounts": mounts,
         # A crash's last log lines (a traceback) become the termination message, which the
         # operator puts in the WorkerFailed event before it deletes the failed pod.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "readinessProbe": probe,
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5},
         # The port opens once the model is loaded (and vLLM's engine started): minutes for a
         # large model, so liveness only counts from then on.
-        "startupProbe": {
-            "httpGet": {"path": "/healthz", "port": "http"},
-            "periodSeconds": 10,
-            "failureThreshold": STARTUP_PROBE_FAILURES,
-        },
-        "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": "http"},
-            "periodSeconds": 10,
-            "failureThreshold": 6,
-        },
+        "startupProbe": {**health, "failureThreshold": STARTUP_PROBE_FAILURES},
+        "livenessProbe": {**health, "failureThreshold": 6},
     }
-    name = pod_name(job.name, role, index)
-    identity = labels(job.name, role, index)
-    if role == "trainer":  # which group and world the pod belongs to (trainergroup.py)
-        identity[LABEL_TRAINER_GROUP] = str(trainer_group)
-        identity[LABEL_TRAINER_WORLD] = trainer_world(spec)
-    pod: dict[str, Any] = {
-        "metadata": {**_metadata(job, name, dict(identity)), "annotations": {}},
+    return {
+        "metadata": {**_metadata(f.job, name, _identity(f, part)), "annotations": {}},
         "spec": {
             # Never: a crashed worker shows up as a Failed pod, which the operator counts
             # against backoffLimit and replaces (an in-place restart would hide it).
@@ -391,28 +346,11 @@ def worker_pod(
             # template may mount one for code of its own).
             "automountServiceAccountToken": False,
             "hostname": name,
-            "subdomain": service_name(job.name, role),
+            "subdomain": service_name(f.job.name, f.role),
             "containers": [container],
-            "volumes": volumes,
+            "volumes": [*config.volumes, *part.volumes],
         },
     }
-    override = role_spec.template
-    if override:
-        pod = deep_merge(pod, {k: v for k, v in override.items() if k in ("metadata", "spec")})
-        pod["metadata"]["name"], pod["metadata"]["namespace"] = name, job.namespace
-        pod["metadata"]["labels"] = {**pod["metadata"].get("labels", {}), **identity}
-        pod["metadata"]["ownerReferences"] = [owner_reference(job)]
-        owned = [token_env(job.name)]
-        owned += [e for e in env if role == "trainer" and e["name"] in rdzv_names]
-        owned += tracking_env(spec) if role == "trainer" else []
-        _keep_owned_env(pod["spec"], owned)
-    placement = job_gang(spec, settings)
-    if placement is not None:  # joins its job's group (gang.py), whatever a template says
-        joins = gangs.pod_gang(job.name, placement, role)
-        pod["metadata"]["labels"].update(joins.labels)
-        pod["metadata"].setdefault("annotations", {}).update(joins.annotations)
-        pod["spec"].update(joins.pod_spec, schedulerName=joins.scheduler_name)
-    return {"apiVersion": "v1", "kind": "Pod", **pod}
 
 
 def job_gang(spec: RLJobSpec, settings: Settings) -> GangSpec | None:
@@ -421,14 +359,21 @@ def job_gang(spec: RLJobSpec, settings: Settings) -> GangSpec | None:
     return effective_gang(spec.scheduling.gang, settings.default_gang)
 
 
-def gang_group(job: JobRef, spec: RLJobSpec, settings: Settings) -> dict[str, Any]:
-    """The job's gang group object (it has a gang, :func:`job_gang`): every pod of every role."""
+def gang_group(
+    job: JobRef, spec: RLJobSpec, settings: Settings, kueue: bool = False
+) -> dict[str, Any]:
+    """The job's gang group object (it has a gang, :func:`job_gang`): every pod of every role,
+    with the job's topology unless Kueue places it (``kueue``: the job has the queue label)."""
     placement = job_gang(spec, settings)
     if placement is None:
         raise ValueError(f"RLJob {job.namespace}/{job.name} has no gang")
     minimums = {role: rs.replicas for role, rs in role_specs(spec).items()}
     meta = _metadata(job, gangs.group_name(job.name), labels(job.name))
-    return gangs.group_object(placement, minimums, meta)
+    topology = [] if kueue else spec.scheduling.topology
+    replicas = {role: rs.replicas for role, rs in role_specs(spec).items()}
+    return gangs.group_object(
+        placement, minimums, meta, topology, spec.scheduling.priority_class_name, replicas
+    )
 
 
 def _keep_owned_env(pod_spec: dict[str, Any], owned: list[dict[str, Any]]) -> None:
@@ -485,18 +430,3 @@ def job_configmap(job: JobRef, raw_spec: dict[str, Any]) -> dict[str, Any]:
         "metadata": _metadata(job, configmap_name(job.name), labels(job.name)),
         "data": {CONFIG_FILE: yaml.safe_dump(manifest, sort_keys=True)},
     }
-
-
-def desired_pods(spec: RLJobSpec) -> dict[str, tuple[str, int]]:
-    """``{pod name suffix-free key: (role, index)}`` of every worker pod the spec asks for,
-    keyed by ``(role, index)`` rendered as ``<role>-<index>``."""
-    return {
-        f"{role}-{i}": (role, i)
-        for role, role_spec in role_specs(spec).items()
-        for i in range(role_spec.replicas)
-    }
-
-
-def gpus_of(spec: RLJobSpec, role: str) -> int:
-    """GPUs of one replica of ``role``."""
-    return role_specs(spec)[role].resources.gpus

@@ -68,10 +68,11 @@ def job_conditions(
                 f"{rs.ready}/{rs.total} ready",
             )
         else:
+            waits = placement.topology_wait(obs, spec, role)
             want[condition_type(role)] = (
                 "False",
                 "ReplicasNotReady",
-                f"{rs.ready}/{rs.total} ready",
+                f"{rs.ready}/{rs.total} ready" + (f"; {waits}" if waits else ""),
             )
     want["DrafterTraining"] = _drafter_condition(obs, spec, phase, roles)
     reach = _reachability(obs, phase)

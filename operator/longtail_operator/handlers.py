@@ -24,7 +24,9 @@ last try took); and ``python -m longtail_operator``'s own exit (:func:`stop_elec
 kopf ran.
 
 The Kubernetes client authenticates like kopf does: in-cluster service account, else the
-kubeconfig named by ``KUBECONFIG`` (its current context).
+kubeconfig named by ``KUBECONFIG`` (its current context). With namespace patterns, kopf's
+discovery of the namespaces to watch is completed by ``namespaces.py`` (installed on import):
+a namespace created while kopf starts is watched too.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import kopf
 from kubernetes import client, config
 
 from longtail_api import GROUP, PLURAL, VERSION
-from longtail_operator import access, kueue
+from longtail_operator import access, kueue, namespaces
 from longtail_operator.builders import LABEL_JOB
 from longtail_operator.kube import Kube, KubeError
 from longtail_operator.leader import LeaderElector, LeaseConfig
@@ -54,6 +56,7 @@ from longtail_operator.runtime import TICK_S, Operator, Stopped
 from longtail_operator.settings import Settings, from_env
 
 log = logging.getLogger(__name__)
+namespaces.install()  # before kopf starts: a namespace made while it starts is watched too
 FINALIZER = "longtail.dev/operator"
 WATCH_RETRY_BACKOFFS_S = (1.0,) * 5 + (2.0,) * 10 + (3.0,) * 10 + (5.0,) * 10
 """Seconds between kopf's retries of a failed API request (watches included), ~2 min in all."""

@@ -44,6 +44,10 @@ PROBE_TIMEOUT_S = 2.0
 PERMANENT = (400, 413, 422)
 """Answers to a create that no retry changes: a malformed (400), too large (413) or invalid
 (422) object. 403 (RBAC, a quota) and 404 (an API not served) may change, and are retried."""
+NO_PRIORITY_CLASS = "no PriorityClass with name"
+"""The Priority admission plugin's 403 for a pod naming a class that does not exist
+(``spec.scheduling.priorityClassName``): the user's to fix, so a refusal like a 422, shown
+in the job's condition; the dry run asks again every pass, so the job starts once it exists."""
 # Transport failures: urllib3's own (MaxRetryError, ProtocolError, ReadTimeoutError, ...), the
 # socket's, and http.client's (a connection closed mid-answer).
 _NO_ANSWER = (urllib3.exceptions.HTTPError, OSError, http.client.HTTPException)
@@ -166,14 +170,6 @@ class Kube:
         fn = self.networking.read_namespaced_network_policy
         return self._call(what, fn, name, namespace, ok=(404,))  # type: ignore[no-any-return]
 
-    def get_custom(self, api_version: str, plural: str, namespace: str, name: str) -> bool:
-        """Whether the namespaced custom object exists (False also when its API is not served:
-        creating it then fails naming the API)."""
-        group, version = api_version.split("/")
-        what = f"get {plural}.{group} {namespace}/{name}"
-        fn = self.custom.get_namespaced_custom_object
-        return self._call(what, fn, group, version, namespace, plural, name, ok=(404,)) is not None
-
     def read_custom(
         self, api_version: str, plural: str, namespace: str | None, name: str
     ) -> dict[str, Any] | None:
@@ -266,7 +262,9 @@ class Kube:
             else:
                 self.create(obj, dry_run=True)
         except KubeError as exc:
-            if exc.status not in PERMANENT:
+            if exc.status not in PERMANENT and not (
+                exc.status == 403 and NO_PRIORITY_CLASS in str(exc)
+            ):
                 raise
             meta = obj["metadata"]
             answer = str(exc).partition(": ")[2]  # "HTTP 422: <the API's message>"

@@ -50,6 +50,15 @@ class PodView:
     world: str | None = None
     """A trainer pod's world, ``<pods>x<ranks per pod>`` (label ``longtail.dev/trainer-world``);
     None when it has no such label."""
+    disruption: str | None = None
+    """Why the pod was taken away rather than failing by itself: the ``DisruptionTarget``
+    condition's reason (Kubernetes 1.26 on: ``EvictionByEvictionAPI``,
+    ``PreemptionByScheduler``, ``DeletionByTaintManager``...) or the kubelet's ``Evicted``
+    (node pressure, every version); None for anything else. A v1.20 Eviction API call
+    leaves no mark: the pod is deleted gracefully (``deleting``)."""
+    scheduled: bool = True
+    """Bound to a node (``spec.nodeName``): a pod a scheduler has not placed yet is not
+    (a required topology no domain can hold keeps it so: ``placement.topology_wait``)."""
 
     @property
     def active(self) -> bool:
@@ -70,6 +79,13 @@ class PodView:
         )
         phase = status.get("phase") or "Pending"
         group = str(lbls.get(LABEL_TRAINER_GROUP, ""))
+        disrupted = [
+            c.get("reason") or "DisruptionTarget"
+            for c in status.get("conditions") or []
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        ]
+        if status.get("reason") == "Evicted":
+            disrupted.append("Evicted")
         return cls(
             name=meta.get("name", ""),
             role=role,
@@ -82,6 +98,8 @@ class PodView:
             message=_termination_message(status),
             group=int(group) if group.isdigit() else None,
             world=lbls.get(LABEL_TRAINER_WORLD) or None,
+            disruption=disrupted[0] if disrupted else None,
+            scheduled=bool((pod.get("spec") or {}).get("nodeName")),
         )
 
 

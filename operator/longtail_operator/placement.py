@@ -1,20 +1,23 @@
-"""The plan's placement parts: admission by Kueue and the gang group (``derive.plan`` calls them).
+"""The plan's placement parts: Kueue admission, gang refusals (``derive.plan`` calls them).
 
 Pure, like the rest of the plan: given what ``reconcile.py`` observed (:class:`~.model.Observed`)
-they say why a job waits for Kueue, which Workload it should have and what to create, patch or
-delete to keep it in step (``kueue.py`` builds the objects), and when the job's gang group
-object is made and deleted (``gang.py``). Split from ``derive.py`` to keep each file to one
-concern; docs/scheduling.md says what a user sees.
+they say why a job waits for Kueue, which Workload it should have (``children.py`` puts it in
+the desired set) and what to patch or delete to keep it in step (``kueue.py`` builds the
+objects and patches), and which gang backends this install may not manage. Split from
+``derive.py`` to keep each file to one concern; docs/scheduling.md says what a user sees.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from longtail_api.rules import placement_errors
 from longtail_api.spec import RLJobSpec
+from longtail_api.topology import TopologySpec
 from longtail_api.validation import FieldError
 from longtail_operator import builders, kueue
-from longtail_operator.model import TERMINAL, Observed, Plan
+from longtail_operator.model import TERMINAL, Change, ObjectKey, Observed, Patch, Plan
 from longtail_operator.observe import rfc3339
 from longtail_operator.settings import Settings
 
@@ -42,6 +45,9 @@ def queue_wait(obs: Observed) -> tuple[str, str]:
 def admission_wait(obs: Observed, want: dict[str, Any] | None) -> tuple[str, str] | None:
     """Why a job Kueue manages may not run now (None: admitted, it runs)."""
     w = obs.workload
+    missing = priority_wait(obs)
+    if missing is not None:
+        return missing
     if want is None:
         return None
     if w is None:
@@ -56,8 +62,27 @@ def admission_wait(obs: Observed, want: dict[str, Any] | None) -> tuple[str, str
     if not w.active:
         return "Deactivated", f"Workload {w.name} is not active (spec.active: false)"
     if not w.admitted:
-        return "WaitingForAdmission", f"Workload {w.name} waits for admission by Kueue"
+        return "WaitingForAdmission", f"Workload {w.name} waits for admission by Kueue" + (
+            _topology_note(want)
+        )
     return None
+
+
+def _topology_note(want: dict[str, Any]) -> str:
+    """The podSets' required topology levels, which Kueue admits only where one domain of the
+    level can hold the podSet (a level no node carries: never)."""
+    levels = [
+        f"{ps['name']} in one domain of {ps['topologyRequest']['required']}"
+        for ps in want["spec"]["podSets"]
+        if "required" in (ps.get("topologyRequest") or {})
+    ]
+    if not levels:
+        return ""
+    return (
+        f"; required topology: {', '.join(levels)} (Kueue admits it once a domain of that node "
+        "label, a level of the flavour's Topology, can hold the podSet; never if no node "
+        "carries the label: see the KueueQuotaReserved condition)"
+    )
 
 
 def not_queued(obs: Observed, phase: str) -> tuple[str, str, str]:
@@ -101,75 +126,127 @@ def kueue_conditions(obs: Observed) -> dict[str, tuple[str, str, str]]:
     }
 
 
-def refusals(spec: RLJobSpec | None, settings: Settings) -> list[FieldError]:
-    """A gang backend this install may not manage (its RBAC lacks the API): refused like a
-    bad field, so a running job keeps its last accepted spec (``specgate``)."""
-    gang = spec.scheduling.gang if spec is not None else None
-    if gang is None or gang.backend == "none" or gang.backend in settings.gang_backends:
+def refusals(
+    spec: RLJobSpec | None, settings: Settings, labels: Mapping[str, str]
+) -> list[FieldError]:
+    """What this install cannot place, refused like a bad field, so a running job keeps its
+    last accepted spec and its pods (``specgate``): a gang backend its RBAC lacks, and a
+    topology the job's placer cannot express (``rules.placement_errors``: the placer depends
+    on the RLJob's ``labels`` and on the install's default gang). ``spec``: the edit, None
+    when it has field errors (reported as they are)."""
+    if spec is None:
         return []
-    allowed = ", ".join(settings.gang_backends) or "none"
-    why = f"this operator's install manages the gang backends {allowed} only"
-    fix = "use one of them, or ask for it in the chart value scheduling.gangBackends"
-    return [FieldError("spec.scheduling.gang.backend", why, gang.backend, fix=fix)]
+    gang = spec.scheduling.gang
+    if gang is not None and gang.backend != "none" and gang.backend not in settings.gang_backends:
+        allowed = ", ".join(settings.gang_backends) or "none"
+        why = f"this operator's install manages the gang backends {allowed} only"
+        fix = "use one of them, or ask for it in the chart value scheduling.gangBackends"
+        return [FieldError("spec.scheduling.gang.backend", why, gang.backend, fix=fix)]
+    return placement_errors(spec, labels, builders.job_gang(spec, settings))
+
+
+def topology_wait(obs: Observed, spec: RLJobSpec, role: str) -> str | None:
+    """Why ``role``'s unscheduled pods may wait: a required topology, which its gang scheduler
+    holds until one domain of the level can take the whole group; a level no node carries
+    holds them for ever. This install may not list nodes, so it says so instead of checking
+    (None: nothing of the role waits, or no required topology covers it; under Kueue the
+    Workload waits for admission instead, and Kueue's own conditions say why)."""
+    if obs.queue is not None:
+        return None
+    entry = next(
+        (t for t in spec.scheduling.topology if t.mode == "required" and t.group in (role, "job")),
+        None,
+    )
+    waiting = [q for q in obs.pods if q.role == role and q.active and not q.scheduled]
+    if entry is None or not waiting:
+        return None
+    return (
+        f"{len(waiting)} pod(s) not scheduled: spec.scheduling.topology asks for the "
+        f"{entry.group} pods within one domain of the node label {entry.level} (required), so "
+        f"they wait until one domain can hold them all; if no node carries {entry.level} they "
+        "wait for good (this operator may not list nodes to check): label the nodes, or use "
+        "mode: preferred"
+    )
 
 
 def workload(obs: Observed, spec: RLJobSpec, settings: Settings) -> dict[str, Any] | None:
-    """The Workload the job should have (None: Kueue does not manage it)."""
+    """The Workload the job should have (None: Kueue does not manage it, or the priority
+    class it is to name is missing, :func:`priority_wait`)."""
     if obs.queue is None or obs.kueue_served is not True or not obs.kueue_enabled:
         return None
+    if priority_wait(obs) is not None:
+        return None
+    topology: dict[str, TopologySpec] = {t.group: t for t in spec.scheduling.topology}
     podsets = [
-        kueue.podset(role, rs.replicas, builders.worker_pod(obs.job, spec, settings, role, 0))
+        kueue.podset(
+            role,
+            rs.replicas,
+            builders.worker_pod(obs.job, spec, settings, role, 0),
+            topology.get(role),
+            spec.rollout.min_replicas if role == "rollout" else None,
+        )
         for role, rs in builders.role_specs(spec).items()
     ]
     name = kueue.workload_name(obs.job.name, obs.job.uid)
     meta = builders.job_metadata(obs.job, name)
     labels = {kueue.QUEUE_LABEL: obs.queue}
-    if obs.priority:
-        labels[kueue.PRIORITY_LABEL] = obs.priority
-    return kueue.workload(meta, obs.job.uid, labels, podsets, active=not spec.suspend)
+    return kueue.workload(
+        meta, obs.job.uid, labels, podsets, not spec.suspend, obs.workload_priority
+    )
+
+
+def priority_wait(obs: Observed) -> tuple[str, str] | None:
+    """A Workload to make whose priority class does not exist: Kueue needs its value, so the
+    Workload waits for it (None: no class named, or found)."""
+    want = obs.workload_priority
+    if obs.workload is not None or want is None or want.value is not None:
+        return None
+    where = (
+        f"label {kueue.PRIORITY_LABEL}={want.name}"
+        if want.kind == "WorkloadPriorityClass"
+        else f"spec.scheduling.priorityClassName {want.name!r}"
+    )
+    return "PriorityClassNotFound", (
+        f"{where} names the {want.kind} {want.name}, which does not exist: the Workload "
+        f"(and so every pod) waits for it; create the {want.kind}, or change the name"
+    )
 
 
 def workload_actions(
-    obs: Observed, spec: RLJobSpec, p: Plan, phase: str, message: str, want: dict[str, Any] | None
+    obs: Observed,
+    spec: RLJobSpec,
+    p: Plan,
+    phase: str,
+    message: str,
+    want: dict[str, Any] | None,
+    release: str | None = None,
 ) -> None:
-    """Keep the Workload in step with the job (the module text of ``kueue.py``)."""
+    """Keep the Workload in step with the job (the module text of ``kueue.py``): its patches,
+    and its delete once a changed job's pods are gone (the desired set makes the new one).
+    ``release``: why the job gives its quota back of itself once its pods are gone (an elastic
+    job below ``rollout.minReplicas`` past its grace, ``elastic.py``)."""
     w, now = obs.workload, rfc3339(obs.now)
-    if want is None:
+    if want is None or w is None:
         return
-    if w is None:
-        if phase not in TERMINAL:
-            p.create.append(want)
-        return
-    patch = (kueue.API_VERSION, kueue.WORKLOADS, w.name)
+    key = ObjectKey(kueue.API_VERSION, "Workload", w.name)
+
+    def patch(body: dict[str, Any], status: bool = False) -> None:
+        p.patches.append(Patch(key, kueue.WORKLOADS, body, status))
+
     if phase in TERMINAL:
         if not w.finished:
-            done = kueue.finished_patch(w.raw, phase == "Succeeded", message, now)
-            p.patches.append((*patch, done, True))
+            patch(kueue.finished_patch(w.raw, phase == "Succeeded", message, now), True)
         if w.finalizer:
-            p.patches.append((*patch, {"metadata": {"finalizers": None}}, False))
+            patch({"metadata": {"finalizers": None}})
         return
     if w.active == spec.suspend:  # the user's suspend, mapped; never written back
-        p.patches.append((*patch, {"spec": {"active": not spec.suspend}}, False))
+        patch({"spec": {"active": not spec.suspend}})
     # Any pod, one still terminating too, keeps the quota: it may still hold its GPUs.
-    pods_left = bool(obs.pods) or any(m["kind"] == "Pod" for m in p.create)
-    if pods_left:
+    if obs.pods or p.bodies("create", "Pod"):
         return
     if w.shape != want["metadata"]["annotations"][kueue.SHAPE_ANNOTATION]:
-        p.patches.append((*patch, {"metadata": {"finalizers": None}}, False))
-        p.delete_objects.append((f"{kueue.API_VERSION}/Workload", w.name))
-    elif w.holds_admission and (w.evicted or not w.active):
+        patch({"metadata": {"finalizers": None}})
+        p.changes.append(Change("delete", key, None, "the job's podSets changed"))
+    elif w.holds_admission and (w.evicted or not w.active or release is not None):
         why = "the job stopped after its eviction" if w.evicted else "the job was deactivated"
-        p.patches.append((*patch, kueue.release_patch(w.raw, why, now), True))
-
-
-def gang_group(obs: Observed, spec: RLJobSpec, settings: Settings, p: Plan, running: bool) -> None:
-    """The gang group exists exactly while the job's pods are wanted: made in the pass that
-    makes them (``Reconciler._execute`` creates it before any pod), deleted with them on
-    suspend or finish, made again on resume; a trainer-group restart keeps it (gang.py)."""
-    if builders.job_gang(spec, settings) is None or obs.gang_group is None:
-        return
-    if running and not obs.gang_group:
-        p.create.append(builders.gang_group(obs.job, spec, settings))
-    elif not running and obs.gang_group:
-        group = builders.gang_group(obs.job, spec, settings)
-        p.delete_objects.append((f"{group['apiVersion']}/{group['kind']}", obs.job.name))
+        patch(kueue.release_patch(w.raw, release if release is not None else why, now), True)

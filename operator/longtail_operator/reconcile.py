@@ -3,6 +3,10 @@
 The per-job daemon in ``runtime.py`` calls :meth:`Reconciler.reconcile` whenever the RLJob or
 one of its pods changes, and at least every ``reconcile_period_s``. Every call starts from a
 fresh GET of the RLJob and a LIST of its children, so nothing depends on which event woke it.
+What it read becomes ``Observed`` (the pods, and every other owned object by key in
+``Observed.owned``: Services, ConfigMap, the NetworkPolicies this install makes, the gang
+group); the plan's rows (the desired set's diff, ``children.py`` and ``diff.py``) are carried
+out by ``execute.py``.
 API failures raise ``kopf.TemporaryError`` (the daemon waits with backoff and tries again); the
 status is written only when it changed, as a merge patch of the status subresource. Before
 anything else of a job that is not finished, the job's token is derived from the operator's key
@@ -51,13 +55,15 @@ from longtail_operator import (
 from longtail_operator.builders import JobRef
 from longtail_operator.checkpoints import CheckpointCall, Checkpointing
 from longtail_operator.clients import TrainerClient
+from longtail_operator.execute import execute, patch_for, prune_none, refusals
 from longtail_operator.harvester import Harvester
 from longtail_operator.kube import Kube, KubeError
 from longtail_operator.metrics import OperatorMetrics
-from longtail_operator.model import TERMINAL, Observed, Plan
+from longtail_operator.model import TERMINAL, ObjectKey, Observed, Plan
 from longtail_operator.observe import PodView, now_utc, parse_status
 from longtail_operator.settings import Settings
 from longtail_operator.sources import WorkerTarget
+from longtail_operator.targets import harvest_targets, rank0
 
 log = logging.getLogger(__name__)
 KUEUE_RECHECK_S = 30.0
@@ -79,6 +85,8 @@ class JobRuntime:
     """Trainer pod 0, whose report gives the harvest loop the rollout state (a target too only
     when ``trainer`` is in ``harvest.eligibleRoles``)."""
     counted: set[str] = field(default_factory=set)
+    known: frozenset[tuple[str, str]] = frozenset()
+    """``Observed.known``: the rollout pods alive after the last pass, not deleted by it."""
     checkpointing: Checkpointing = field(default_factory=Checkpointing)
     """The trainer's checkpoint before the pods go (``checkpoints.py``)."""
     last_error: str | None = None
@@ -95,45 +103,6 @@ def _owned(items: Iterable[dict[str, Any]], uid: str) -> list[dict[str, Any]]:
         for o in items
         if any(r.get("uid") == uid for r in o.get("metadata", {}).get("ownerReferences") or [])
     ]
-
-
-def prune_none(value: Any) -> Any:
-    """``value`` without null mapping entries (as the API server stores a merge-patched object)."""
-    if isinstance(value, dict):
-        return {k: prune_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [prune_none(v) for v in value]
-    return value
-
-
-def patch_for(old: Any, new: Any) -> Any:
-    """A JSON merge patch turning ``old`` into ``new`` (null deletes keys gone from ``new``)."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return new
-    out = {k: patch_for(old.get(k), v) for k, v in new.items()}
-    out.update({k: None for k in old if k not in new})
-    return out
-
-
-REFUSALS_SHOWN = 3
-"""Refused objects named in full in the condition (the rest are counted)."""
-REFUSAL_CHARS = 1500
-"""Longest API message kept of one refusal (a refused value can be echoed back in full)."""
-
-
-def shown_refusals(found: list[str]) -> tuple[str, ...]:
-    """The API server's refusals as the status shows them: the first :data:`REFUSALS_SHOWN`,
-    each cut to :data:`REFUSAL_CHARS` (its start, which names the object and the field, and
-    its end), then a count of the others."""
-    out = []
-    for text in found[:REFUSALS_SHOWN]:
-        if len(text) > REFUSAL_CHARS:
-            cut = len(text) - REFUSAL_CHARS
-            text = f"{text[: REFUSAL_CHARS - 300]} [{cut} characters cut] {text[-300:]}"
-        out.append(text)
-    if len(found) > REFUSALS_SHOWN:
-        out.append(f"and {len(found) - REFUSALS_SHOWN} more object(s) refused")
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -199,19 +168,23 @@ class Reconciler:
         seen = _Seen(body, job, pods, _owned(services, job.uid), cm)
         obs = self._observe(rt, seen, ())
         plan = derive.plan(obs, self.settings)
-        rejected = self._refusals(plan)
+        rejected = refusals(self.kube, self.pool, plan)
         if rejected:  # create none of them: the last accepted spec runs, or nothing
             obs = self._observe(rt, seen, rejected)
             plan = derive.plan(obs, self.settings)
-            if obs.spec is not None and self._refusals(plan):
+            if obs.spec is not None and refusals(self.kube, self.pool, plan):
                 obs = self._refused_too(obs)  # its own objects are refused (not the edit's)
                 plan = derive.plan(obs, self.settings)
         self._checkpoint(rt, plan, pods)
         failures = [e for e in plan.events if e.reason == "WorkerFailed"]
         for event in failures:  # a crash's last log lines are recorded before its pod goes
             self.kube.post_event(job, event)
-        self._execute(job, plan)
+        execute(self.kube, self.pool, job, plan)
         rt.counted.update(plan.counted)
+        gone = set(plan.delete_pods)
+        rt.known = frozenset(
+            (q.name, q.uid) for q in pods if q.role == "rollout" and q.active and q.name not in gone
+        )
         new_status = prune_none(to_wire(plan.status))
         if new_status != body.get("status"):
             self.kube.patch_status(
@@ -244,7 +217,8 @@ class Reconciler:
         kueue_served = self._kueue_served() if admits else None
         checked = validate_manifest({k: v for k, v in body.items() if k != "status"})
         previous = parse_status(body.get("status"))
-        refused = placement.refusals(checked.spec, self.settings)
+        edit = checked.spec if not checked.errors else None
+        refused = placement.refusals(edit, self.settings, labels)
         errors = tuple(str(e) for e in (*checked.errors, *refused))
         cm_data = (cm.get("data") or {}) if cm is not None else None
         gate = specgate.decide(
@@ -258,6 +232,7 @@ class Reconciler:
         )
         rt.spec = gate.spec  # the spec the job runs under: the edit, or the last accepted one
         self._ensure_token(rt, job, (body.get("status") or {}).get("phase"))
+        workload = self._workload(job) if kueue_served else None
         return Observed(
             job=job,
             spec=rt.spec,
@@ -267,31 +242,21 @@ class Reconciler:
             gate=gate,
             previous=previous,
             pods=tuple(pods),
-            services=frozenset(s["metadata"]["name"] for s in seen.services),
-            configmap=cm_data,
+            owned=self._owned_objects(job, rt.spec, seen),
             now=self.clock(),
             trainer=self._trainer_status(pods) if rt.spec is not None else None,
             harvest=rt.harvester.snapshot() if rt.harvester is not None else None,
             counted=frozenset(rt.counted),
-            network_policy=self._network_policy(job, access.network_policy_name(job.name)),
-            trainer_policy=self._network_policy(job, access.trainer_policy_name(job.name)),
-            weight_sync_policy=self._network_policy(job, access.weight_sync_policy_name(job.name)),
-            gang_group=self._gang_group(job, rt.spec),
+            known=rt.known,
             queue=labels.get(derive.QUEUE_LABEL),
             priority=labels.get(kueue.PRIORITY_LABEL),
             kueue_served=kueue_served,
             kueue_enabled=self.settings.kueue,
-            workload=self._workload(job) if kueue_served else None,
+            workload=workload,
+            workload_priority=self._priority(rt.spec, labels)
+            if kueue_served and not workload
+            else None,
         )
-
-    def _refusals(self, plan: Plan) -> tuple[str, ...]:
-        """The API server's refusals for good of the objects ``plan`` creates or replaces (a
-        dry run of each, in parallel); empty when it would take them all."""
-        asks = [(m, False) for m in plan.create] + [(m, True) for m in plan.update]
-        if not asks:
-            return ()
-        ask = lambda a: self.kube.refusal(a[0], replace=a[1])  # noqa: E731
-        return shown_refusals([r for r in self.pool.map(ask, asks) if r is not None])
 
     @staticmethod
     def _refused_too(obs: Observed) -> Observed:
@@ -328,10 +293,28 @@ class Reconciler:
         self.kube.create(access.job_secret(job, token, key))
         return token
 
-    def _network_policy(self, job: JobRef, name: str) -> bool | None:
-        if not self.settings.network_policy:
-            return None
-        return self.kube.get_network_policy(job.namespace, name) is not None
+    def _owned_objects(
+        self, job: JobRef, spec: RLJobSpec | None, seen: _Seen
+    ) -> dict[ObjectKey, dict[str, Any]]:
+        """The job's Services and ConfigMap (listed), its NetworkPolicies (read by name while
+        this install makes them) and its gang group (read while the job has one), by key."""
+        out = {ObjectKey("v1", "Service", o["metadata"]["name"]): o for o in seen.services}
+        if seen.configmap is not None:
+            name = seen.configmap["metadata"]["name"]
+            out[ObjectKey("v1", "ConfigMap", name)] = seen.configmap
+        if self.settings.network_policy:
+            for name in access.policy_names(job.name):
+                policy = self.kube.get_network_policy(job.namespace, name)
+                if policy is not None:
+                    out[ObjectKey(access.POLICY_API, "NetworkPolicy", name)] = policy
+        placed = builders.job_gang(spec, self.settings) if spec is not None else None
+        if placed is not None:
+            api_version = "/".join(GROUP_APIS[placed.backend])
+            name = gang.group_name(job.name)
+            group = self.kube.read_custom(api_version, gang.PLURAL, job.namespace, name)
+            if group is not None:
+                out[ObjectKey(api_version, gang.KIND, name)] = group
+        return out
 
     def _trainer_status(self, pods: list[PodView]) -> TrainerStatus | None:
         """The trainer's report, from pod 0 (rank 0 serves HTTP; the other pods serve none)."""
@@ -375,7 +358,7 @@ class Reconciler:
         ready, events = ck.advance(trainer.uid, reason, timeout_s, start)
         plan.events.extend(events)
         if not ready:
-            plan.delete_pods.clear()  # keep the pods until the trainer answers
+            plan.keep_pods()  # until the trainer answers
             held = ("DeletedPods", trainergroup.WORLD_CHANGED)  # said when they do go
             plan.events = [e for e in plan.events if e.reason not in held]
 
@@ -384,19 +367,6 @@ class Reconciler:
         if wake is None:
             return lambda: None
         return functools.partial(wake, rt.namespace, rt.name)
-
-    def _execute(self, job: JobRef, plan: Plan) -> None:
-        """Support objects first (pods mount the ConfigMap), then pods, in parallel."""
-        first = [m for m in plan.create if m["kind"] != "Pod"]
-        pods = [m for m in plan.create if m["kind"] == "Pod"]
-        list(self.pool.map(self.kube.create, first))
-        for cm in plan.update:
-            self.kube.replace_configmap(cm)
-        list(self.pool.map(self.kube.create, pods))
-        for api_version, plural, name, patch, status in plan.patches:
-            self.kube.patch_custom(api_version, plural, job.namespace, name, patch, status)
-        deletes = [("Pod", name) for name in plan.delete_pods] + plan.delete_objects
-        list(self.pool.map(lambda kn: self.kube.delete(kn[0], job.namespace, kn[1]), deletes))
 
     def _workload(self, job: JobRef) -> kueue.View | None:
         """The job's Workload with the ResourceFlavors its admission names (None: none)."""
@@ -411,6 +381,20 @@ class Reconciler:
                 raise KubeError(f"get resourceflavor {f}", 404, "admitted with a missing flavor")
             flavors[f] = found
         return kueue.view(obj, flavors)
+
+    def _priority(self, spec: RLJobSpec | None, labels: dict[str, str]) -> kueue.Priority | None:
+        """The priority class a Workload about to be made names, with its value read (None:
+        no class named; ``value`` None: no such class)."""
+        if spec is None:
+            return None
+        want = kueue.priority_source(
+            labels.get(kueue.PRIORITY_LABEL), spec.scheduling.priority_class_name
+        )
+        if want is None:
+            return None
+        found = self.kube.read_custom(want.api_version, want.plural, None, want.name)
+        value = found.get("value") if found is not None else None
+        return dataclasses.replace(want, value=value if isinstance(value, int) else None)
 
     def release_workload(self, body: dict[str, Any]) -> None:
         """An RLJob being deleted: take Kueue's finalizer off its Workload (the garbage
@@ -436,15 +420,6 @@ class Reconciler:
             self._kueue = (now, served)
         return self._kueue[1]
 
-    def _gang_group(self, job: JobRef, spec: RLJobSpec | None) -> bool | None:
-        """Whether the job's gang group object exists (None: the job has no gang)."""
-        placed = builders.job_gang(spec, self.settings) if spec is not None else None
-        if placed is None:
-            return None
-        api_version = GROUP_APIS[placed.backend]
-        name = gang.group_name(job.name)
-        return self.kube.get_custom("/".join(api_version), gang.PLURAL, job.namespace, name)
-
     def _targets(
         self, spec: RLJobSpec | None, pods: list[PodView], plan: Plan
     ) -> tuple[list[WorkerTarget], WorkerTarget | None]:
@@ -454,48 +429,3 @@ class Reconciler:
         gone = set(plan.delete_pods)
         trainer = harvest_targets(spec, pods, gone, self.settings, roles={"trainer"})
         return harvest_targets(spec, pods, gone, self.settings), next(iter(trainer), None)
-
-
-def rank0(pods: Iterable[PodView], *, active: bool) -> PodView | None:
-    """Trainer pod 0 with an IP (``active``: also not finished or being deleted): rank 0, the
-    one trainer pod with an HTTP server (status, checkpoint, role, weights, drafters)."""
-    return next(
-        (
-            p
-            for p in pods
-            if p.role == "trainer" and p.index == 0 and p.ip and (p.active or not active)
-        ),
-        None,
-    )
-
-
-def harvest_targets(
-    spec: RLJobSpec,
-    pods: Iterable[PodView],
-    gone: set[str],
-    settings: Settings,
-    roles: set[str] | None = None,
-) -> list[WorkerTarget]:
-    """Running pods the harvest loop polls and may reassign: the rollout workers always, and
-    the pods of the other roles in ``harvest.eligibleRoles`` (the trainer, polled and switched
-    on its own port, when ``trainer`` is eligible: pod 0 only, the one that serves HTTP).
-    Dedicated drafter pods never: drafter training is their only activity (no ``PUT /v1/role``);
-    their GPUs are counted as ``status.gpus.drafter`` by the planner instead. ``roles``: the
-    running pods of these roles instead (the trainer's, read for the rollout state alone)."""
-    eligible = (set(spec.harvest.eligible_roles) | {"rollout"}) if roles is None else roles
-    return [
-        WorkerTarget(
-            name=p.name,
-            role=p.role,
-            ip=p.ip,
-            port=builders.role_port(settings, p.role),
-            gpus=builders.gpus_of(spec, p.role),
-            uid=p.uid,
-        )
-        for p in pods
-        if p.active
-        and p.name not in gone
-        and p.role in eligible
-        and p.phase == "Running"
-        and (p.role != "trainer" or p.index == 0)
-    ]

@@ -2,7 +2,7 @@
 
 Not a double: writes past its size fail with the kernel's ENOSPC, as on a full disk. Mounting
 needs root (CAP_SYS_ADMIN); without it the test is skipped with that reason. Used by
-``tests/unit/workers/test_trainer_checkpoint.py`` and ``tests/e2e_local/test_local_run.py``.
+``tests/unit/workers/trainer/test_trainer_checkpoint.py`` and ``tests/e2e_local/test_local_run.py``.
 """
 
 from __future__ import annotations

@@ -136,13 +136,6 @@ def assert_children_gone(run_dir: Path) -> None:
     assert not running_children(run_dir), f"still running: {running_children(run_dir)}"
 
 
-def processes_written(run_dir: Path) -> bool:
-    try:
-        return len(json.loads((run_dir / "processes.json").read_text())) > 0
-    except (OSError, ValueError):  # not there yet, or caught half-written
-        return False
-
-
 def assert_harvested_candidates_arrived(run_dir: Path) -> None:
     """A harvested worker's drafter candidate reached the trainer over its HTTP port and was
     merged into a published version. A candidate comes only from a harvest window that trained
@@ -326,47 +319,59 @@ def merged_from(run_dir: Path) -> set[tuple[str, ...]]:
     return out
 
 
-def stop_after_step_one(tmp_path: Path, sig: signal.Signals) -> tuple[Path, list[int]]:
-    """Run a long job, send ``sig`` to ``longtail run`` once step 1 is done; check it stopped
-    with 130, every child gone and one checkpoint of the last completed step."""
-    run_dir = tmp_path / "run"
-    job = job_file(tmp_path, totalSteps=LONG_RUN)
-    doc = yaml.safe_load(job.read_text())
-    doc["spec"]["checkpoint"]["everySteps"] = 1000  # only the stop writes a checkpoint
-    job.write_text(yaml.safe_dump(doc))
-    out = stop_after_step(longtail_run(str(job), "--output", str(run_dir)), run_dir, 1, sig)
+def checkpointed_stop(
+    proc: subprocess.Popen[str], run_dir: Path, sig: signal.Signals, stops: list[int]
+) -> None:
+    """Send ``sig`` to ``longtail run`` once a step after the last stop's is done; check it
+    stopped with 130, every child gone and a checkpoint of the last completed step, next to
+    those of the earlier stops only (``everySteps`` 1000: only a stop writes one; ``keepLast``
+    2); appends that step to ``stops``."""
+    after = stops[-1] if stops else 0
+    out = stop_after_step(proc, run_dir, after + 1, sig)
     assert "resume with: longtail run --resume" in out
     assert_children_gone(run_dir)
     done = [r["step"] for r in rows(run_dir)]
-    ckpts = sorted((run_dir / "checkpoints").iterdir())
-    assert [p.name for p in ckpts] == [f"step-{done[-1]:06d}"], (done, ckpts)
+    assert done == list(range(1, done[-1] + 1)) and done[-1] > after, (sig, stops, done)
+    stops.append(done[-1])
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert ckpts == [f"step-{s:06d}" for s in stops[-2:]], (sig, stops, ckpts)
     assert not list((run_dir / "checkpoints").glob(".tmp-*"))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["outcome"] == "stopped" and summary["reason"].startswith("stop requested")
-    return run_dir, done
 
 
-def test_ctrl_c_checkpoints_and_resume_continues_at_the_next_step(tmp_path: Path) -> None:
-    run_dir, done = stop_after_step_one(tmp_path, signal.SIGINT)
-    resumed = longtail_run("--resume", str(run_dir))
-    stop_after_step(resumed, run_dir, done[-1] + 1, signal.SIGINT)
-    steps = [r["step"] for r in rows(run_dir)]
-    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > done[-1], (done, steps)
-    log = (run_dir / "logs" / "trainer.log").read_text()
-    assert f"(step {done[-1]})" in log and "resumed from" in log
+def child_pids(run_dir: Path) -> set[int]:
+    """The pids ``processes.json`` lists (none while it is missing or caught half-written)."""
+    try:
+        return {p["pid"] for p in json.loads((run_dir / "processes.json").read_text())}
+    except (OSError, ValueError):
+        return set()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
-def test_hangup_or_sigterm_of_the_parent_checkpoints_and_stops_every_child(
-    tmp_path: Path, sig: signal.Signals
+def test_each_stop_signal_checkpoints_and_resume_continues_and_sigkill_leaves_no_child(
+    tmp_path: Path,
 ) -> None:
-    stop_after_step_one(tmp_path, sig)  # SIGHUP: what closing the terminal sends to the parent
-
-
-def test_sigkill_of_the_parent_leaves_no_child_running(tmp_path: Path) -> None:
+    """One run directory, stopped four times: Ctrl-C (SIGINT), SIGTERM and SIGHUP (what closing
+    the terminal sends) of the parent each checkpoint the last completed step and stop every
+    child, and ``--resume`` continues at the next step; then a parent killed with SIGKILL (no
+    handler runs) leaves no child running: each child's own parent watchdog stops it. One
+    directory serves every stop because each run of ``longtail run`` costs its start."""
     run_dir = tmp_path / "run"
-    proc = longtail_run(str(JOB), "--output", str(run_dir))
-    wait_for(lambda: processes_written(run_dir), 200, "every child to start")
+    job = job_file(tmp_path, totalSteps=LONG_RUN)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["checkpoint"]["everySteps"] = 1000  # only a stop writes a checkpoint
+    job.write_text(yaml.safe_dump(doc))
+    stops: list[int] = []
+    checkpointed_stop(
+        longtail_run(str(job), "--output", str(run_dir)), run_dir, signal.SIGINT, stops
+    )
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        checkpointed_stop(longtail_run("--resume", str(run_dir)), run_dir, sig, stops)
+        log = (run_dir / "logs" / "trainer.log").read_text()
+        assert f"(step {stops[-2]})" in log and "resumed from" in log, (sig, stops)
+    before = child_pids(run_dir)
+    proc = longtail_run("--resume", str(run_dir))
+    wait_for(lambda: child_pids(run_dir) not in (set(), before), 200, "every child to start")
     assert len(running_children(run_dir)) == 4  # verifier, 2 rollout workers, trainer
     proc.kill()  # no handler runs: only the children's own watchdogs can stop them
     proc.communicate(timeout=30)

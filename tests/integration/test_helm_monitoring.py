@@ -82,8 +82,8 @@ def rollout_worker() -> Iterator[str]:
     from longtail_api.policies import DrafterTrainingSpec, SpeculativeSpec, StrategySpec
     from longtail_workers.drafter.model import EagleDrafter
     from longtail_workers.engine.interface import GenerationRequest
+    from longtail_workers.engine.native.torch_engine import EngineConfig, TorchEngine
     from longtail_workers.engine.stats import RolloutMetrics
-    from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
     from longtail_workers.rollout.control import RolloutWorker
     from longtail_workers.rollout.http import ControlConfig, ControlServer
 

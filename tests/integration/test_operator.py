@@ -352,7 +352,7 @@ def test_harvest_idle_real_worker_switches_and_status_shows_it(
 
     from longtail_api.policies import DrafterTrainingSpec
     from longtail_workers.engine.interface import GenerationRequest
-    from longtail_workers.engine.torch_engine import TorchEngine
+    from longtail_workers.engine.native.torch_engine import TorchEngine
     from longtail_workers.rollout.control import RolloutWorker
     from longtail_workers.rollout.http import ControlConfig, ControlServer
 

@@ -62,6 +62,9 @@ class FakeKueue:
         self.hold = False
         """While True nothing is admitted (a full queue)."""
         self.admissions = 0
+        self.partial: dict[str, int] = {}
+        """Pods admitted per podSet name, for a podSet asking for partial admission
+        (``minCount``): Kueue's partial admission when the queue has room for fewer."""
         self.admitted_at = 0.0
         """``time.monotonic()`` when the last admission was written."""
         self.errors: list[str] = []
@@ -105,7 +108,7 @@ class FakeKueue:
             if w["metadata"].get("deletionTimestamp"):
                 continue
             assign = [
-                {"name": ps["name"], "count": ps["count"], "flavors": {"cpu": "fake-gpu"}}
+                {"name": ps["name"], "count": self._count(ps), "flavors": {"cpu": "fake-gpu"}}
                 for ps in w["spec"]["podSets"]
             ]
             conds = [
@@ -119,6 +122,21 @@ class FakeKueue:
             self._patch_status(w["metadata"]["name"], {"admission": admission, "conditions": conds})
             self.admitted_at = time.monotonic()
             self.admissions += 1
+
+    def _count(self, ps: dict[str, Any]) -> int:
+        if "minCount" not in ps or ps["name"] not in self.partial:
+            return int(ps["count"])
+        return max(int(ps["minCount"]), min(int(ps["count"]), self.partial[ps["name"]]))
+
+    def admit_count(self, name: str, podset: str, count: int) -> None:
+        """Kueue admits ``count`` pods of ``podset`` of the admitted Workload ``name`` now (its
+        admission written again with the new count, as after a re-admission)."""
+        w = next(x for x in self.workloads() if x["metadata"]["name"] == name)
+        admission = w["status"]["admission"]
+        for a in admission["podSetAssignments"]:
+            if a["name"] == podset:
+                a["count"] = count
+        self._patch_status(name, {"admission": admission})
 
     def evict(self, name: str) -> float:
         """Evict the Workload ``name``; ``time.monotonic()`` once the API server has it."""
@@ -137,7 +155,11 @@ class FakeKueue:
 
 def install_kueue(cp: ControlPlane) -> None:
     """Kueue's Workload and ResourceFlavor APIs, and the flavour :class:`FakeKueue` assigns."""
-    crds = ["workloads.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io"]
+    crds = [
+        "workloads.kueue.x-k8s.io",
+        "resourceflavors.kueue.x-k8s.io",
+        "workloadpriorityclasses.kueue.x-k8s.io",
+    ]
     install_crds(cp, CRDS, crds, ["kueue.x-k8s.io"])
     cp.kubectl("apply", "-f", "-", input=json.dumps(FLAVOR))
 

@@ -139,6 +139,124 @@ def test_the_group_comes_before_the_pods_and_every_pod_joins_it(
             assert meta["labels"]["kai.scheduler/subgroup-name"] == role
 
 
+BLOCK = "network.topology.kubernetes.io/block"
+TOPOLOGY = {
+    "volcano": {"backend": "volcano", "queue": "research"},
+    "kai": {"backend": "kai", "queue": "team-a", "topologyName": "cluster-topology"},
+}
+
+
+@pytest.mark.parametrize("backend", ["volcano", "kai"])
+def test_the_groups_topology_and_priority_pass_the_schedulers_schema(
+    control_plane: ControlPlane, ns: str, podgroup_crds: None, backend: str
+) -> None:
+    """The job's and the trainer's topology and the priority class, in the PodGroup as stored:
+    a field the CRD does not know would be pruned (issue #52; docs/scheduling.md)."""
+    cp = control_plane
+    high = f"lt-high-{ns}"[:63]
+    body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": high}, "value": 1000}  # fmt: skip
+    cp.kubectl("apply", "-f", "-", input=json.dumps(body))
+    try:
+        m = gang_job(ns, TOPOLOGY[backend])
+        m["spec"]["scheduling"]["priorityClassName"] = high
+        m["spec"]["scheduling"]["topology"] = [
+            {"group": "job", "level": "topology.kubernetes.io/zone", "mode": "preferred"},
+            {"group": "trainer", "level": BLOCK},
+        ]
+        apply(cp, m)
+        cp.wait_for(lambda: len(live_pods(cp, ns)) == MEMBERS, timeout=60, what="the 5 pods")
+        group = podgroup(cp, ns, backend)
+        assert group is not None
+        spec = group["spec"]
+        assert spec["priorityClassName"] == high
+        if backend == "volcano":
+            assert spec["networkTopology"] == {"mode": "soft"}
+            [trainer] = spec["subGroupPolicy"]
+            assert trainer == {
+                "name": "trainer",
+                "subGroupSize": 2,
+                "labelSelector": {
+                    "matchLabels": {"longtail.dev/rljob": "tiny", "longtail.dev/role": "trainer"}
+                },
+                "networkTopology": {"mode": "hard", "highestTierName": BLOCK},
+            }
+        else:
+            assert spec["topologyConstraint"] == {
+                "topology": "cluster-topology",
+                "preferredTopologyLevel": "topology.kubernetes.io/zone",
+            }
+            subgroups = {g["name"]: g for g in spec["subGroups"]}
+            assert subgroups["trainer"]["topologyConstraint"] == {
+                "topology": "cluster-topology", "requiredTopologyLevel": BLOCK,
+            }  # fmt: skip
+            assert "topologyConstraint" not in subgroups["rollout"]
+        for name, p in pods(cp, ns).items():
+            assert p["spec"]["priorityClassName"] == high, name
+            assert p["spec"]["priority"] == 1000, name
+
+        # No scheduler places them (no node carries the level either): the job says why.
+        def trainer_waits() -> str | None:
+            found = get(cp, ns, "rljob", "tiny").get("status", {}).get("conditions", [])
+            text = next((c["message"] for c in found if c["type"] == "TrainerReady"), "")
+            return text if BLOCK in text else None
+
+        text = cp.wait_for(trainer_waits, timeout=60, what="TrainerReady naming the level")
+        assert "2 pod(s) not scheduled" in text and "label the nodes" in text
+    finally:
+        cp.kubectl("delete", "priorityclass", high, "--wait=false", check=False)
+
+
+def test_a_missing_priority_class_is_named_and_the_job_starts_once_it_exists(
+    control_plane: ControlPlane, ns: str, podgroup_crds: None
+) -> None:
+    """Without Kueue the pods carry the class: the API server refuses a pod naming a class
+    that does not exist (403), which the operator shows, creating nothing, until it exists."""
+    cp = control_plane
+    high = f"lt-missing-{ns}"[:63]
+    m = gang_job(ns, GANGS["volcano"])
+    m["spec"]["scheduling"]["priorityClassName"] = high
+    apply(cp, m)
+
+    def named() -> str | None:
+        found = get(cp, ns, "rljob", "tiny").get("status", {}).get("conditions", [])
+        return next((c["message"] for c in found if high in c.get("message", "")), None)
+
+    text = cp.wait_for(named, timeout=60, what="a condition naming the missing class")
+    assert "no PriorityClass with name" in text
+    assert not pods(cp, ns) and podgroup(cp, ns, "volcano") is None
+    body = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": high}, "value": 10}  # fmt: skip
+    cp.kubectl("apply", "-f", "-", input=json.dumps(body))
+    try:
+        cp.wait_for(lambda: len(live_pods(cp, ns)) == MEMBERS, timeout=90, what="the pods")
+    finally:
+        cp.kubectl("delete", "priorityclass", high, "--wait=false", check=False)
+
+
+def test_a_topology_the_backend_cannot_express_is_refused_and_the_running_pods_stay(
+    control_plane: ControlPlane, ns: str, podgroup_crds: None
+) -> None:
+    cp = control_plane
+    apply(cp, gang_job(ns, GANGS["coscheduling"]))
+    cp.wait_for(lambda: len(live_pods(cp, ns)) == MEMBERS, timeout=60, what="the 5 pods")
+    before = {n: p["metadata"]["uid"] for n, p in pods(cp, ns).items()}
+    edit = {"spec": {"scheduling": {"topology": [{"group": "trainer", "level": BLOCK}]}}}
+    cp.kubectl("-n", ns, "patch", "rljob", "tiny", "--type=merge", "-p", json.dumps(edit))
+
+    def refused() -> dict[str, Any] | None:
+        j = get(cp, ns, "rljob", "tiny")
+        found = {c["type"]: c for c in j.get("status", {}).get("conditions", [])}
+        accepted = found.get("SpecAccepted")
+        return accepted if accepted is not None and accepted["status"] == "False" else None
+
+    accepted = cp.wait_for(refused, timeout=60, what="SpecAccepted False")
+    assert "spec.scheduling.topology" in accepted["message"]
+    assert "coscheduling" in accepted["message"]
+    after = {n: p["metadata"]["uid"] for n, p in pods(cp, ns).items()}
+    assert after == before  # nothing of the running job was lost
+
+
 def test_suspend_deletes_the_group_with_the_pods_and_resume_makes_it_again(
     control_plane: ControlPlane, ns: str, podgroup_crds: None
 ) -> None:

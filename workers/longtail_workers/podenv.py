@@ -7,7 +7,9 @@ users is documented in docs/operator.md). ``longtail worker`` calls :func:`pod_a
 hands the arguments to the role's service: it reads the environment with ``PodEnv.from_env`` and
 appends what the role needs and the command line does not already give, derived from it and
 from the job's config file. Outside a pod (no config variable) nothing changes, so
-``longtail run`` and hand-started workers keep their exact command lines.
+``longtail run`` and hand-started workers keep their exact command lines. The trainer also
+calls :func:`rollout_workers` at each step start (``trainer/membership.py``): the one naming
+rule of the rollout pods.
 
 Pure standard library plus the shared API package, so the CLI can call it without torch.
 """
@@ -21,7 +23,7 @@ from longtail_api import podenv as names
 from longtail_api.manifest import validate_file
 from longtail_api.podenv import PodEnv, PodEnvError
 
-__all__ = ["PodEnvError", "pod_args"]
+__all__ = ["PodEnvError", "pod_args", "rollout_workers"]
 
 
 def _need(value: str | None, name: str, role: str) -> str:
@@ -53,6 +55,19 @@ def _peer(env: PodEnv, peer: str, role: str) -> tuple[str, int]:
     return found.service, found.port
 
 
+def rollout_workers(env: PodEnv, replicas: int) -> dict[str, str]:
+    """Name -> base URL of the job's rollout pods ``0 .. replicas - 1``: the trainer's
+    ``--rollout`` list at start, and its membership at each step start when the job's
+    ``spec.rollout.replicas`` changes live (``trainer/membership.py``)."""
+    # Pod i of the rollout role is <job>-rollout-<i>; with hostname + subdomain set by the
+    # operator it resolves as <pod>.<headless service> (stable across pod restarts).
+    job = _need(env.job_name, names.JOB_NAME, "trainer")
+    service, port = _peer(env, "rollout", "trainer")
+    return {
+        f"{job}-rollout-{i}": f"http://{job}-rollout-{i}.{service}:{port}" for i in range(replicas)
+    }
+
+
 def _trainer_args(argv: Sequence[str], env: PodEnv, config: str) -> list[str]:
     role = "trainer"
     extra: list[str] = []
@@ -64,12 +79,8 @@ def _trainer_args(argv: Sequence[str], env: PodEnv, config: str) -> list[str]:
         host, port = _peer(env, "verifier", role)
         extra += ["--verifier-url", f"http://{host}:{port}"]
     if not _has(argv, "--rollout"):
-        # Pod i of the rollout role is <job>-rollout-<i>; with hostname + subdomain set by the
-        # operator it resolves as <pod>.<headless service> (stable across pod restarts).
-        job = _need(env.job_name, names.JOB_NAME, role)
-        service, port = _peer(env, "rollout", role)
-        for i in range(_rollout_replicas(config)):
-            extra += ["--rollout", f"{job}-rollout-{i}=http://{job}-rollout-{i}.{service}:{port}"]
+        for name, url in rollout_workers(env, _rollout_replicas(config)).items():
+            extra += ["--rollout", f"{name}={url}"]
     if not _has(argv, "--weights-port") and env.weights_url:
         extra += ["--weights-port", str(urlsplit(env.weights_url).port)]  # checked by PodEnv
     if not _has(argv, "--resume") and env.resume:

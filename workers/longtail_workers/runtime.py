@@ -1,13 +1,14 @@
 """Process plumbing shared by the rollout and trainer services (pods and ``longtail run`` alike).
 
 ``rollout/service.py``, ``trainer/service.py`` and ``drafter_worker/service.py`` call
-:func:`policy_and_drafter` (policy, initial drafter, drafter registry: a shared directory or the
-trainer's HTTP exchange), :func:`torch_threads` (torch's CPU threads from the role's
+:func:`policy_and_drafter` (policy, initial drafter, drafter registry: a shared directory or
+the trainer's HTTP exchange), :func:`torch_threads` (torch's CPU threads from the role's
 ``resources.cpu``), :func:`make_weight_source` (HTTP pull, or broadcast receive with HTTP
-catch-up, by ``--weight-sync``; flags from :func:`add_weight_sync_args`) and
-:class:`ServiceRuntime` (bind, print the ``listening on URL`` line a parent process reads, run
-until SIGTERM/SIGINT, stop cleanly); the rollout and drafter workers' ``main`` opens with
-:func:`start_service` (arguments from :func:`worker_parser`, logging, job token, job spec).
+catch-up, by the job's plan, ``weights.plan.sync_plan``; flags from
+:func:`add_weight_sync_args`) and :class:`ServiceRuntime` (bind, print the ``listening on URL``
+line a parent process reads, run until SIGTERM/SIGINT, stop cleanly); the rollout and drafter
+workers' ``main`` opens with :func:`start_service` (arguments from :func:`worker_parser`,
+logging, job token, job spec).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from longtail_api.spec import ResourcesSpec, RLJobSpec
 from longtail_workers.signals import install_stop_signals
+from longtail_workers.weights.plan import TRANSPORTS
 from longtail_workers.weights.sync import WeightSource
 
 if TYPE_CHECKING:  # the drafter modules load lazily, when a worker builds its models
@@ -127,22 +129,24 @@ def make_weight_source(
     args: argparse.Namespace, spec: RLJobSpec, timeout_s: float = 120.0
 ) -> WeightSource | None:
     """The rollout worker's weight source (None: no ``--weights-url``, keep the weights it
-    loaded). ``--weight-sync`` (default: the job's ``spec.weightSync``, resolved) ``http`` pulls
-    each version from the trainer's weight server; ``broadcast`` receives it on the trainer's
-    broadcast (``--weight-sync-addr``, else ``LONGTAIL_WEIGHT_SYNC_ADDR``) and pulls over HTTP
-    only to catch up, so it needs the weights URL too."""
+    loaded), by the job's plan (``weights.plan.sync_plan``: ``--weight-sync``, else the job's
+    ``spec.weightSync``): ``http`` pulls each version from the trainer's weight server;
+    ``broadcast`` receives it on the trainer's broadcast (``--weight-sync-addr``, else
+    ``LONGTAIL_WEIGHT_SYNC_ADDR``) and pulls over HTTP only to catch up, so it needs the
+    weights URL too."""
     from longtail_workers.weights.http_sync import HttpWeightClient
+    from longtail_workers.weights.plan import sync_plan
 
-    transport = args.weight_sync or spec.weight_sync_transport()
+    plan = sync_plan(spec, args.weight_sync)
     if not args.weights_url:
-        if transport == "broadcast":
+        if plan.transport == "broadcast":
             raise ValueError(
                 "--weight-sync broadcast needs --weights-url too: a new or restarted worker "
                 "catches up over HTTP before it joins the next broadcast"
             )
         return None
     http = HttpWeightClient(args.weights_url, timeout_s=timeout_s, retries=5)
-    if transport == "http":
+    if plan.transport == "http":
         return http
     from longtail_workers.weights.broadcast_source import BroadcastSource
     from longtail_workers.weights.membership import ADDR_ENV
@@ -153,10 +157,10 @@ def make_weight_source(
             f"--weight-sync broadcast needs the trainer's rendezvous: --weight-sync-addr "
             f"HOST:PORT (the trainer's --weight-sync-port) or {ADDR_ENV}"
         )
-    device = role_device(spec.rollout.resources)
-    wire = "cuda" if device == "cuda" and spec.trainer.resources.gpus >= 1 else "cpu"
-    timeout = float(spec.weight_sync.phase_timeout_seconds)
-    return BroadcastSource(addr, args.name, http, device=wire, timeout_s=timeout)
+    config = plan.broadcast
+    return BroadcastSource(
+        addr, args.name, http, device=config.device, timeout_s=config.phase_timeout_s
+    )
 
 
 class _Server(Protocol):
@@ -199,7 +203,7 @@ def add_weight_sync_args(ap: argparse.ArgumentParser) -> None:
     """``--weight-sync`` and the broadcast rendezvous flags (trainer and rollout workers)."""
     ap.add_argument(
         "--weight-sync",
-        choices=("http", "broadcast"),
+        choices=TRANSPORTS,
         default=None,
         help="how policy versions travel (default: the job's spec.weightSync, resolved)",
     )

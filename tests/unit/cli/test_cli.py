@@ -108,3 +108,49 @@ def test_validate_refuses_max_new_tokens_beyond_the_models_context(tmp_path: Pat
     assert out.returncode == 1
     assert "  - spec.algorithm.maxNewTokens: " in out.stderr
     assert "max_position_embeddings 2048" in out.stderr and "got 4000" in out.stderr
+
+
+TOPOLOGY = """\
+apiVersion: longtail.dev/v1alpha1
+kind: RLJob
+metadata:
+  name: placed
+  labels: {LABELS}
+spec:
+  model: {path: builtin:tiny}
+  dataset: {path: builtin:arith}
+  scheduling:
+    {GANG}
+    topology: [{group: GROUP, level: topology.kubernetes.io/zone}]
+"""
+
+
+def topology_job(tmp_path: Path, gang: str, group: str, labels: str = "{}") -> str:
+    text = TOPOLOGY.replace("{LABELS}", labels).replace("{GANG}", gang)
+    path = tmp_path / "placed.yaml"
+    path.write_text(text.replace("GROUP", group))
+    return str(path)
+
+
+def test_validate_refuses_a_topology_the_named_gang_or_kueue_cannot_express(
+    tmp_path: Path,
+) -> None:
+    """What the file names decides: a coscheduling gang has no topology, Kueue cannot hold the
+    whole job in one domain; volcano takes a role's level."""
+    out = run("validate", topology_job(tmp_path, "gang: {backend: coscheduling}", "trainer"))
+    assert out.returncode == 1
+    assert "spec.scheduling.topology" in out.stderr and "coscheduling" in out.stderr
+    kueue = "{kueue.x-k8s.io/queue-name: team}"
+    out = run("validate", topology_job(tmp_path, "gang: {backend: none}", "job", kueue))
+    assert out.returncode == 1 and "spec.scheduling.topology" in out.stderr, out.stderr
+    out = run("validate", topology_job(tmp_path, "gang: {backend: volcano}", "rollout"))
+    assert out.returncode == 0, out.stderr
+
+
+def test_validate_leaves_the_placement_of_a_job_without_gang_or_queue_to_the_operator(
+    tmp_path: Path,
+) -> None:
+    """No gang named and no queue label: the install's default gang places it, which only the
+    operator knows, so the file alone is not refused."""
+    out = run("validate", topology_job(tmp_path, "gang: null", "trainer"))
+    assert out.returncode == 0, out.stderr

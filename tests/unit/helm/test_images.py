@@ -134,6 +134,16 @@ def test_entrypoints_match_what_the_chart_and_operator_run() -> None:
     assert (REPO / "operator" / "longtail_operator" / "__main__.py").exists()
     worker = [json.loads(a) for w, a in instructions("worker") if w == "ENTRYPOINT"][-1]
     assert worker == ["longtail"]  # worker pods run `longtail worker ROLE ...` via args
+    # Every pod the operator builds runs `longtail worker ROLE ...` through that entrypoint.
     builders = pytest.importorskip("longtail_operator.builders")
-    source = Path(builders.__file__).read_text()
-    assert '"args": ["worker", role' in source
+    from longtail_api.manifest import validate_file
+    from longtail_operator.settings import Settings
+
+    spec = validate_file(REPO / "examples" / "01-tiny-arith.yaml")[0].spec
+    assert spec is not None
+    job = builders.JobRef(namespace="ns", name="tiny", uid="uid-1")
+    for role in ("trainer", "rollout", "verifier"):
+        pod = builders.worker_pod(job, spec, Settings(), role, 0)
+        (container,) = pod["spec"]["containers"]
+        assert container.get("command", worker) == worker  # the image's entrypoint
+        assert container["args"][:2] == ["worker", role]

@@ -131,14 +131,19 @@ def test_network_policy_admits_the_job_the_operator_and_optionally_scrapers() ->
 def test_the_planner_creates_the_network_policy_once_and_ttl_removes_it() -> None:
     manifest = example()
     spec = spec_of(manifest)
-    plan = derive.plan(observed(manifest, [], network_policy=False), SETTINGS)
+    trainers = {"trainer_policy": True}  # test_trainergroup.py's
+    plan = derive.plan(observed(manifest, [], network_policy=False, **trainers), SETTINGS)
     assert [m["metadata"]["name"] for m in plan.create if m["kind"] == "NetworkPolicy"] == [
         "tiny-workers"
     ]
-    for present in (True, None):  # exists, or the operator manages none
-        plan = derive.plan(observed(manifest, all_pods(spec), network_policy=present), SETTINGS)
-        assert not [m for m in plan.create if m["kind"] == "NetworkPolicy"]
     off = Settings(network_policy=False)
+    for present, settings in (
+        (True, SETTINGS),
+        (None, off),
+    ):  # exists, or the operator manages none
+        found = observed(manifest, all_pods(spec), network_policy=present, **trainers)
+        plan = derive.plan(found, settings)
+        assert not [m for m in plan.create if m["kind"] == "NetworkPolicy"]
     assert not [
         m
         for m in derive.plan(observed(manifest, [], network_policy=False), off).create

@@ -14,7 +14,8 @@ from longtail_operator.model import HarvestSnapshot, Plan
 from longtail_operator.observe import PodView, rfc3339
 from longtail_operator.settings import Settings
 
-SETTINGS = Settings()
+SETTINGS = Settings(network_policy=False)
+"""The job's NetworkPolicies are test_access.py's: here the operator manages none."""
 
 
 def conds(p: Plan) -> dict[str, tuple[str, str]]:
@@ -167,7 +168,7 @@ def test_ttl_after_finished_cleans_children() -> None:
         conditions=[Condition("Complete", "True", "TrainingComplete", rfc3339(NOW))],
     )
     p = plan(observed(manifest, [], previous=finished, configmap={"x": "y"}), SETTINGS)
-    kinds = sorted(k for k, _ in p.delete_objects)
+    kinds = sorted(k.kind for k in p.delete_objects)
     assert kinds == ["ConfigMap", "Service", "Service", "Service"]
     assert "CleanedUp" in reasons(p)
     early = dataclasses.replace(finished, completion_time=rfc3339(NOW - timedelta(seconds=5)))

@@ -17,8 +17,8 @@ from longtail_operator import access, builders
 from longtail_operator.derive import plan
 from longtail_operator.metrics import OperatorMetrics
 from longtail_operator.model import HarvestSnapshot, Plan
-from longtail_operator.reconcile import harvest_targets
 from longtail_operator.settings import Settings
+from longtail_operator.targets import harvest_targets
 
 SETTINGS = Settings(worker_image="img:1", worker_port=9200, trainer_port=9300, verifier_port=9100)
 MODELS = {

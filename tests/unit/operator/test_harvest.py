@@ -17,7 +17,6 @@ from longtail_api.policies import HarvestSpec, PrometheusSourceSpec
 from longtail_operator.clients import WorkerClient
 from longtail_operator.harvester import Harvester
 from longtail_operator.metrics import OperatorMetrics
-from longtail_operator.reconcile import harvest_targets
 from longtail_operator.settings import Settings
 from longtail_operator.sources import (
     Observation,
@@ -26,6 +25,7 @@ from longtail_operator.sources import (
     WorkerTarget,
     parse_samples,
 )
+from longtail_operator.targets import harvest_targets
 
 SPEC = HarvestSpec(idle_seconds=1.0)
 

@@ -26,8 +26,9 @@ from kubernetes import client
 from optest import JOB, example, observed, pod, spec_of
 
 from longtail_operator import derive, specgate
+from longtail_operator.execute import REFUSAL_CHARS, shown_refusals
 from longtail_operator.kube import Kube, KubeError
-from longtail_operator.reconcile import REFUSAL_CHARS, JobRuntime, Reconciler, shown_refusals
+from longtail_operator.reconcile import JobRuntime, Reconciler
 from longtail_operator.settings import Settings
 
 SETTINGS = Settings(metrics_port=0, network_policy=False, kueue=False, token_key=bytes(32))

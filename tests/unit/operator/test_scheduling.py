@@ -142,12 +142,12 @@ def test_the_operators_gang_settings_are_checked_at_start() -> None:
 def test_a_gang_backend_the_install_does_not_grant_is_refused_naming_them() -> None:
     settings = Settings(gang_backends=("volcano",))
     manifest = gang_job(backend="kai", queue="q")
-    [err] = refusals(spec_of(manifest), settings)
+    [err] = refusals(spec_of(manifest), settings, {})
     text = str(err)
     assert err.path == "spec.scheduling.gang.backend" and "'kai'" in text
     assert "volcano" in text and "scheduling.gangBackends" in text
-    assert refusals(spec_of(gang_job(backend="volcano")), settings) == []
-    assert refusals(spec_of(gang_job(backend="none")), settings) == []
+    assert refusals(spec_of(gang_job(backend="volcano")), settings, {}) == []
+    assert refusals(spec_of(gang_job(backend="none")), settings, {}) == []
 
 
 def test_a_pod_template_cannot_take_a_pod_out_of_its_gang() -> None:
@@ -170,7 +170,7 @@ def test_no_gang_changes_nothing() -> None:
 
 def _group_actions(p: Any) -> tuple[list[str], list[tuple[str, str]]]:
     made = [m["kind"] for m in p.create if m["kind"] == "PodGroup"]
-    gone = [o for o in p.delete_objects if o[0].endswith("/PodGroup")]
+    gone = [(o.kube_kind, o.name) for o in p.delete_objects if o.kind == "PodGroup"]
     return made, gone
 
 
@@ -340,7 +340,7 @@ def test_admitted_pods_go_where_kueue_put_them_and_eviction_stops_then_releases(
     assert mirrored["KueueEvicted"] == ("True", "Preempted")
     assert not stop.patches  # quota held while the trainer checkpoints and the pods go
     gone = plan(queued(manifest, [], evicted, previous=stop.status), SETTINGS)
-    [(_, plural, _, patch, status)] = gone.patches
+    [(_, plural, patch, status)] = gone.patches
     assert (plural, status) == ("workloads", True) and patch["status"]["admission"] is None
     kinds = {c["type"]: c["status"] for c in patch["status"]["conditions"]}
     assert kinds["QuotaReserved"] == "False" and kinds["Evicted"] == "True"
@@ -351,12 +351,14 @@ def test_the_users_suspend_maps_to_active_and_a_new_shape_replaces_the_workload(
     raw = next(m for m in plan(queued(example(), []), SETTINGS).create if m["kind"] == "Workload")
     w = admitted(raw)
     p = plan(queued(manifest, [], w), SETTINGS)
-    assert (p.patches[0][3], p.status.phase) == ({"spec": {"active": False}}, "Suspended")
+    assert (p.patches[0].patch, p.status.phase) == ({"spec": {"active": False}}, "Suspended")
     bigger = example(rollout__replicas=3)
     q = plan(queued(bigger, [], w), SETTINGS)
     assert q.status.phase == "Queued"
     assert next(c for c in q.status.conditions if c.type == "Queued").reason == "WorkloadReplaced"
-    assert ("kueue.x-k8s.io/v1beta2/Workload", w.name) in q.delete_objects
+    assert ("kueue.x-k8s.io/v1beta2/Workload", w.name) in [
+        (k.kube_kind, k.name) for k in q.delete_objects
+    ]
     assert any(patch == {"metadata": {"finalizers": None}} for *_, patch, _ in q.patches)
 
 
@@ -371,10 +373,3 @@ def test_a_finished_job_finishes_its_workload_and_lets_it_go() -> None:
         -1
     ].items()
     assert {"metadata": {"finalizers": None}} in patches
-
-
-def test_the_priority_class_label_goes_to_the_workload() -> None:
-    p = plan(queued(example(), [], priority="high"), SETTINGS)
-    [w] = [m for m in p.create if m["kind"] == "Workload"]
-    assert w["spec"]["priorityClassName"] == "high"
-    assert w["spec"]["priorityClassSource"] == "kueue.x-k8s.io/workloadpriorityclass"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from optest import JOB, NOW, example, observed, pod, spec_of
+from optest import JOB, NOW, example, observed, pod, policy_key, spec_of
 
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.status import RLJobStatus
@@ -16,8 +16,8 @@ from longtail_operator import access, builders, trainergroup
 from longtail_operator.derive import plan
 from longtail_operator.model import Plan
 from longtail_operator.observe import PodView, rfc3339
-from longtail_operator.reconcile import harvest_targets, rank0
 from longtail_operator.settings import Settings
+from longtail_operator.targets import harvest_targets, rank0
 
 SETTINGS = Settings(worker_port=9200, trainer_port=9300, weights_port=9301, verifier_port=9100)
 TWO = {"trainer": {"replicas": 2}}
@@ -119,7 +119,7 @@ def test_trainer_pods_reach_each_other_on_every_tcp_port() -> None:
         observed(example(ttlSecondsAfterFinished=0, **TWO), [], previous=done, trainer_policy=True),
         SETTINGS,
     )
-    assert ("NetworkPolicy", "tiny-trainers") in ttl.delete_objects
+    assert policy_key("tiny-trainers") in ttl.delete_objects
 
 
 def test_new_group_is_created_whole_and_status_shows_the_world() -> None:

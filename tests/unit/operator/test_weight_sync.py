@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from optest import JOB, all_pods, example, observed, spec_of
+from optest import JOB, all_pods, example, observed, policy_key, spec_of
 
 from longtail_api.podenv import PodEnv
 from longtail_operator import access, builders, derive
@@ -158,7 +158,7 @@ def test_the_planner_makes_the_policy_for_broadcast_jobs_only() -> None:
     plan = derive.plan(observed(http, [], weight_sync_policy=False, **obs), SETTINGS)
     assert names(plan.create) == [] and plan.delete_objects == []
     plan = derive.plan(observed(http, [], weight_sync_policy=True, **obs), SETTINGS)
-    assert plan.delete_objects == [("NetworkPolicy", "tiny-weight-sync")]
+    assert plan.delete_objects == [policy_key("tiny-weight-sync")]
 
 
 def test_ttl_clean_up_removes_the_weight_sync_policy() -> None:
@@ -168,8 +168,8 @@ def test_ttl_clean_up_removes_the_weight_sync_policy() -> None:
     done = RLJobStatus(phase="Succeeded", completion_time="2026-01-01T11:00:00Z")
     obs = observed(m, [], previous=done, weight_sync_policy=True, network_policy=True)
     plan = derive.plan(obs, SETTINGS)
-    assert ("NetworkPolicy", "tiny-weight-sync") in plan.delete_objects
-    assert ("NetworkPolicy", "tiny-workers") in plan.delete_objects
+    assert policy_key("tiny-weight-sync") in plan.delete_objects
+    assert policy_key("tiny-workers") in plan.delete_objects
 
 
 def test_weight_sync_port_setting() -> None:

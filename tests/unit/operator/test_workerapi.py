@@ -50,7 +50,7 @@ def server() -> Iterator[Any]:
 
     from longtail_api.policies import DrafterTrainingSpec
     from longtail_workers.engine.interface import GenerationRequest
-    from longtail_workers.engine.torch_engine import TorchEngine
+    from longtail_workers.engine.native.torch_engine import TorchEngine
     from longtail_workers.rollout import http
     from longtail_workers.rollout.control import RolloutWorker
 

@@ -1,5 +1,6 @@
 """The broadcast tests' harness (``test_weight_sync_broadcast*.py``): a world-1 trainer's
-:class:`~longtail_workers.weights.broadcast.BroadcastPublisher` in the test process, and rollout
+store with its two deliveries (:class:`~longtail_workers.weights.http_sync.WeightServer` and
+:class:`~longtail_workers.weights.broadcast.Broadcast`) in the test process, and rollout
 workers' weight sides as real processes (``ws_receiver.py``), each stopped by the fixture's
 finalizer. Imported by name (``conftest.py`` puts this directory on sys.path)."""
 
@@ -19,10 +20,13 @@ import torch
 from tiny_targets import tiny_qwen2
 from ws_receiver import SHAPE
 
-from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
+from longtail_workers.weights.broadcast import Broadcast
 from longtail_workers.weights.checksum import state_dict_checksum
 from longtail_workers.weights.http_sync import WeightServer
-from longtail_workers.weights.membership import Go, attempt_key
+from longtail_workers.weights.membership import attempt_key
+from longtail_workers.weights.plan import BroadcastConfig
+from longtail_workers.weights.records import Go, decode
+from longtail_workers.weights.store import WeightStore
 
 HERE = Path(__file__).resolve().parent
 PHASE_TIMEOUT_S = 8.0
@@ -41,7 +45,8 @@ def expected_sha(version: int) -> str:
 
 def go(cluster: Cluster, n: int) -> Go:
     """The trainer's go for attempt ``n``: its members and the group they used."""
-    return Go.loads(cluster.publisher.store.get(attempt_key(n, "go")))
+    key = attempt_key(n, "go")
+    return decode(Go, cluster.broadcast.rendezvous.get(key), key)
 
 
 class Processes:
@@ -101,21 +106,27 @@ class Processes:
 
 
 class Cluster(Processes):
-    """The trainer's publisher (in this process) plus the receiver processes started so far."""
+    """The trainer's store and its deliveries (in this process) plus the receiver processes
+    started so far."""
 
     def __init__(self, tmp: Path) -> None:
         super().__init__(tmp)
-        self.server = WeightServer(port=0).start()
         config = BroadcastConfig(bucket_bytes=BUCKET_BYTES, phase_timeout_s=PHASE_TIMEOUT_S)
-        self.publisher = BroadcastPublisher(self.server, 0, config)
+        self._start(0, 0, config)
+
+    def _start(self, port: int, http_port: int, config: BroadcastConfig) -> None:
+        self.store = WeightStore()
+        self.server = WeightServer(self.store, port=http_port).start()
+        self.broadcast = Broadcast(port, config)
+        self.store.attach(self.broadcast)
 
     def spawn(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
-        addr = f"127.0.0.1:{self.publisher.port}"
+        addr = f"127.0.0.1:{self.broadcast.port}"
         return self.receiver(name, addr, self.server.url, *extra)
 
     def wait_live(self, names: list[str], timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while not set(names) <= set(self.publisher.roster.live()):
+        while not set(names) <= set(self.broadcast.roster.live()):
             if time.monotonic() > deadline:
                 pytest.fail(
                     f"receivers {names} not all registered after {timeout_s}s:\n{self.logs()}"
@@ -123,20 +134,17 @@ class Cluster(Processes):
             time.sleep(0.1)
 
     def restart_trainer(self) -> None:
-        """Stop the trainer's publisher and weight server, then start new ones on the same
-        ports, as a restarted trainer pod would (its store and kept group are gone)."""
-        port, http_port, config = self.publisher.port, self.server.port, self.publisher.config
-        self.publisher.close()
-        self.server.stop()
-        del self.publisher  # the last reference to the rendezvous store: its port is free
-        gc.collect()
-        self.server = WeightServer(port=http_port).start()
-        self.publisher = BroadcastPublisher(self.server, port, config)
+        """Stop the trainer's store and its deliveries, then start new ones on the same ports,
+        as a restarted trainer pod would (its store and kept group are gone)."""
+        port, http_port, config = self.broadcast.port, self.server.port, self.broadcast.config
+        self.store.close()
+        del self.broadcast, self.store, self.server  # the rendezvous store's last references
+        gc.collect()  # (the store and its server refer to each other): its port is free
+        self._start(port, http_port, config)
 
     def close(self) -> None:
         super().close()
-        self.publisher.close()
-        self.server.stop()
+        self.store.close()
 
 
 @pytest.fixture

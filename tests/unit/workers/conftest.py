@@ -1,5 +1,7 @@
-"""Worker-test helpers: puts this directory on sys.path so helper modules (``lossless.py``,
-``helpers.py``) import by name under --import-mode=importlib, and holds the fixtures several
+"""Worker-test helpers: puts this directory and its group folders (the tests grouped by the
+package they test: ``engine/``, ``weights/``, ...) on sys.path so helper modules
+(``lossless.py``, ``helpers.py``) and a test module reused by another import by name under
+--import-mode=importlib, and holds the fixtures several
 worker-test modules share: ``model``, the tiny policy the drafter-window tests
 (``test_trainer_drafter_window.py``, ``test_drafter_worker.py``) train on, and ``target``, the
 policy drafters are fitted and trusted on, which a module sizes with a ``TARGET`` dict of
@@ -16,9 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+_HERE = Path(__file__).resolve().parent
+# The tests are grouped by the package they test (engine/, weights/, ...); a test module that
+# reuses another's fixtures or helpers imports it by name, wherever it sits.
+for _path in (_HERE, *sorted(p for p in _HERE.iterdir() if p.is_dir() and p.name[0] != "_")):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +49,12 @@ def target(request: pytest.FixtureRequest) -> torch.nn.Module:
 
 @pytest.fixture
 def weights() -> Iterator[Any]:
-    """A started weight server (loopback, any port) that keeps the last three versions."""
+    """A started weight server (loopback, any port) over a store that keeps the last three
+    versions (``publish_state_dict(weights.store, ...)`` publishes into it)."""
     from longtail_workers.weights.http_sync import WeightServer
+    from longtail_workers.weights.store import WeightStore
 
-    with WeightServer(port=0, keep_last=3) as server:
+    with WeightServer(WeightStore(keep_last=3), port=0) as server:
         yield server
 
 

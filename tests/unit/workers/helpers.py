@@ -26,7 +26,7 @@ from longtail_workers.drafter.payload import pack_files
 from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.drafter.vetting import DrafterReference
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.engine.native.torch_engine import TorchEngine
 from longtail_workers.trainer.service import TrainerApp
 
 

@@ -20,9 +20,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "doubles"))
 from tiny_targets import tiny_qwen2
 
-from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.engine.native.torch_engine import TorchEngine
+from longtail_workers.rollout.control import RolloutWorker
 from longtail_workers.rollout.http import ControlConfig
-from longtail_workers.rollout.service import GeneratingWorker, RolloutServer
+from longtail_workers.rollout.service import RolloutServer
 
 
 def main() -> int:
@@ -35,7 +36,7 @@ def main() -> int:
         seed=5, vocab_size=32, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
         sharpness=8.0,
     )  # fmt: skip
-    worker = GeneratingWorker(TorchEngine(model), target_id="tiny", name=args.name, weights=None)
+    worker = RolloutWorker(TorchEngine(model), target_id="tiny", name=args.name, weights=None)
     server = RolloutServer(worker, ControlConfig(port=0)).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -177,7 +177,7 @@ class RetriesOnce(WeightStore):
 def publish_three(leader: PolicyLeader, out: Path) -> None:
     """Versions 1-3 over HTTP with an update before 2 and 3; what each looked like."""
     seen: dict[str, object] = {"versions": []}
-    with WeightServer(piece_bytes=PIECE, keep_last=3) as server:
+    with WeightServer(WeightStore(piece_bytes=PIECE, keep_last=3)) as server:
         for version, batch in zip((1, 2, 3), (None, *batches()), strict=True):
             if batch is not None:
                 leader.train(batch, version - 1)
@@ -189,7 +189,7 @@ def publish_three(leader: PolicyLeader, out: Path) -> None:
             retried = RetriesOnce(piece_bytes=PIECE) if version == 3 else None
             if retried is not None:
                 seen["retried"] = leader.publish(retried, version).content_sha256()
-            published = leader.publish(server, version)
+            published = leader.publish(server.store, version)
             manifest = published.manifest()
             _, pulled = HttpWeightClient(server.url, timeout_s=30).fetch(version)
             gathered = leader.full_state()  # the whole state dict, as publishing once did
@@ -204,21 +204,24 @@ def publish_three(leader: PolicyLeader, out: Path) -> None:
 
 def broadcast_three(leader: PolicyLeader, out: Path) -> None:
     """Versions 1-3 broadcast to the receivers (updates between them); see the module text."""
-    from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
+    from longtail_workers.weights.broadcast import Broadcast
+    from longtail_workers.weights.plan import BroadcastConfig
 
     names = json.loads((out / "receivers.json").read_text())
     result: dict[str, Any] = {"versions": []}
-    with WeightServer(keep_last=2) as server:
+    store = WeightStore(keep_last=2)
+    with WeightServer(store) as server:
         config = BroadcastConfig(bucket_bytes=256 << 10, phase_timeout_s=30.0)
-        publisher = BroadcastPublisher(server, 0, config)
+        broadcast = Broadcast(0, config)
+        store.attach(broadcast)
         try:
-            addr = f"127.0.0.1:{publisher.port}"
+            addr = f"127.0.0.1:{broadcast.port}"
             (out / "endpoints.json").write_text(json.dumps({"addr": addr, "url": server.url}))
-            until(lambda: set(names) <= set(publisher.roster.live()), 240, f"{names} registered")
+            until(lambda: set(names) <= set(broadcast.roster.live()), 240, f"{names} registered")
             for version, batch in zip((1, 2, 3), (None, *batches()), strict=True):
                 if batch is not None:
                     leader.train(batch, version - 1)
-                published = leader.publish(publisher, version)
+                published = leader.publish(store, version)
                 gathered = state_dict_checksum(leader.full_state())
                 phases, content = published.phases, published.content_sha256()
                 result["versions"].append({
@@ -229,7 +232,7 @@ def broadcast_three(leader: PolicyLeader, out: Path) -> None:
                 until(lambda v=version: all(loaded(out, n) >= v for n in names), 120,
                       f"every receiver loaded version {version}")  # fmt: skip
         finally:
-            publisher.close()
+            broadcast.close()
     leader.close(True)
     (out / "result.json").write_text(json.dumps(result))
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.torch_engine import TorchEngine
+from longtail_workers.engine.native.torch_engine import TorchEngine
 from longtail_workers.models.loading import load_policy, resolve_model_path
 from longtail_workers.weights.broadcast_source import BroadcastSource
 from longtail_workers.weights.checksum import state_dict_checksum
@@ -57,7 +57,7 @@ def main() -> None:
     ]  # fmt: skip
     vllm: Any = None
     if args.engine == "vllm":
-        from longtail_workers.engine.vllm_engine import VllmEngine, VllmEngineConfig
+        from longtail_workers.engine.vllm.vllm_engine import VllmEngine, VllmEngineConfig
 
         vllm = VllmEngine(model, resolve_model_path(POLICY), config=VllmEngineConfig(threads=1))
     http = HttpWeightClient(args.weights_url, timeout_s=30, retries=2)

@@ -8,7 +8,10 @@ HTTP unless it was broadcast). Each load (and the weights it started with) is on
 ``OUT/NAME.jsonl``: version, sha256 of the model's state dict, and how it came. Faults are
 injected here, not in the product: ``--kill-at V:K`` SIGKILLs this process while receiving
 bucket K of version V; ``--corrupt-at V:K`` flips a byte of bucket K of version V after it
-arrived (a faulty link), which the receiver must refuse.
+arrived (a faulty link), which the receiver must refuse. ``--start-after FILE`` builds the model,
+then waits (at most 60 s; ``OUT/NAME.waiting`` says it is there) for FILE before it connects, so
+a test can make it register at a chosen moment (mid-broadcast) without waiting for the
+interpreter to start.
 
 Run as ``python ws_receiver.py --addr HOST:PORT --name NAME --weights-url URL --out DIR``.
 """
@@ -33,7 +36,7 @@ from tiny_targets import tiny_qwen2
 from longtail_workers.weights.broadcast_source import BroadcastSource
 from longtail_workers.weights.checksum import state_dict_checksum
 from longtail_workers.weights.http_sync import HttpWeightClient
-from longtail_workers.weights.membership import AttemptRecord
+from longtail_workers.weights.records import AttemptRecord
 from longtail_workers.weights.sync import WeightSyncError
 
 SHAPE = {"vocab_size": 32, "hidden_size": 32, "intermediate_size": 64}
@@ -69,6 +72,7 @@ def main() -> None:
         ap.add_argument(flag, required=True)
     ap.add_argument("--kill-at", default=None)
     ap.add_argument("--corrupt-at", default=None)
+    ap.add_argument("--start-after", default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(message)s")
     torch.set_num_threads(1)
@@ -82,6 +86,13 @@ def main() -> None:
             f.write(json.dumps(line) + "\n")
 
     FaultySource.kill, FaultySource.corrupt = at(args.kill_at), at(args.corrupt_at)
+    if args.start_after:
+        gate, deadline = Path(args.start_after), time.monotonic() + 60
+        (Path(args.out) / f"{args.name}.waiting").touch()
+        while not gate.exists():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{args.start_after} did not appear within 60 s")
+            time.sleep(0.01)
     http = HttpWeightClient(args.weights_url, timeout_s=10, retries=2)
     source = FaultySource(args.addr, args.name, http, timeout_s=10)
     held = 0

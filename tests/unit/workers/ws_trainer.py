@@ -1,6 +1,6 @@
 """The trainer's weight side as its own process, for the broadcast fault tests
-(``test_weight_sync_broadcast_faults.py``): a real :class:`WeightServer` and
-:class:`BroadcastPublisher` on the given ports, publishing the tiny policy's versions (seeded by
+(``test_weight_sync_broadcast_faults.py``): a real store with its :class:`WeightServer` and
+:class:`Broadcast` on the given ports, publishing the tiny policy's versions (seeded by
 the version, as ``broadcast_harness.policy``) once the named receivers are registered.
 
 ``--die-at V:K`` SIGKILLs this process while its tensor stream of version V gives tensor K (mid
@@ -28,9 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "doubles"))
 from tiny_targets import tiny_qwen2
 from ws_receiver import SHAPE
 
-from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
+from longtail_workers.weights.broadcast import Broadcast
 from longtail_workers.weights.http_sync import WeightServer
 from longtail_workers.weights.pieces import canonical_layout, metas_of
+from longtail_workers.weights.plan import BroadcastConfig
+from longtail_workers.weights.store import WeightStore
 from longtail_workers.weights.sync import TensorMeta
 
 
@@ -65,11 +67,13 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s trainer %(message)s")
     torch.set_num_threads(1)
     die = tuple(int(x) for x in args.die_at.split(":")) if args.die_at else None
-    server = WeightServer(port=args.http_port).start()
+    store = WeightStore()
+    WeightServer(store, port=args.http_port).start()
     config = BroadcastConfig(bucket_bytes=args.bucket_bytes, phase_timeout_s=args.phase_timeout)
-    publisher = BroadcastPublisher(server, args.port, config)
+    broadcast = Broadcast(args.port, config)
+    store.attach(broadcast)
     deadline = time.monotonic() + 60
-    while not set(args.wait) <= set(publisher.roster.live()):
+    while not set(args.wait) <= set(broadcast.roster.live()):
         if time.monotonic() > deadline:
             raise SystemExit(f"receivers {args.wait} did not register within 60 s")
         time.sleep(0.1)
@@ -77,7 +81,7 @@ def main() -> None:
         state = tiny_qwen2(seed=version, **SHAPE).state_dict()
         layout, _ = canonical_layout(metas_of(state))
         stream = _stream(version, state, layout, die)
-        phases = publisher.publish_stream(version, layout, stream).phases
+        phases = store.publish_stream(version, layout, stream).phases
         line = {"version": version, "receivers": phases.receivers, "dropped": phases.dropped}
         with (Path(args.out) / "trainer.jsonl").open("a") as f:
             f.write(json.dumps(line) + "\n")

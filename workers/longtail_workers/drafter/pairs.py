@@ -2,7 +2,8 @@
 
 Used by every drafter trainer (offline ``fit.py``, the online spot trainer) to turn captured
 rollouts into training examples; the rollout engine's draft step follows the same convention
-(``engine/specdec.py``), and ``tests/unit/workers/test_drafter_pairs.py`` checks the two agree.
+(``engine/native/specdec.py``), and ``tests/unit/workers/drafter/test_drafter_pairs.py``
+checks the two agree.
 
 Convention (EAGLE's). Let ``x_0 .. x_{N-1}`` be tokens and ``h_t`` the target's last-layer hidden
 state (post final norm) at position ``t``, i.e. after reading ``x_0 .. x_t``; ``lm_head(h_t)``
@@ -20,9 +21,9 @@ previous feature in place of the unavailable target state.
 Context (what the drafter attends over): the **response** pairs only, from pair ``P-1`` =
 ``(y_0, h_{P-1})`` on, for a prompt of P tokens. Trainers build exactly those pairs
 (``sequence_from_result`` starts at ``x_{P-1}``; ``spot/windows.py`` windows start there) and the
-engine's drafter cache holds the same ones (``engine/specdec.py``); the prompt reaches the drafter
-only through the target states ``h_t``. Feeding the prompt's pairs too, which the drafter never
-saw in training, cost much of the long-tail speedup (docs/performance.md), and would make
+engine's drafter cache holds the same ones (``engine/native/specdec.py``); the prompt reaches the
+drafter only through the target states ``h_t``. Feeding the prompt's pairs too, which the drafter
+never saw in training, cost much of the long-tail speedup (docs/performance.md), and would make
 every switch-on re-read the prompt.
 """
 

@@ -1,8 +1,8 @@
 """The rollout-engine contract: what a request asks for and what a result promises.
 
 The rollout worker (and the GRPO step driver behind it) talks to any generation backend only
-through :class:`RolloutEngine`: the native ``torch_engine.TorchEngine`` and the vLLM backend
-``vllm_engine.VllmEngine`` implement it. The numbers in a result are defined
+through :class:`RolloutEngine`: the native ``native/torch_engine.TorchEngine`` and the vLLM
+backend ``vllm/vllm_engine.VllmEngine`` implement it. The numbers in a result are defined
 here, once, because GRPO's importance ratios and the drafter trainer both depend on them:
 
 * ``output_logprobs[i]`` is ``log_softmax(logits_i / T)[y_i]`` where ``logits_i`` are the target's
@@ -23,14 +23,14 @@ import abc
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from longtail_api.fields import WIRE_NAME
 
 if TYPE_CHECKING:
     import torch
 
-    from longtail_workers.engine.specdec import SpeculativeDecoder
+    from longtail_workers.drafter.model import EagleDrafter
     from longtail_workers.engine.stats import RolloutMetrics, RolloutStats
     from longtail_workers.engine.target import TargetModel
 
@@ -139,16 +139,20 @@ class RolloutEngine(abc.ABC):
     target: TargetModel
     """The torch copy of the policy: the worker loads weight versions into ``target.model``, and
     drafters are built on it (its embedding and LM head)."""
-    sd: SpeculativeDecoder | None
-    """The torch engine's speculative decoder (its ``drafter`` is the one in use); ``None`` when
-    SD is off, when the engine has no learned drafter (it speculates with its ``history``
-    strategies alone) or when the backend drafts inside itself (vLLM)."""
     stats: RolloutStats
     """Counters of every :meth:`generate` so far (a worker's status and metrics)."""
     metrics: RolloutMetrics | None
     """Prometheus instruments the engine updates as it runs; the worker sets them, or ``None``."""
     running: int
     """Sequences being generated right now (a worker's status endpoint)."""
+
+    @property
+    @abc.abstractmethod
+    def drafter(self) -> EagleDrafter | None:
+        """The learned drafter the engine was last given (constructor or :meth:`set_drafter`;
+        the torch engine's own copy of it), or ``None`` without one (the torch engine then
+        speculates with its ``history`` strategies alone, if any). The rollout worker starts its
+        spot trainer from it when it is not handed a drafter itself."""
 
     @property
     def waiting(self) -> int:
@@ -160,8 +164,8 @@ class RolloutEngine(abc.ABC):
         """Complete every request; results come back in request order."""
 
     @abc.abstractmethod
-    def set_drafter(self, drafter: Any) -> None:
-        """Draft with ``drafter`` (an ``EagleDrafter``) from the next :meth:`generate` on."""
+    def set_drafter(self, drafter: EagleDrafter) -> None:
+        """Draft with ``drafter`` from the next :meth:`generate` on."""
 
     def policy_loaded(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """The worker just loaded new weights into the engine's torch policy (``target.model``):

@@ -1,6 +1,7 @@
 """Lossless acceptance of draft tokens: speculative rejection sampling, batched.
 
-Called by ``specdec.py`` once per speculative step with the target's and the drafter's
+The native engine's default acceptance rule (``TorchEngine(acceptance_rule=...)``), called by
+``native/verify.py`` once per speculative step with the target's and the drafter's
 processed distributions (same temperature and top-p, from ``sampling.sampling_probs``). The rule
 (Leviathan et al. 2023; Chen et al. 2023): walk the k draft tokens in order; accept draft ``x``
 with probability ``min(1, p(x) / q(x))``; at the first rejection sample the replacement from

@@ -1,7 +1,9 @@
 """Token sampling: logits -> sampling distribution, counter-based random numbers, log-probs.
 
-Used by the torch engine (prefill and plain decode), by speculative decoding (draft sampling and
-rejection) and by tests that compute the exact target distribution. Keeping the one definition of
+Used by the native engine (prefill and plain decode, ``native/steps.py``), by its speculative
+decoding (draft sampling and rejection), by the vLLM engine (:func:`token_logprobs`, the
+contract's log-probs from the torch copy's logits) and by tests that compute the exact target
+distribution. Keeping the one definition of
 "the distribution a request samples from" here is what lets SD be lossless: the target's ``p``
 and the drafter's ``q`` go through :func:`sampling_probs` with the same temperature and top-p.
 

@@ -1,6 +1,8 @@
 """When to speculate and how deep: the adaptive SD policy of the rollout engine (pure Python).
 
-Called by the torch engine once per decode step (and usable by any other backend). Two parts:
+Called by the native torch engine once per decode step (``native/torch_engine.py``) and by the
+rollout simulator (``sim/worker.py``); the vLLM engine maps the same spec to vLLM's own
+per-batch-size schedule instead (``vllm/vllm_schedule.py``). Two parts:
 
 1. **Switch (latch).** SD is off while more than ``batch_threshold`` sequences run (big batches
    are compute-bound; verifying k extra tokens per row costs real time). Once the running count

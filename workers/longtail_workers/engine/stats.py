@@ -1,8 +1,10 @@
 """Rollout statistics: per-step records, cumulative counters, and their Prometheus metrics.
 
-The torch engine records one :class:`StepRecord` per decode step into :class:`RolloutStats`
-(plain Python, what the worker's status endpoint and the run summary read) and, when a registry
-was given, into :class:`RolloutMetrics`. "Accepted length" is the number of tokens one sequence
+The native torch engine records one :class:`StepRecord` per step (prefill, plain or speculative)
+into :class:`RolloutStats` (plain Python, what the worker's status endpoint, each generate
+reply's figures, :meth:`RolloutStats.since`, and the run summary read) and, when a registry was
+given, into :class:`RolloutMetrics`; the vLLM engine adds per-sequence totals per batch instead
+(:meth:`RolloutStats.add_sequences`). "Accepted length" is the number of tokens one sequence
 gains in one speculative step: accepted draft tokens plus the correction/bonus token (so 1 means
 every draft was rejected); acceptance rate is accepted drafts / proposed drafts. Speculative
 steps are also split by what drafted each row (``longtail_api.policies.DRAFT_SOURCES``:
@@ -14,6 +16,7 @@ The metrics' names, help texts, labels and buckets are the shared specs in
 
 from __future__ import annotations
 
+import copy
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,9 +44,10 @@ def batch_bucket(running: int) -> int:
     return 1 << max(0, running - 1).bit_length()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepRecord:
-    """What one engine step did."""
+    """What one engine step did (built by keyword: most fields are counts of one kind or another,
+    and a positional call would let two of them swap silently)."""
 
     mode: StepMode
     batch_size: int
@@ -70,6 +74,7 @@ class StepRecord:
     @classmethod
     def speculative(
         cls,
+        *,
         latency_s: float,
         depth: int,
         keep: Sequence[int],
@@ -107,6 +112,15 @@ class StepRecord:
             history_propose_s=history_propose_s,
             history_rows=history_rows,
         )
+
+
+_SUMS = (
+    "steps", "sd_steps", "plain_steps", "prefill_steps", "tokens", "sd_tokens", "drafted",
+    "accepted", "time_s", "sd_time_s", "sd_cut_by_stop", "sd_cut_by_length",
+    "history_propose_s", "history_proposals",
+)  # fmt: skip
+"""The plain-number fields of :class:`RolloutStats` that add up (what :meth:`~RolloutStats.since`
+subtracts; the histograms and buckets are subtracted key by key)."""
 
 
 @dataclass
@@ -149,6 +163,32 @@ class RolloutStats:
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
+
+    def copy(self) -> RolloutStats:
+        """An independent copy: the ``before`` that :meth:`since` is later given."""
+        return copy.deepcopy(self)
+
+    def since(self, before: RolloutStats) -> RolloutStats:
+        """What was counted after ``before`` (an earlier :meth:`copy` of these stats): every
+        counter, histogram and bucket is the difference, so the result reads like the stats of
+        the later steps alone; ``max_batch_size`` and ``last`` are not sums and are taken as
+        they are now. Counters only grow, so no difference is negative (unless :meth:`reset`
+        ran in between, which no caller of this does)."""
+        out = RolloutStats(max_batch_size=self.max_batch_size, last=self.last)
+        for name in _SUMS:
+            setattr(out, name, getattr(self, name) - getattr(before, name))
+        out.accepted_length_hist = self.accepted_length_hist - before.accepted_length_hist
+        out.bucket_tokens = self.bucket_tokens - before.bucket_tokens
+        out.source_sd_tokens = self.source_sd_tokens - before.source_sd_tokens
+        for key, seconds in self.bucket_seconds.items():
+            was = before.bucket_seconds.get(key, 0.0)
+            if seconds != was:
+                out.bucket_seconds[key] = seconds - was
+        for source, hist in self.source_accepted_hist.items():
+            delta = hist - before.source_accepted_hist.get(source, Counter())
+            if delta:
+                out.source_accepted_hist[source] = delta
+        return out
 
     def record(self, step: StepRecord) -> None:
         self.steps += 1

@@ -11,6 +11,11 @@ logits (soft-capping, scaling) is refused instead of being sampled from wrongly.
 The forward runs the model's own decoder over the engine's static slot cache
 (``kvcache/slots.py``): the model's attention implementation is switched to the slot-aware one
 (``kvcache/slot_attention.py``), which leaves every other use of the model unchanged.
+
+Who uses it: the native engine's steps (:class:`TargetModel`), and every backend as the torch
+copy of the policy (``RolloutEngine.target``: the worker loads weight versions into it and builds
+drafters on it). :func:`response_states` recomputes the hidden states of given answers for the
+vLLM engine, ``spot/sequences.py`` and ``trainer/candidate_checks.py``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Attention over the static slot cache, plugged into Hugging Face decoders by name.
 
 Called by every attention layer of the target and of the drafter while the native engine runs
-them (``engine/target.py``, ``engine/specdec.py``, ``profile/forwards.py``). A model goes through
-:func:`use_slot_attention`, which sets its attention implementation to ``longtail_sdpa`` (or
+them (``engine/target.py``, ``engine/native/specdec.py``, ``profile/forwards.py``). A model goes
+through :func:`use_slot_attention`, which sets its attention implementation to ``longtail_sdpa`` (or
 ``longtail_eager``): a function registered with ``transformers.AttentionInterface`` that runs the
 engine's attention when the layer's mask is a :class:`~longtail_workers.kvcache.slots.
 SlotAttention` and hands everything else to the stock ``sdpa`` (``eager``) function with the stock

@@ -1,12 +1,12 @@
 """The native engine's static KV cache: fixed slots per row, a slot's index is its token's position.
 
 Used by the torch engine for the target model and by speculative decoding for the drafter
-(``engine/rows.py`` owns one of each), and by ``profile/forwards.py``. Every attention layer has a
-key and a value buffer ``[rows, kv_heads, length, head_dim]`` allocated once, so a step's inputs,
-outputs and cache addresses never change and a step can be captured as a CUDA graph
-(``engine/graphs.py``). Row ``r`` of the batch being decoded is cache row ``r``: the engine keeps
-its live rows packed at the top (a retired row's slot is refilled by moving the last live row
-into it, :meth:`SlotKVCache.move_rows`).
+(``engine/native/rows.py`` owns one of each), and by ``profile/forwards.py``. Every attention
+layer has a key and a value buffer ``[rows, kv_heads, length, head_dim]`` allocated once, so a
+step's inputs, outputs and cache addresses never change and a step can be captured as a CUDA graph
+(``engine/native/graphs.py``). Row ``r`` of the batch being decoded is cache row ``r``: the
+engine keeps its live rows packed at the top (a retired row's slot is refilled by moving the last
+live row into it, :meth:`SlotKVCache.move_rows`).
 
 Because a slot is a position, there is no padding and there are no holes: a prompt is written
 at slots ``0..P-1``, a decode step writes its token at the row's length, and a rejected draft's

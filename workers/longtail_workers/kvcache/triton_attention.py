@@ -25,10 +25,12 @@ outside the span are never read.
 
 The first call for a shape compiles the kernels, so run one step before capturing a graph.
 
-Status: checked on CPU under Triton's interpreter (``tests/unit/workers/test_triton_attention.py``)
-and compiled ahead of time for sm_90 without a GPU (pipelined loads, tensor-core dots, no register
-spills); it has never run on a GPU yet. ``BLOCK_N``, ``num_warps``, the split target
-(``_WAVES``) and the split cap are first guesses, not tuned; ``num_stages`` is Triton's default.
+Status: checked on CPU under Triton's interpreter
+(``tests/unit/workers/engine/test_triton_attention.py``), compiled ahead of time for sm_90
+without a GPU (pipelined loads, tensor-core dots, no register spills), and run on an H200 in
+``pytest -m gpu`` (Triton against the torch backend, docs/performance.md). ``BLOCK_N``,
+``num_warps``, the split target (``_WAVES``) and the split cap are first guesses, not tuned;
+``num_stages`` is Triton's default.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ It also keeps the run's books: idle worker-seconds during rollouts (a worker wit
 while others still generate) and harvested worker-seconds (observed ``drafter-train``), per
 step, and the trainer's harvested seconds apart, which the progress line and the report show,
 plus counts of switches sent and refused.
+
+It tracks the rollout workers actually present: ``run.py`` tells it which ones are alive
+(:meth:`Coordinator.present`: one lost past its restarts is no harvest target any more, as a
+deleted pod is not on a cluster) and which were restarted (:meth:`Coordinator.restarted`: the
+loop forgets its assignment, and the new process starts over in its own role).
 """
 
 from __future__ import annotations
@@ -87,6 +92,10 @@ class Coordinator:
         http: HttpJson = http_json,
     ) -> None:
         self.spec, self.trainer_url, self.workers = spec, trainer_url, dict(workers)
+        self._urls = dict(workers)
+        """Every rollout worker of the run; :attr:`workers` holds those present."""
+        self._forget: set[str] = set()
+        self._forget_lock = threading.Lock()
         self.token = token
         """The run's token for ``PUT /v1/role`` (None: this process's ``LONGTAIL_AUTH_TOKEN``)."""
         self.harvest_trainer = spec.enabled and "trainer" in spec.eligible_roles
@@ -123,9 +132,25 @@ class Coordinator:
             except (OSError, ValueError, ProtocolError) as exc:
                 log.debug("harvest poll failed: %s", exc)  # a child restarting or stopping
 
+    def present(self, names: Sequence[str]) -> None:
+        """The rollout workers alive now (others are no harvest targets from the next poll)."""
+        now = {n: url for n, url in self._urls.items() if n in names}
+        if now != self.workers:
+            self.workers = now  # rebound whole: a poll in progress reads the dict it began with
+
+    def restarted(self, name: str) -> None:
+        """``name``'s process was started again: its assignment is forgotten at the next poll
+        (by the poll thread, the loop's one user)."""
+        with self._forget_lock:
+            self._forget.add(name)
+
     def poll_once(self) -> dict[str, Activity]:
         """One poll of the shared loop; returns the new decisions (sent at once). Raises
         OSError/ValueError/ProtocolError when the trainer's status cannot be read."""
+        with self._forget_lock:
+            forget, self._forget = self._forget, set()
+        for name in forget:
+            self.loop.forget(name)
         return dict(self.loop.step(self.spec, self).decided)
 
     # The transport (longtail_api.harvestloop.Transport).
@@ -169,7 +194,9 @@ class Coordinator:
 
     def _assign(self, name: str, role: Activity) -> RoleReply:
         """One ``PUT /v1/role``; counts switches and refusals."""
-        url = self.trainer_url if name == TRAINER else self.workers[name]
+        url = self.trainer_url if name == TRAINER else self.workers.get(name)
+        if url is None:  # lost past its restarts since the poll read it
+            return RoleReply(None, None, f"{name} is no longer present")
         try:
             answer = self._http(url + "/v1/role", {"role": role}, 30.0, "PUT", self.token)
             ack = from_wire(RoleAnswer, answer, "response").role

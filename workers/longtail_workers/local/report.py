@@ -12,7 +12,11 @@ refused, by reason (the rows' ``drafter_refused``), and, when the run published 
 drafter version, why (``drafter_unpublished``, the trainer's words, with the harvest's figures
 when no candidate was trained). Speculation by draft source (``learned``, ``history``: each
 one's share of the tokens and its accepted length) is in the CSV's ``sd_fraction_<source>``
-and ``accepted_length_<source>`` columns and the summary's means.
+and ``accepted_length_<source>`` columns and the summary's means. Elastic rollout: the rollout
+workers each step had are the CSV's ``rollout_workers`` column, and the summary's
+``rollout_resizes`` lists the steps where that count changed (``was`` -> ``rollout_workers``:
+the run shrank or grew), next to ``rollout_shrinks``, the workers ``longtail run`` lost past
+their restarts (``local/restarts.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ CSV_COLUMNS = (
     "step", "policy_version", "drafter_version", "reward_mean", "accuracy", "eval_accuracy",
     "eval_sampled_accuracy", "answers", "mean_length", "max_length", "rollout_s", "tail_s",
     "train_s", "sync_s", "step_s", "sd_fraction", "mean_accepted_length", "idle_s",
-    "harvested_s", "trainer_harvested_s", "redispatched", "sync_version", "sync_transport",
+    "harvested_s", "trainer_harvested_s", "redispatched", "rollout_workers", "sync_version",
+    "sync_transport",
     "sync_gather_s", "sync_pack_s", "sync_wire_s", "sync_load_s", "sync_pause_s", "sync_bytes",
     "sync_gb_per_s", *(f"sd_fraction_{s}" for s in DRAFT_SOURCES),
     *(f"accepted_length_{s}" for s in DRAFT_SOURCES),
@@ -96,7 +101,22 @@ def summarize(rows: list[StepRow], info: dict[str, Any]) -> dict[str, Any]:
         **_drafter_outcome(rows),
         "acceptance_collapsed_steps": [r.step for r in rows if r.acceptance_collapsed],
         **_weight_sync(rows),
+        "rollout_resizes": rollout_resizes(rows),
     }
+
+
+def rollout_resizes(rows: list[StepRow]) -> list[dict[str, int]]:
+    """The steps whose rollout had another count of workers than the step before: ``{"step",
+    "was", "rollout_workers"}`` each (rows without the count are skipped)."""
+    out, was = [], None
+    for row in rows:
+        now = row.rollout_workers
+        if now is None:
+            continue
+        if was is not None and now != was:
+            out.append({"step": row.step, "was": was, "rollout_workers": now})
+        was = now
+    return out
 
 
 def _draft_sources(rows: list[StepRow]) -> dict[str, Any]:
@@ -248,6 +268,8 @@ def _save(fig: Any, path: Path) -> str:
 
 def markdown(summary: dict[str, Any], images: list[str]) -> str:
     def fmt(v: Any) -> str:
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):  # resizes
+            return "; ".join(", ".join(f"{k} {x}" for k, x in d.items()) for d in v)
         if isinstance(v, list):  # lost_workers, restarted_workers
             return ", ".join(map(str, v)) or "none"
         if isinstance(v, dict):  # drafter_candidates_refused: by reason

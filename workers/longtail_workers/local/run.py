@@ -15,14 +15,16 @@ weight server); policy versions travel by ``--weight-sync`` (``auto``, the defau
 ``spec.weightSync`` resolved; ``http``; ``broadcast``: the trainer gets a free
 ``--weight-sync-port`` and the rollout workers its ``--weight-sync-addr``); run the harvest
 coordinator and the progress display until the trainer exits (restarting a lost rollout or
-drafter worker up to ``spec.backoffLimit`` times, ``local/restarts.py``); stop every child;
-write the report. Ctrl-C (SIGINT), SIGTERM or
+drafter worker up to ``spec.backoffLimit`` times; past that the run shrinks, and below
+``spec.rollout.minReplicas`` for longer than ``belowMinGraceSeconds`` it checkpoints and stops:
+``local/restarts.py``); stop every child; write the report. Ctrl-C (SIGINT), SIGTERM or
 SIGHUP (the terminal closed; left ignored under ``nohup``): the trainer is asked to stop,
 checkpoints the last completed step and exits, then the workers are stopped; the run can be
 continued with ``--resume``. If the parent is killed outright, each child stops by itself
-(``parentwatch.py``). Exit codes: 0 complete, 1 failed, 130 stopped; ``summary.json`` has the
-``outcome`` and, unless complete, the ``reason`` (a failed trainer's own error line, e.g. a
-checkpoint that did not fit on the disk).
+(``parentwatch.py``). Exit codes: 0 complete, 1 failed, 75 stopped with too few rollout workers
+(checkpointed; resumable), 130 stopped; ``summary.json`` has the ``outcome`` and, unless
+complete, the ``reason`` (a failed trainer's own error line, e.g. a checkpoint that did not fit
+on the disk; the rollout workers left and ``minReplicas``).
 """
 
 from __future__ import annotations
@@ -56,8 +58,12 @@ from longtail_workers.local.report import write_report
 from longtail_workers.local.restarts import Restarts
 from longtail_workers.local.tracking_end import log_report, tracking_switch
 from longtail_workers.models.cache import BuildWaitStopped
+from longtail_workers.weights.plan import sync_plan
 
 STOPPED = 130
+BELOW_MIN = 75
+"""Exit code of a run stopped (checkpointed) below ``spec.rollout.minReplicas`` rollout workers:
+EX_TEMPFAIL, a run to resume once the workers can run."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,17 +216,16 @@ def start_drafters(
 
 
 def weight_sync_transport(spec: RLJobSpec, weight_sync: str) -> str:
-    """``http`` or ``broadcast``: ``--weight-sync`` (kept in ``run.json``), ``auto`` meaning the
-    job's ``spec.weightSync`` resolved as the operator resolves it."""
-    if weight_sync == "auto":
-        return spec.weight_sync_transport()
-    if weight_sync not in ("http", "broadcast"):
+    """``http`` or ``broadcast``: the job's plan (``weights.plan.sync_plan``) for the
+    ``--weight-sync`` kept in ``run.json`` (``auto``: the job's ``spec.weightSync``)."""
+    try:
+        return sync_plan(spec, weight_sync).transport
+    except ValueError:
         raise JobSpecError(
             f"run.json: weight_sync {weight_sync!r} is not supported any more (the "
             "torch.distributed transport was replaced by broadcast); write auto, http or "
             "broadcast there and resume again"
-        )
-    return weight_sync
+        ) from None
 
 
 def trainer_ranks(spec: RLJobSpec) -> list[dict[str, str]]:
@@ -318,7 +323,7 @@ def run(argv: list[str]) -> int:
     children: list[Child] = []
     coordinator: Coordinator | None = None
     code, started, reason = 1, time.monotonic(), None
-    restarts = Restarts(spec.backoff_limit)
+    restarts = Restarts.of(spec, run_dir=str(run_dir))
     try:
         token = export_run_token()  # the run's job token: children inherit it, not via argv
         trainer, workers = start_children(
@@ -326,8 +331,14 @@ def run(argv: list[str]) -> int:
         )
         trainer_url = trainer.wait_ready(args.startup_timeout)
         write_processes(run_dir, children, workers, trainer_url)
-        restarts.on_restart = lambda: write_processes(run_dir, children, workers, trainer_url)
         coordinator = Coordinator(spec.harvest, trainer_url, workers, token=token).start()
+
+        def restarted() -> None:  # the harvest loop starts the new process over in its role
+            write_processes(run_dir, children, workers, trainer_url)
+            assert coordinator is not None
+            coordinator.restarted(restarts.restarted[-1])
+
+        restarts.on_restart = restarted
         code, reason = supervise(trainer, children, coordinator, progress, stop, restarts)
     except ChildFailed as exc:
         progress.message(f"error: {exc}")
@@ -340,7 +351,7 @@ def run(argv: list[str]) -> int:
         stop_all(children)
     info = {
         **opts,
-        "outcome": {0: "complete", STOPPED: "stopped"}.get(code, "failed"),
+        "outcome": {0: "complete", STOPPED: "stopped", BELOW_MIN: "stopped"}.get(code, "failed"),
         "reason": reason,
         "wall_s": time.monotonic() - started,
         **start_eval(run_dir),
@@ -365,9 +376,10 @@ def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
               progress: Progress, stop: threading.Event,
               restarts: Restarts) -> tuple[int, str | None]:  # fmt: skip
     """Poll and display until the trainer exits; forward a stop request to it; restart lost
-    rollout workers (``restarts``), replacing them in ``children``. Returns the exit code and,
-    unless complete, why the run ended."""
-    asked_stop, failed, reason = False, False, None
+    rollout workers (``restarts``), replacing them in ``children``, and stop below
+    ``minReplicas`` (:meth:`Restarts.below_min`). Returns the exit code and, unless complete,
+    why the run ended."""
+    asked_stop, below_min, reason = False, False, None
     while trainer.alive:
         if stop.is_set() and not asked_stop:
             progress.message("stopping: the trainer checkpoints the last completed step ...")
@@ -381,29 +393,33 @@ def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
         if not asked_stop and not stop.is_set():
             for line in restarts.check(children, trainer):
                 progress.message(line)
-            why = restarts.none_left(children)
+            coordinator.present([c.name for c in children if c.role == "rollout" and c.alive])
+            why = restarts.below_min(children)
             if why is not None:
-                progress.message(f"error: {why}")
+                progress.message(f"stopping: {why}")
                 trainer.signal(signal.SIGTERM)  # it checkpoints the last completed step
-                asked_stop = failed = True
+                asked_stop = below_min = True
                 reason = why
         time.sleep(0.5)
     rc = trainer.proc.wait()
     if rc != 0:
         progress.message(f"trainer failed (exit {rc}):\n{trainer.tail()}")
         return 1, f"the trainer failed (exit {rc}): {trainer.error_line() or 'no output'}"
-    if failed:
-        return 1, reason
+    if below_min:
+        return BELOW_MIN, reason
     return (STOPPED, "stop requested (Ctrl-C, SIGTERM or SIGHUP)") if asked_stop else (0, None)
 
 
 def write_processes(
     run_dir: Path, children: list[Child], workers: dict[str, str], trainer_url: str
 ) -> None:
-    """``processes.json``: name, pid and URL of every child (for operators and tests)."""
+    """``processes.json``: name, pid and URL of every child (for operators and tests); replaced
+    whole (a restart rewrites it while others may read it)."""
     urls = {**workers, "trainer": trainer_url}
     procs = [{"name": c.name, "pid": c.proc.pid, "url": urls.get(c.name, c.url)} for c in children]
-    (run_dir / "processes.json").write_text(json.dumps(procs, indent=2) + "\n")
+    tmp = run_dir / "processes.json.tmp"
+    tmp.write_text(json.dumps(procs, indent=2) + "\n")
+    tmp.replace(run_dir / "processes.json")
 
 
 def _poll_trainer(url: str) -> TrainerStatus | None:
@@ -487,6 +503,10 @@ def print_summary(progress: Progress, s: dict[str, Any], run_dir: Path, code: in
             f"warning: lost worker(s): {', '.join(s['lost_workers'])}; restarted: "
             f"{', '.join(s['restarted_workers']) or 'none'}; see {run_dir / 'logs'}"
         )
+    if s.get("rollout_resizes"):
+        steps = ", ".join(f"step {r['step']}: {r['was']} -> {r['rollout_workers']}"
+                          for r in s["rollout_resizes"])  # fmt: skip
+        progress.message(f"rollout workers per step changed: {steps}")
     progress.message(f"report: {run_dir / 'report' / 'summary.md'}")
-    if code == STOPPED or (code != 0 and s["steps_completed"]):
+    if code in (STOPPED, BELOW_MIN) or (code != 0 and s["steps_completed"]):
         progress.message(f"resume with: longtail run --resume {run_dir}")

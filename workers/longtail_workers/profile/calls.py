@@ -9,7 +9,7 @@ the last live rows into the holes, its loop). On a small model on CPU those add 
 percent of a rollout (docs/performance.md, "Step simulator").
 
 So the profiled model is served by a real rollout worker (``rollout/service.py``'s
-``GeneratingWorker`` behind its ``RolloutServer`` on a free port), and the trainer's client posts
+``RolloutWorker`` behind its ``RolloutServer`` on a free port), and the trainer's client posts
 calls of ``batch`` answers whose budgets are spread from short to long (rows retire all along,
 as in a long-tailed step). A call's wall time less the sum of the engine's step records
 (prefill, decode) is what the curves leave out; a long and a short call separate its per-call
@@ -32,11 +32,12 @@ from longtail_api.policies import DrafterTrainingSpec
 from longtail_api.wirecodec import from_wire, to_wire
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.engine.native.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.httpclient import http_json
 from longtail_workers.profile.engine_steps import StepRecorder
+from longtail_workers.rollout.control import RolloutWorker
 from longtail_workers.rollout.http import ControlConfig
-from longtail_workers.rollout.service import GeneratingWorker, RolloutServer
+from longtail_workers.rollout.service import RolloutServer
 from longtail_workers.wire.rollout import GENERATE_PATH, GenerateCall, GenerateReply
 
 CALL_TIMEOUT_S = 600.0
@@ -108,7 +109,7 @@ def call_costs(
     engine = TorchEngine(model, config=EngineConfig(max_running=max(256, shape.batch)))
     recorder = StepRecorder()
     engine.stats = recorder
-    worker = GeneratingWorker(
+    worker = RolloutWorker(
         engine,
         target_id="profile",
         name="profile-rollout",

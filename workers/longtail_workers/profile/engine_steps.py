@@ -6,7 +6,7 @@ per row), checks stops, writes its caches and token stores and, in a speculative
 ``k`` tokens, verifies them and runs the rejection sampler. On a small model those are a large
 share of the step (docs/performance.md, "Step simulator: validation"), so the simulator's decode
 and speculative-step latencies come from here: for every batch size and context of the grid,
-:class:`~longtail_workers.engine.torch_engine.TorchEngine` generates ``batch`` answers to
+:class:`~longtail_workers.engine.native.torch_engine.TorchEngine` generates ``batch`` answers to
 random prompts of ``context`` tokens (no stop token, so every row runs every step), and the
 median of the steps after the first quarter is the point (the first speculative step re-prefills
 the drafter, and the next few cost less than the steady state until its cache has grown).
@@ -38,10 +38,10 @@ from longtail_api.policies import DrafterKind, SelectorSpec, SpeculativeSpec, St
 from longtail_api.profile import StepPoint
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.engine.interface import GenerationRequest
+from longtail_workers.engine.native.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.engine.rejection import AcceptanceRule, Verdict
 from longtail_workers.engine.sampling import sample_from_probs
 from longtail_workers.engine.stats import RolloutStats, StepMode, StepRecord
-from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.profile.forwards import StepGrid
 
 

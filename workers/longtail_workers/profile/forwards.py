@@ -3,7 +3,7 @@
 Called by :mod:`longtail_workers.profile.main`. Each point runs the engine's own pieces
 (:class:`~longtail_workers.engine.target.TargetModel` over a :class:`~longtail_workers.kvcache.
 slots.SlotKVCache`, the :class:`~longtail_workers.drafter.model.EagleDrafter` over its own
-cache, as ``engine/specdec.py`` drafts, with the engine's attention backend) at a given batch
+cache, as ``engine/native/specdec.py`` drafts, with the engine's attention backend) at a given batch
 size and context. The cache is filled by prefilling one row and copying it to the others
 (``SlotKVCache.move_rows``): timing does not depend on the cached values, and a batch-256
 prefill of long contexts would cost more than every timed step together. A timed forward writes
@@ -20,7 +20,7 @@ import torch
 
 from longtail_api.profile import StepPoint
 from longtail_workers.drafter.model import EagleDrafter
-from longtail_workers.engine.graphs import StepGraphs
+from longtail_workers.engine.native.graphs import StepGraphs
 from longtail_workers.engine.target import TargetModel
 from longtail_workers.kvcache.slot_attention import choose_backend, use_slot_attention
 from longtail_workers.kvcache.slots import SlotAttention, SlotKVCache

@@ -2,12 +2,13 @@
 
 Called by :mod:`longtail_workers.profile.main` (the profile's ``history_propose`` points) and by
 the simulator's tests. A history step runs no drafter: what it adds to the verify is the host's
-work before the step, :meth:`HistoryIndex.propose <longtail_workers.engine.history.HistoryIndex
-.propose>` for every running row (hashing the row's newly committed tokens, walking the hash
-chain of its newest ``min_match`` tokens and measuring each candidate's match backwards). That
-work depends on the index's content, not on the model, so it is timed here on the real index
-with synthetic token ids rather than through the engine, whose random-init model's answers to
-random prompts share nothing and would be matched only by chance.
+work before the step, :meth:`HistoryIndex.propose
+<longtail_workers.engine.native.history.HistoryIndex.propose>` for every running row (hashing the
+row's newly committed tokens, walking the hash chain of its newest ``min_match`` tokens and
+measuring each candidate's match backwards). That work depends on the index's content, not on the
+model, so it is timed here on the real index with synthetic token ids rather than through the
+engine, whose random-init model's answers to random prompts share nothing and would be matched only
+by chance.
 
 The index is filled as an RL step fills it: one prompt, ``group`` answers from an earlier call
 (finished) and ``group`` answers of the current call, all near-copies of one solution (each
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 
 from longtail_api.policies import HistorySpec
 from longtail_api.profile import StepPoint
-from longtail_workers.engine.history import HistoryIndex
+from longtail_workers.engine.native.history import HistoryIndex
 
 EDIT_RATE = 0.1
 """Chance that an answer's token differs from the shared solution's."""

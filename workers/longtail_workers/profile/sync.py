@@ -4,7 +4,8 @@ Called by :mod:`longtail_workers.profile.main`. Every RL step ends with the new 
 going from the trainer to every rollout worker before their next rollout. :func:`measure_sync`
 times, with the profiled model's own weights:
 
-* **http**: the trainer's publish on its
+* **http**: the trainer's publish into its
+  :class:`~longtail_workers.weights.store.WeightStore` served by a
   :class:`~longtail_workers.weights.http_sync.WeightServer` (pack: pieces copied and hashed),
   one worker's pull with :class:`~longtail_workers.weights.http_sync.HttpWeightClient` (the
   pieces in parallel, each checksummed) over loopback, and ``load_state_dict`` of what it
@@ -36,6 +37,7 @@ from longtail_workers.weights import membership
 from longtail_workers.weights.buckets import bucket_count, bucket_span, fill_buckets
 from longtail_workers.weights.http_sync import HttpWeightClient, WeightServer
 from longtail_workers.weights.pieces import canonical_layout, metas_of
+from longtail_workers.weights.store import WeightStore, publish_state_dict
 
 BUCKET_BYTES = 256 << 20
 """Bucket size of the timed broadcast (the spec's default is 1 GiB; a small model fits one)."""
@@ -54,11 +56,12 @@ def measure_sync(policy: nn.Module, repeats: int) -> tuple[float, SyncCosts]:
     transports)."""
     state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
     pack, pull, load, size = [], [], [], 0
-    with WeightServer() as server:
+    store = WeightStore()
+    with WeightServer(store) as server:
         client = HttpWeightClient(server.url, timeout_s=TIMEOUT_S)
         for version in range(1, max(1, repeats) + 2):  # the first round warms the connection
             t0 = time.perf_counter()
-            size = server.publish(version, state).size
+            size = publish_state_dict(store, version, state).size
             t1 = time.perf_counter()
             _, pulled = client.fetch(version)
             t2 = time.perf_counter()

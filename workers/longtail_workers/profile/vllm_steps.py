@@ -14,7 +14,7 @@ prefill overlaps the first decode steps and the step reads a little fast.
 
 One vLLM engine per configuration (plain decode, then one per draft depth), each reused across
 the whole grid and closed before the next starts, through
-:class:`~longtail_workers.engine.vllm_engine.VllmEngine` (the only module allowed to import
+:class:`~longtail_workers.engine.vllm.vllm_engine.VllmEngine` (the only module allowed to import
 vLLM). Speculative steps of depth ``k`` use one fixed strategy, on at every batch size of the
 grid, with an untrained ``eagle1`` drafter: nearly every draft is rejected, so most steps make
 one token; the steps are counted from vLLM's per-request acceptance histogram, so a step
@@ -45,7 +45,7 @@ from longtail_workers.profile.forwards import StepGrid
 from longtail_workers.profile.timing import Repeats
 
 if TYPE_CHECKING:
-    from longtail_workers.engine.vllm_engine import VllmEngine
+    from longtail_workers.engine.vllm.vllm_engine import VllmEngine
 
 KV_MARGIN = 1.25
 """Headroom over the exact KV bytes of the largest point (whole blocks, the drafter's layer)."""
@@ -56,9 +56,9 @@ class VllmUnavailableError(RuntimeError):
 
 
 def vllm_engine_module() -> ModuleType:
-    """``engine/vllm_engine.py``, or :class:`VllmUnavailableError` (never a torch fallback)."""
+    """``engine/vllm/vllm_engine.py``, or :class:`VllmUnavailableError` (never a torch fallback)."""
     try:
-        from longtail_workers.engine import vllm_engine
+        from longtail_workers.engine.vllm import vllm_engine
     except ImportError as exc:
         raise VllmUnavailableError(
             f"--engine vllm: vLLM cannot be imported here ({exc}). Fix: install it (GPU: pip "

@@ -1,13 +1,18 @@
 """The rollout worker's state: what it does with its GPU (rollout or drafter-train) and why.
 
 :class:`RolloutWorker` is the object every front end drives: the HTTP control surface
-(``rollout/http.py``) maps ``PUT /v1/role`` to its :attr:`RolloutWorker.role` and
-``GET /v1/status`` to :meth:`RolloutWorker.status` (a typed ``RolloutWorkerStatus``); the
-generation endpoint (``rollout/service.py``) calls :meth:`RolloutWorker.generate`. It owns the
-engine (torch or vLLM), the capture buffer (``spot/buffer.py``), the spot trainer
-(``spot/trainer.py``), the acceptance tracker and optionally a drafter registry
-(:class:`~longtail_workers.drafter.registry.DrafterStore`: a shared directory, or the trainer's HTTP
-exchange in ``drafter/exchange.py``).
+(``rollout/http.py``) maps ``PUT /v1/role`` to its :attr:`RolloutWorker.role` and ``GET
+/v1/status`` to :meth:`RolloutWorker.status` (a typed ``RolloutWorkerStatus``); the generation
+endpoint (``rollout/service.py``) calls :meth:`RolloutWorker.generate_call`. It owns the engine
+(torch or vLLM), the capture buffer (``spot/buffer.py``), the spot trainer
+(``spot/trainer.py``), the acceptance tracker, optionally a drafter registry
+(:class:`~longtail_workers.drafter.registry.DrafterStore`: a shared directory, or the trainer's
+HTTP exchange in ``drafter/exchange.py``) and optionally its weight source
+(:class:`~longtail_workers.weights.sync.WeightSource`, ``runtime.make_weight_source``): a
+generate call first loads the policy version it names from it
+(:meth:`RolloutWorker.ensure_policy`), so one call never mixes versions; calls run one at a
+time, so a call the trainer abandoned (its worker declared hung) ends under its own version
+before the next one loads another.
 
 Its role (``rollout`` or ``drafter-train``) is the harvested worker's one state machine
 (``spot/harvested.py``), which only the harvest loop switches; this worker fills its hooks:
@@ -42,12 +47,15 @@ from longtail_workers.drafter.exchange import DrafterExchangeError
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.drafter.registry import DrafterStore
 from longtail_workers.engine.interface import GenerationRequest, GenerationResult, RolloutEngine
+from longtail_workers.engine.stats import RolloutStats
 from longtail_workers.rollout.metrics import WorkerCollector, role_switch_histogram
 from longtail_workers.spot.acceptance import INITIAL_DRAFTER, AcceptanceTracker
 from longtail_workers.spot.buffer import RolloutBuffer
 from longtail_workers.spot.cycle import RoleConflictError, WindowCycle, newest_drafter
 from longtail_workers.spot.harvested import HarvestedRole
 from longtail_workers.spot.trainer import EmptyBufferError, SpotTrainer
+from longtail_workers.weights.sync import WeightSource, WeightSyncError, WeightVersionError
+from longtail_workers.wire.rollout import EngineDelta, GenerateCall, GenerateReply, Sample
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,7 @@ class RolloutWorker:
         training: DrafterTrainingSpec | None = None,
         registry: DrafterStore | None = None,
         drafter: EagleDrafter | None = None,
+        weights: WeightSource | None = None,
         max_buffer_bytes: int = 8 << 30,
         policy_version: int = 0,
         step: int = 0,
@@ -77,7 +86,7 @@ class RolloutWorker:
         self.registry, self.stop_timeout_s, self.clock = registry, stop_timeout_s, clock
         self.buffer = RolloutBuffer(self.training.buffer_tokens, max_buffer_bytes)
         self.acceptance = AcceptanceTracker()
-        initial = drafter or (engine.sd.drafter if engine.sd is not None else None)
+        initial = drafter or engine.drafter
         if initial is None:
             initial = EagleDrafter(
                 engine.target.model,
@@ -94,8 +103,16 @@ class RolloutWorker:
             )
         self.policy_version, self.step = policy_version, step
         self.drafter_version = INITIAL_DRAFTER
+        self.weights = weights
+        """Where the policy versions the generate calls name come from (None: the worker keeps
+        the weights it loaded, and a call naming another version is refused)."""
         self._state = threading.Lock()  # generating/idle_since
         self._gen_lock = threading.Lock()  # one generate at a time
+        self._load_lock = threading.Lock()
+        self._call_lock = threading.Lock()
+        """One generate call at a time, its policy load included (see the module text)."""
+        self._unreported_load: tuple[int, float] = (-1, 0.0)
+        """(version, seconds) of the last policy load no generate reply has reported yet."""
         self._generating = False
         self._idle_since: float | None = clock()  # None while generating
         self.metrics_registry = CollectorRegistry()
@@ -108,6 +125,63 @@ class RolloutWorker:
         """rollout or drafter-train, switched by the harvest loop (``spot/harvested.py``)."""
         self.metrics_registry.register(WorkerCollector(self))
         self.metrics_registry.register(self.acceptance)
+
+    # --- generate calls ---------------------------------------------------------------------
+
+    def generate_call(self, call: GenerateCall) -> GenerateReply:
+        """Load the policy version ``call`` names, generate, and reply with the engine's
+        figures for the call (one call at a time)."""
+        with self._call_lock:
+            held, t_load = self.policy_version, time.perf_counter()
+            self.ensure_policy(call.policy_version)
+            if held != call.policy_version:
+                # Kept until a reply carries it: a call refused after the load (the worker was
+                # harvested meanwhile, 409) must not lose the pause it caused to the retried call.
+                self._unreported_load = (call.policy_version, time.perf_counter() - t_load)
+            self.begin_step(call.step, call.policy_version)
+            # The counters so far (not a deep copy: a profiling recorder's step list stays out)
+            before = self.engine.stats.since(RolloutStats())
+            t0 = time.perf_counter()
+            results = self.generate(call.requests, step=call.step)
+            seconds = time.perf_counter() - t0
+            version, load_s = self._unreported_load
+            self._unreported_load = (-1, 0.0)
+            # The rollout pause this call caused: obtaining and loading the version it names
+            # (0 when held already); the trainer books it per version (trainer/syncbook.py).
+            load_s = load_s if version == call.policy_version else 0.0
+            engine = EngineDelta.of(self.engine.stats.since(before), seconds, load_s)
+            samples = [Sample.of(r) for r in results]
+            return GenerateReply(
+                self.name, self.policy_version, self.drafter_version, samples, engine
+            )
+
+    def ensure_policy(self, version: int, timeout_s: float = 120.0) -> None:
+        """Load policy ``version`` whole from :attr:`weights` (or raise, leaving the model as
+        it was); retried until ``timeout_s`` while the source is not ready."""
+        with self._load_lock:
+            if version == self.policy_version:
+                return
+            if self.weights is None:
+                raise WeightSyncError(
+                    f"asked for policy version {version} but this worker has no weight source "
+                    f"(it holds version {self.policy_version}); start it with --weights-url"
+                )
+            deadline = time.monotonic() + timeout_s
+            delay = 0.05
+            while True:
+                try:
+                    got = self.weights.load_into(self.engine.target.model, version)
+                    self.engine.policy_loaded()  # vLLM: into the live engine, before any rollout
+                    break
+                except WeightVersionError:
+                    raise  # the trainer publishes before it dispatches: missing is an error
+                except WeightSyncError as exc:
+                    if time.monotonic() + delay > deadline:
+                        raise
+                    log.info("policy version %d not loadable yet (%s); retrying", version, exc)
+                    time.sleep(delay)
+                    delay = min(2.0, delay * 2)
+            self.policy_version = got
 
     # --- generation -------------------------------------------------------------------------
 

@@ -37,7 +37,8 @@ from longtail_workers.sim.roofline import QWEN2_SHAPES, roofline_profile
 from longtail_workers.sim.runs import mean_results, read_run, replay
 from longtail_workers.sim.sensitivity import format_rows, sensitivity
 from longtail_workers.sim.step import JobShape, StepResult, compare
-from longtail_workers.sim.sync import TRANSPORTS, SyncCharge, job_sync_charge
+from longtail_workers.sim.sync import SyncCharge, job_sync_charge
+from longtail_workers.weights.plan import TRANSPORTS
 
 DEFAULT_ACCEPTED_LENGTH = 3.0
 """Accepted length when neither ``--accepted-length``, a run nor the profile gives one."""

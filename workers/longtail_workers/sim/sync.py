@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 
 from longtail_api.profile import EngineProfile, SyncCosts
 from longtail_api.spec import RLJobSpec
-
-TRANSPORTS = ("http", "broadcast")
+from longtail_workers.weights.plan import TRANSPORTS, sync_plan
 
 
 @dataclass(frozen=True)
@@ -191,14 +190,16 @@ def job_sync_charge(
     transport: str | None = None,
     link_bytes_per_s: float | None = None,
 ) -> SyncCharge:
-    """The weight sync ``spec``'s job pays for a version of ``profile``'s model: its transport
-    (``spec.weightSync``, ``auto`` resolved; ``transport`` overrides it), rollout workers,
-    trainer world and bucket size (``longtail simulate`` and ``bench/sim_validate.py``)."""
+    """The weight sync ``spec``'s job pays for a version of ``profile``'s model: its plan's
+    transport (``weights.plan.sync_plan``: ``spec.weightSync``, ``auto`` resolved; ``transport``
+    overrides it) and bucket size, its rollout workers and trainer world (``longtail simulate``
+    and ``bench/sim_validate.py``)."""
+    plan = sync_plan(spec, transport)
     return sync_charge(
         profile,
-        transport or spec.weight_sync_transport(),
+        plan.transport,
         workers=spec.rollout.replicas,
         trainer_world=spec.trainer.replicas * max(1, spec.trainer.resources.gpus),
-        bucket_bytes=spec.weight_sync.bucket_mb * 2**20,
+        bucket_bytes=plan.broadcast.bucket_bytes,
         link_bytes_per_s=link_bytes_per_s,
     )

@@ -24,7 +24,7 @@ longest (``EngineProfile.padded_context``: the torch engine), the longest runnin
 batch that holds one 80-token prompt among 11-token ones decodes at context 80 and more.
 
 When speculation switches on (the step before did not speculate), the drafter first reads every
-running row's response so far (the engine's catch-up, ``engine/specdec.py``): that step costs
+running row's response so far (the engine's catch-up, ``engine/native/specdec.py``): that step costs
 the profile's ``drafter_catch_up_tokens_per_s`` on top. A history step feeds the learned drafter
 nothing, so it does not keep the drafter's cache live: the next ``learned`` or ``hybrid`` step
 first reads what the history steps since its last step committed (all the running rows'

@@ -1,4 +1,4 @@
-"""Drafter windows trained on given answers: the one implementation for roles that do not generate.
+"""Drafter windows on given answers: the capture of the roles that do not generate.
 
 A rollout worker captures the policy's hidden states while it generates. Two roles train the
 drafter on answers they did not generate themselves, and both go through :class:`SequenceWindows`:
@@ -8,18 +8,17 @@ drafter on answers they did not generate themselves, and both go through :class:
 - the dedicated drafter worker (``drafter_worker/worker.py``, ``spec.drafter``): on every
   completed step's answers, fetched from the trainer's ``GET /v1/samples/latest``.
 
-One window: :meth:`SequenceWindows.set_samples` (the answers, as prompt + output token ids) ->
-:meth:`~SequenceWindows.capture` (last-layer hidden states recomputed with the current policy,
-:func:`~longtail_workers.engine.target.response_states`, i.e. what the rollout engine returns with
-``return_hidden_states``, fed through the same ``RolloutBuffer.add_results`` a rollout worker
-uses, so the training pairs equal a worker's capture) -> the rest of the window
-cycle every harvested worker runs (:attr:`SequenceWindows.cycle`, ``spot/cycle.py``): sync
-(train on top of the newest published drafter version) -> :meth:`~SequenceWindows.start` (the
-shared :class:`~longtail_workers.spot.trainer.SpotTrainer`, same spec settings) -> submit (the
-quality gate of ``spot/trainer.py``, then the window's drafter goes to the registry, a
-directory or the trainer's HTTP exchange, as a candidate that the step driver merges with
-every other worker's). Capturing given answers is this module's
-part of the cycle; a rollout worker captures while it generates instead.
+One window, as both run it: :meth:`SequenceWindows.set_samples` (the answers, as prompt + output
+token ids) -> :meth:`~SequenceWindows.capture` (last-layer hidden states recomputed with the
+loaded policy by :func:`~longtail_workers.engine.target.response_states`, i.e. what the rollout
+engine returns with ``return_hidden_states``, fed through the same ``RolloutBuffer.add_results``
+a rollout worker uses, so the training pairs equal a worker's capture) -> the window cycle every
+harvested worker runs (:attr:`SequenceWindows.cycle`, ``spot/cycle.py``): ``sync_base`` (train
+on top of the newest published drafter version) -> :meth:`~SequenceWindows.start` (the shared
+:class:`~longtail_workers.spot.trainer.SpotTrainer`, same spec settings) -> the caller stops it
+-> ``submit`` (the quality gate of ``spot/trainer.py``, then the window's drafter goes to the
+registry, a directory or the trainer's HTTP exchange, as a candidate that the step driver merges
+with every other worker's). Capturing given answers is this module's part of the cycle.
 """
 
 from __future__ import annotations
@@ -47,7 +46,8 @@ log = logging.getLogger(__name__)
 
 
 class SampleTokens(Protocol):
-    """What a window needs of an answer (``rollout.wire.Sample`` and ``StepSequence`` have it)."""
+    """What a window needs of an answer (``wire/rollout.py``'s ``Sample`` and
+    ``wire/samples.py``'s ``StepSequence`` have it)."""
 
     @property
     def request_id(self) -> str | None: ...

@@ -14,8 +14,8 @@ gives, for pair ``t`` (absolute position ``p = start+t``)::
 
 so window 0's first pair is (embed(y_0), h_{P-1}) -> h_P: the drafter learns from the state at
 the last prompt position on, exactly the pairs the engine's draft step consumes
-(``tests/unit/workers/test_drafter_pairs.py``). The last output token never appears as an input
-(it has no state), like in ``sequence_from_result``.
+(``tests/unit/workers/drafter/test_drafter_pairs.py``). The last output token never appears as
+an input (it has no state), like in ``sequence_from_result``.
 
 **Packing.** Windows are concatenated into rows of at most ``row_tokens`` pairs. Position ids
 restart at each window's true absolute position (RoPE sees the same positions as in the

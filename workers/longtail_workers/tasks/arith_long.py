@@ -9,8 +9,8 @@ operands (362 tokens), so this variant keeps its format and its generator
 flatter Zipf law (exponent 1.0) that puts more items in the tail. Every step line is 17
 characters, so the longest worked answer (120 operands, EOS included) is 2,036 tokens of the
 built-in char tokenizer: it fits the ``maxNewTokens: 2048`` jobs give it. Over 20,000 training
-items (tests/unit/workers/test_task_arith_long.py, docs/tasks-and-rewards.md): median 147 tokens,
-p99 about 1,950, p99 / median about 13.
+items (tests/unit/workers/tasks/test_task_arith_long.py, docs/tasks-and-rewards.md): median
+147 tokens, p99 about 1,950, p99 / median about 13.
 
 Called by the dataset loader (``dataset.path: builtin:arith-long``, through
 ``data/loader.py``'s ``BUILTIN_TASKS``) and by the ``builtin:small`` build.

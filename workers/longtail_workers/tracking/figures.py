@@ -75,6 +75,7 @@ def step_figures(row: StepRow) -> dict[str, float]:
         "gpu_seconds/idle": row.idle_s,
         "gpu_seconds/harvested": row.harvested_s,
         "policy/version": row.policy_version,
+        "rollout/workers": row.rollout_workers,
     }
     if row.response_lengths:
         lengths = sorted(row.response_lengths)

@@ -1,30 +1,40 @@
 """Spreading one step's generation requests over the rollout workers, surviving lost workers.
 
 The step driver (``trainer/driver.py``) calls :meth:`RolloutPool.run` once per rollout (and per
-greedy evaluation). Requests are split round-robin into one shard per live worker (answers of
-one prompt land on different workers, so long-tailed prompts spread out) and each shard is sent
-as one ``POST /v1/generate``. A shard whose worker fails (connection refused or reset: the
-process died; HTTP 5xx; the call's timeout) or stops answering while it holds the shard (its
-``/healthz`` unanswered for ``rollout.unresponsiveSeconds``: a stopped process or a frozen
-node, ``trainer/liveness.py``; the call is abandoned and a late answer dropped) is queued again
-and handed to the next free live worker; the failed worker is marked down (the step's
-``failed_workers``, its requests counted in ``redispatched``) and skipped until a health check
-at a later step start finds it back. A 409 (a worker in drafter-train ends its window itself
-before it generates, ``spot/harvested.py``; 409 when that window did not stop in time) retries
-the shard, the worker staying free. Any other 4xx means the call itself is wrong (a job
-configuration error, e.g. ``algorithm.maxNewTokens`` beyond the model's context; the worker's
-message names the field): it would fail on every worker, so the step fails at once with
-:class:`RolloutRejected` carrying that message, and no worker is marked down. The step fails
-with :class:`RolloutFailed`, naming every worker's last error, when no live worker is left or a
-shard failed ``max_attempts`` times; it never waits longer than ``timeout_s`` per call.
-``stop`` (Ctrl-C) aborts with :class:`RolloutAborted`. Every call goes through
-``httpclient.py`` without HTTP-level retries (re-dispatching a shard is the retry); generate
-calls carry the job's token (``longtail_workers.auth``). The pool never changes a worker's role
-(the harvest loop is their one writer): before the step's drafter merge,
-:meth:`RolloutPool.wait_windows_ended` waits, bounded, until no worker reports
-``drafter-train`` any more, i.e. until the loop has ended the windows of the rollout and each
-worker has submitted its candidate.
-"""
+greedy evaluation). Requests are split round-robin into one shard per live worker (answers of one
+prompt land on different workers, so long-tailed prompts spread out) and each shard is sent as one
+``POST /v1/generate``. A shard whose worker fails (connection refused or reset: the process died;
+HTTP 5xx; the call's timeout) or stops answering while it holds the shard (its ``/healthz``
+unanswered for ``rollout.unresponsiveSeconds``: a stopped process or a frozen node,
+``trainer/liveness.py``; the call is abandoned and a late answer dropped) is queued again and handed
+to the next free live worker; the failed worker is marked down (the step's ``failed_workers``, its
+requests counted in ``redispatched``) and skipped until a health check at a later step start finds
+it back: a new or returning worker takes prompts from the step after it answers, and loads that
+step's policy version (and the newest drafter) at its first call. The workers themselves may change
+between steps: with a ``membership`` (in a pod, ``trainer/membership.py``: the job's live
+``spec.rollout.replicas``) :meth:`RolloutPool.revive` first adds the workers it names as not yet
+live (taken when they answer, as a returning worker is) and drops those it no longer names (one
+whose pod was deleted mid-step failed its call there: its share was re-dispatched as a lost
+worker's). Only when no live worker is left (every one lost, or none back yet: a run shrunk to
+nothing while its workers restart) does the pool take one back mid-step: it waits, up to ``wait_s``
+(the job's ``rollout.belowMinGraceSeconds``), health-checking the down ones every second, before it
+gives up. Each answer's ``id`` must be its request's (a worker answering other requests is treated
+as failed), and the outcome records which worker answered each request (the step row's
+``answer_workers``) and how many workers were present (``rollout_workers``). A 409 (a worker in
+drafter-train ends its window itself before it generates, ``spot/harvested.py``; 409 when that
+window did not stop in time) retries the shard, the worker staying free. Any other 4xx means the
+call itself is wrong (a job configuration error, e.g. ``algorithm.maxNewTokens`` beyond the model's
+context; the worker's message names the field): it would fail on every worker, so the step fails at
+once with :class:`RolloutRejected` carrying that message, and no worker is marked down. The step
+fails with :class:`RolloutFailed`, naming every worker's last error, when no live worker is back
+within ``wait_s`` or a shard failed ``max_attempts`` times; it never waits longer than ``timeout_s``
+per call. ``stop`` (Ctrl-C) aborts with :class:`RolloutAborted`. Every call goes through
+``httpclient.py`` without HTTP-level retries (re-dispatching a shard is the retry); generate calls
+carry the job's token (``longtail_workers.auth``). The pool never changes a worker's role (the
+harvest loop is their one writer): before the step's drafter merge,
+:meth:`RolloutPool.wait_windows_ended` waits, bounded, until no worker reports ``drafter-train`` any
+more, i.e. until the loop has ended the windows of the rollout and each worker has submitted its
+candidate."""
 
 from __future__ import annotations
 
@@ -33,7 +43,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +59,11 @@ from longtail_workers.trainer.liveness import HealthProbe, Liveness
 from longtail_workers.wire.rollout import GENERATE_PATH, GenerateCall, GenerateReply, Sample
 
 log = logging.getLogger(__name__)
+
+
+NOT_YET_LIVE = "not yet live"
+"""How the reason a worker is down starts while it never answered (new, or starting): when it
+answers it joins, rather than comes back."""
 
 
 class RolloutFailed(RuntimeError):
@@ -75,6 +90,10 @@ class RolloutOutcome:
     """When the first worker ran out of work (start of the tail), from the start."""
     redispatched: int = 0
     failed_workers: dict[str, str] = field(default_factory=dict)
+    answered_by: list[str] = field(default_factory=list)
+    """The worker whose answer was kept, per request (request order)."""
+    workers_present: int = 0
+    """Rollout workers live when the rollout ended (not marked down): those the step had."""
 
 
 @dataclass
@@ -99,6 +118,8 @@ class RolloutPool:
         on_assign: Callable[[str, bool], None] | None = None,
         token: str | None = None,
         liveness: Liveness | None = None,
+        wait_s: float = 0.0,
+        membership: Callable[[], Mapping[str, str] | None] | None = None,
     ) -> None:
         if not workers:
             raise ValueError("RolloutPool needs at least one rollout worker URL")
@@ -110,21 +131,80 @@ class RolloutPool:
         """The job's token for generate calls (None: the process's)."""
         self.liveness = liveness or Liveness()
         """When a worker holding a shard counts as hung (``rollout.unresponsiveSeconds``)."""
+        self.wait_s = wait_s
+        """How long a rollout waits for a live worker when none is left (0: fails at once)."""
+        self.membership = membership
+        """The workers the job names now (None from it: unknown, keep them; no membership:
+        the workers given are fixed)."""
         self._lock = threading.Lock()
 
     @property
     def live(self) -> list[str]:
         return [w for w in self.workers if w not in self.down]
 
-    def revive(self, timeout_s: float = 2.0) -> None:
-        """Health-check workers marked down; a healthy one takes work again."""
+    def follow(self, named: Mapping[str, str]) -> tuple[list[str], list[str]]:
+        """Make the workers ``named`` (name -> URL): new ones join as not yet live, those no
+        longer named leave. Only between calls (nothing in flight). Returns (joined, left)."""
+        joined = [n for n in named if n not in self.workers]
+        left = [n for n in self.workers if n not in named]
+        for name in joined:
+            self.down[name] = f"{NOT_YET_LIVE} (new in spec.rollout.replicas)"
+        for name in left:
+            self.down.pop(name, None)
+        self.workers = {n: named[n].rstrip("/") for n in named}
+        if joined or left:
+            log.info("rollout workers now %d (spec.rollout.replicas): joining %s, leaving %s",
+                     len(self.workers), ", ".join(joined) or "none",
+                     ", ".join(left) or "none")  # fmt: skip
+        return joined, left
+
+    def revive(self, timeout_s: float = 2.0) -> list[str]:
+        """At a step start (or while no worker is live): follow the membership (when there is
+        one), then health-check the workers marked down; a healthy one takes work again.
+        Returns those back (a new worker counts once it answers)."""
+        named = self.membership() if self.membership is not None else None
+        if named:
+            self.follow(named)
+        back = []
         for name in list(self.down):
             try:
                 request("GET", self.workers[name] + HEALTHZ_PATH, timeout_s=timeout_s)
             except (OSError, WorkerBusy):
                 continue
-            log.info("rollout worker %s answers again; back in the pool", name)
-            self.down.pop(name, None)
+            if self.down.pop(name, "").startswith(NOT_YET_LIVE):
+                log.info("rollout worker %s answers; it joins the pool", name)
+            else:
+                log.info("rollout worker %s answers again; back in the pool", name)
+            back.append(name)
+        return back
+
+    def _wait_for_a_worker(
+        self, stop: threading.Event, left: int, poll_s: float = 1.0
+    ) -> list[str]:
+        """The workers back once at least one is (every worker is down): revived every
+        ``poll_s`` up to :attr:`wait_s`; :class:`RolloutAborted` on ``stop``,
+        :class:`RolloutFailed` naming every worker's error when none came back."""
+        deadline = time.monotonic() + self.wait_s
+        if self.wait_s > 0:
+            log.warning(
+                "no live rollout worker (%d requests left); waiting up to %gs for one to "
+                "answer (spec.rollout.belowMinGraceSeconds)",
+                left,
+                self.wait_s,
+            )
+        while True:
+            back = self.revive()
+            if back:
+                return back
+            if time.monotonic() + poll_s > deadline:
+                errors = "; ".join(f"{n}: {e}" for n, e in self.down.items()) or "none recorded"
+                raise RolloutFailed(
+                    f"no live rollout worker left with {left} requests unanswered (none answered "
+                    f"within {self.wait_s:g}s, spec.rollout.belowMinGraceSeconds); worker "
+                    f"errors: {errors}"
+                )
+            if stop.wait(poll_s):
+                raise RolloutAborted("stop requested while waiting for a rollout worker")
 
     def wait_windows_ended(self, timeout_s: float, poll_s: float = 0.1) -> list[str]:
         """Wait, at most ``timeout_s``, until no live worker reports ``drafter-train`` (a worker
@@ -161,14 +241,13 @@ class RolloutPool:
         already marked busy (``on_assign``): the trainer reports the rollout as active from
         there, so a harvest poll never sees it active while its workers look idle.
         """
-        live = self.live
-        if not live:
-            raise RolloutFailed(f"no live rollout worker (down: {self.down})")
+        live = self.live or self._wait_for_a_worker(stop, len(requests))
         queue: deque[tuple[list[int], int]] = deque(
             (s, 0) for s in shard_round_robin(len(requests), len(live), group)
         )
         free = deque(live)
         samples: list[Sample | None] = [None] * len(requests)
+        answered_by = [""] * len(requests)
         replies: list[GenerateReply] = []
         outcome = RolloutOutcome([], replies, 0.0, 0.0)
         start = time.monotonic()
@@ -187,8 +266,9 @@ class RolloutPool:
                 if started is not None:
                     started()
                     started = None
-                if not in_flight:
-                    raise RolloutFailed(self._no_worker_message(queue))
+                if not in_flight:  # every worker is down: wait for one to answer again
+                    free.extend(self._wait_for_a_worker(stop, sum(len(s) for s, _ in queue)))
+                    continue
                 done, _ = wait(list(in_flight), timeout=0.2, return_when=FIRST_COMPLETED)
                 if stop.is_set():
                     raise RolloutAborted("stop requested during rollout")
@@ -205,7 +285,7 @@ class RolloutPool:
                         self._lost(c, f"{type(exc).__name__}: {exc}", queue, outcome)
                         continue
                     for i, sample in zip(c.shard, reply.samples, strict=True):
-                        samples[i] = sample
+                        samples[i], answered_by[i] = sample, c.name
                     replies.append(reply)
                     free.append(c.name)
                     if first_done is None:
@@ -221,6 +301,7 @@ class RolloutPool:
         outcome.samples = [s for s in samples if s is not None]
         if len(outcome.samples) != len(requests):
             raise RolloutFailed(f"{len(requests) - len(outcome.samples)} requests got no answer")
+        outcome.answered_by, outcome.workers_present = answered_by, len(self.live)
         outcome.seconds = time.monotonic() - start
         outcome.first_done_s = first_done if first_done is not None else outcome.seconds
         return outcome
@@ -266,6 +347,12 @@ class RolloutPool:
             raise ValueError(
                 f"{name} answered {len(reply.samples)} samples for {len(call.requests)} requests"
             )
+        for req, sample in zip(call.requests, reply.samples, strict=True):
+            if sample.request_id != req.request_id:
+                raise ValueError(
+                    f"{name} answered request {sample.request_id!r} where {req.request_id!r} "
+                    "was asked: its answers do not match the call"
+                )
         return reply
 
     def _retry(
@@ -282,13 +369,6 @@ class RolloutPool:
                 f"workers down: {self.down or 'none'}"
             )
         queue.append((shard, attempts + 1))
-
-    def _no_worker_message(self, queue: deque[tuple[list[int], int]]) -> str:
-        left = sum(len(s) for s, _ in queue)
-        errors = "; ".join(f"{n}: {e}" for n, e in self.down.items()) or "none recorded"
-        return (
-            f"no live rollout worker left with {left} requests unanswered; worker errors: {errors}"
-        )
 
 
 def _drop_late(name: str, step: int, fut: Future[GenerateReply]) -> None:

@@ -143,6 +143,7 @@ class StepDriver:
         self.checks = checks
         """What the trainer checks of drafter candidates at the merge (None: their word)."""
         self._trainer_harvested_s = 0.0
+        self._workers: int | None = None  # rollout workers of the last step (log on changes)
         self.latest_samples: StepSamples | None = None
         """The last completed step's answers and the policy version published after it."""
         if policy is None:  # a lone trainer on ``model`` as given (world 1)
@@ -259,7 +260,7 @@ class StepDriver:
         algo = self.spec.algorithm
         t_step = time.monotonic()
         used = self.state.policy_version  # the version this step's rollout generates with
-        self.pool.revive()
+        self.pool.revive()  # the workers the job names now; those that answer take prompts
         requests = self.step_requests(step, prompts)
         out = self._rollout(step, requests)
         self._handed_out(out)
@@ -293,6 +294,11 @@ class StepDriver:
             if self.registry.latest_version() is None:
                 row.drafter_unpublished = self.registry.refusals.unpublished()
         self.syncs.fill(row, used)
+        now, was = row.rollout_workers or 0, self._workers
+        if was is not None and now != was:
+            how = "shrank" if now < was else "grew"
+            log.info("step %d: the rollout %s to %d workers (was %d)", step, how, now, was)
+        self._workers = row.rollout_workers
         self.state.accepted_lengths.append(row.mean_accepted_length or 0.0)
         row.acceptance_collapsed = acceptance_collapsed(self.state.accepted_lengths)
         if row.acceptance_collapsed:
@@ -434,6 +440,7 @@ class StepDriver:
             accepted_length_by_source=lengths_by_source,
             redispatched=out.redispatched,
             failed_workers=sorted(out.failed_workers),
+            rollout_workers=out.workers_present,
             train=dict(stats),
             trainer_harvested_s=None if self.harvest is None else self._trainer_harvested_s,
             train_s=train_s,
@@ -444,6 +451,8 @@ class StepDriver:
             prompt_lengths=prompt_lengths,
             answer_spec_steps=[s.spec_steps for s in out.samples],
             answer_accepted_drafts=[s.accepted_tokens for s in out.samples],
+            answer_ids=[s.request_id or "" for s in out.samples],
+            answer_workers=list(out.answered_by),
         )
 
     # --- eval and checkpoints ---------------------------------------------------------------

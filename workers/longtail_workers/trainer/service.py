@@ -1,26 +1,26 @@
 """``longtail worker trainer``: the trainer process (GRPO updates + the step driver).
 
-The CLI routes ``longtail worker trainer ARGS...`` to :func:`main`; ``longtail run`` starts it
-once. It loads the policy and the datasets, serves policy versions to the rollout workers
-(HTTP :class:`~longtail_workers.weights.http_sync.WeightServer` on ``--weights-port``, or a
-torch.distributed broadcast from rank 0), waits for the verifier and every rollout worker to be
-healthy, then runs :class:`~longtail_workers.trainer.driver.StepDriver`. Its own HTTP surface
-(``--port``): ``GET /v1/status`` (:class:`longtail_api.workerapi.TrainerStatus`), ``POST
-/v1/checkpoint`` (checkpoint now, answer when it is on disk), ``PUT /v1/role`` (``train``, or
-``drafter-train`` during a rollout when the trainer is a harvest target,
-``trainer/drafter_window.py``; the same answers as a rollout worker's, ``spot/cycle.py``: 200/202
-with the acknowledged role, 409 refused now, 400 malformed), ``GET /metrics``, ``/healthz``,
-``/readyz``, and with ``--drafters DIR`` the drafter exchange ``/v1/drafters/...``
-(``drafter/exchange.py``: rollout workers fetch published drafter versions and upload their
-candidates, which the step driver merges from DIR), ``GET /v1/samples/latest[?after=N]`` (the
-last completed step's answers, for the dedicated drafter workers: ``wire/samples.py``).
-Per-step rows go to
-``RUN_DIR/metrics.jsonl``. Every write endpoint (``POST /v1/checkpoint``, ``PUT /v1/role``,
-candidate uploads) requires the job's token, and the trainer refuses to start without one
-unless ``--insecure-no-auth`` (``longtail_workers.auth``); its own generate, role and verify
-calls carry it. SIGTERM/SIGINT: stop at the next safe point, checkpoint the last
-completed step, exit 0. Exit 1 when the run fails (the error is logged and reported in the
-status).
+The CLI routes ``longtail worker trainer ARGS...`` to :func:`main`; ``longtail run`` starts it once.
+It loads the policy and the datasets, serves policy versions to the rollout workers (its
+:class:`~longtail_workers.weights.store.WeightStore`, served over HTTP on ``--weights-port`` and,
+with ``broadcast``, also broadcast from rank 0), waits for the verifier and the rollout workers to
+be healthy (every listed one; in a pod, whose list follows the job's ``spec.rollout.replicas``,
+``minReplicas`` of them: ``trainer/membership.py``), then runs
+:class:`~longtail_workers.trainer.driver.StepDriver`. Its own HTTP surface (``--port``):
+``GET /v1/status`` (:class:`longtail_api.workerapi.TrainerStatus`), ``POST /v1/checkpoint``
+(checkpoint now, answer when it is on disk), ``PUT /v1/role`` (``train``, or ``drafter-train``
+during a rollout when the trainer is a harvest target, ``trainer/drafter_window.py``; the same
+answers as a rollout worker's, ``spot/cycle.py``: 200/202 with the acknowledged role, 409 refused
+now, 400 malformed), ``GET /metrics``, ``/healthz``, ``/readyz``, and with ``--drafters DIR`` the
+drafter exchange ``/v1/drafters/...`` (``drafter/exchange.py``: rollout workers fetch published
+drafter versions and upload their candidates, which the step driver merges from DIR),
+``GET /v1/samples/latest[?after=N]`` (the last completed step's answers, for the dedicated drafter
+workers: ``wire/samples.py``). Per-step rows go to ``RUN_DIR/metrics.jsonl``. Every write endpoint
+(``POST /v1/checkpoint``, ``PUT /v1/role``, candidate uploads) requires the job's token, and the
+trainer refuses to start without one unless ``--insecure-no-auth`` (``longtail_workers.auth``); its
+own generate, role and verify calls carry it. SIGTERM/SIGINT: stop at the next safe point,
+checkpoint the last completed step, exit 0. Exit 1 when the run fails (the error is logged and
+reported in the status).
 
 A sharded trainer (``trainer.replicas`` pods x ranks per pod): the entrypoint reads the
 :class:`~longtail_api.rendezvous.TrainerRendezvous` from the environment (none: world 1, as
@@ -88,6 +88,7 @@ from longtail_workers.trainer.drafter_window import (
     TrainerHarvestee,
 )
 from longtail_workers.trainer.driver import StepDriver
+from longtail_workers.trainer.membership import wait_for_rollout
 from longtail_workers.trainer.ranks import launch_local_ranks, local_rank_of, run_follower
 from longtail_workers.trainer.world import TrainerWorld, join_world
 from longtail_workers.wire.samples import SAMPLES_PATH, StepSamples, parse_after
@@ -519,10 +520,15 @@ def _drive(
     driver.on_row = on_row
     app.harvest = driver.harvest
     app.driver = driver
-    urls = [driver.verifier.base_url, *driver.pool.workers.values()]
     outcome = "failed"
     try:
-        wait_healthy(urls, args.startup_timeout, stop)
+        wait_healthy([driver.verifier.base_url], args.startup_timeout, stop)
+        pool, rollout = driver.pool, driver.spec.rollout
+        if pool.membership is None:  # a fixed list (longtail run): every worker, as listed
+            wait_for_rollout(pool, len(pool.workers), None, args.startup_timeout, stop)
+        else:  # Kueue may have admitted fewer pods than replicas: start with those there
+            need, grace = rollout.fewest(), rollout.below_min_grace_seconds
+            wait_for_rollout(pool, need, grace, args.startup_timeout, stop)
         outcome = driver.run(start_step)
     finally:
         drafters = None if driver.registry is None else driver.registry.root

@@ -3,7 +3,8 @@
 Called once by ``trainer/service.py``: policy and tokenizer (``load_policy``), train and eval
 datasets (``resolve_dataset``; :func:`check_context` fails at once when the longest prompt
 plus ``algorithm.maxNewTokens`` does not fit the model), the rollout pool and verifier client
-from the command line, the weight publisher (:func:`make_publisher`: the HTTP server, and the
+from the command line (in a pod the pool follows the job's live ``spec.rollout.replicas``,
+``trainer/membership.py``), the weight publisher (:func:`make_publisher`: the HTTP server, and the
 broadcast to the rollout workers with ``--weight-sync broadcast``) and the drafter registry
 (``--drafters``; the trainer's HTTP port serves it to the rollout workers,
 ``drafter/exchange.py``; candidates are checked against the job's drafter,
@@ -21,11 +22,10 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from longtail_api.context import context_error
 from longtail_api.podenv import WEIGHT_SPOOL_DIR
@@ -36,7 +36,7 @@ from longtail_workers.drafter.checkpoint import DrafterMismatchError
 from longtail_workers.drafter.model import EagleDrafter
 from longtail_workers.drafter.registry import DrafterRegistry
 from longtail_workers.drafter.vetting import DrafterReference
-from longtail_workers.runtime import initial_drafter, role_device
+from longtail_workers.runtime import initial_drafter
 from longtail_workers.trainer.candidate_checks import (
     CandidateChecks,
     HeldoutSample,
@@ -51,6 +51,7 @@ from longtail_workers.trainer.drafter_window import (
 from longtail_workers.trainer.driver import DriverConfig, StepDriver
 from longtail_workers.trainer.group import CommandChannel, PolicyLeader
 from longtail_workers.trainer.liveness import Liveness
+from longtail_workers.trainer.membership import spec_membership
 from longtail_workers.trainer.policy import build_policy
 from longtail_workers.trainer.world import TrainerWorld
 from longtail_workers.verifier.client import VerifierClient
@@ -88,49 +89,41 @@ def weight_spool(args: argparse.Namespace, spec: RLJobSpec) -> Path | None:
 def make_publisher(
     args: argparse.Namespace, spec: RLJobSpec, keep_last: int, world: TrainerWorld | None = None
 ) -> tuple[WeightPublisher, Callable[[], None]]:
-    """The trainer's weight publisher and its stop function. The HTTP weight server always
-    runs (``--weights-port``): it is the ``http`` transport, and with ``broadcast`` (default:
-    the job's ``spec.weightSync``, resolved) the catch-up path of new, restarted or dropped
-    rollout workers and of drafter workers. Only rank 0 publishes; on a sharded trainer its
+    """The trainer's weight publisher (its :class:`~longtail_workers.weights.store.WeightStore`)
+    and its stop function. The store's HTTP delivery, the weight server, always runs
+    (``--weights-port``): it is the ``http`` transport, and with ``broadcast`` (the job's plan,
+    ``weights.plan.sync_plan``: ``--weight-sync``, else the job's ``spec.weightSync``) the
+    catch-up path of new, restarted or dropped rollout workers and of drafter workers; the
+    broadcast is the store's second delivery. Only rank 0 publishes; on a sharded trainer its
     tensor stream is a gather every rank joins (``world`` needs nothing else here)."""
     from longtail_workers.weights.http_sync import WeightServer
+    from longtail_workers.weights.plan import sync_plan
+    from longtail_workers.weights.store import WeightStore
 
+    plan = sync_plan(spec, args.weight_sync)
     spool = weight_spool(args, spec)
-    server = WeightServer(args.host, args.weights_port, keep_last=keep_last, spool_dir=spool)
-    server.start()
+    store = WeightStore(keep_last=keep_last, spool_dir=spool)
+    WeightServer(store, args.host, args.weights_port).start()
     where = f"mapped from files in {spool}" if spool else "in the trainer's memory"
     log.info("the served policy versions (up to %d) are kept %s", keep_last + 1, where)
-    transport = args.weight_sync or spec.weight_sync_transport()
-    if transport == "http":
-        return server, server.stop
-    from longtail_workers.models.loading import resolve_dtype
-    from longtail_workers.weights.broadcast import BroadcastConfig, BroadcastPublisher
+    if plan.transport == "http":
+        return store, store.close
+    from longtail_workers.weights.broadcast import Broadcast
     from longtail_workers.weights.membership import sync_port
 
-    rollout_device = role_device(spec.rollout.resources)
-    gpus = rollout_device == "cuda" and role_device(spec.trainer.resources) == "cuda"
-    config = BroadcastConfig(
-        bucket_bytes=spec.weight_sync.bucket_mb << 20,
-        phase_timeout_s=float(spec.weight_sync.phase_timeout_seconds),
-        device="cuda" if gpus else "cpu",
-    )
-    wire = resolve_dtype(spec.model.dtype, torch.device(rollout_device))
+    config = plan.broadcast
     try:
-        publisher = BroadcastPublisher(server, sync_port(args.weight_sync_port), config, wire)
+        broadcast = Broadcast(sync_port(args.weight_sync_port), config)
     except (RuntimeError, ValueError):
-        server.stop()
+        store.close()
         raise
+    store.attach(broadcast)
     log.info(
         "weight sync: broadcast (%s, %d MiB buckets, %gs phase timeout), rendezvous on port %d",
-        "NCCL" if gpus else "gloo", spec.weight_sync.bucket_mb, config.phase_timeout_s,
-        publisher.port,
+        "NCCL" if config.device == "cuda" else "gloo", config.bucket_bytes >> 20,
+        config.phase_timeout_s, broadcast.port,
     )  # fmt: skip
-
-    def stop() -> None:
-        publisher.close()
-        server.stop()
-
-    return publisher, stop
+    return store, store.close
 
 
 def build_driver(
@@ -149,10 +142,13 @@ def build_driver(
     train = resolve_dataset(spec.dataset, "train", seed=algo.seed, builtin_train_size=size)
     evals = resolve_dataset(spec.dataset, "eval", seed=algo.seed)
     check_context(spec, model, tokenizer, [*train, *evals])
+    workers = parse_rollouts(args.rollout)
     pool = RolloutPool(
-        parse_rollouts(args.rollout),
+        workers,
         timeout_s=args.rollout_timeout,
         liveness=Liveness(unresponsive_s=spec.rollout.unresponsive_seconds),
+        wait_s=spec.rollout.below_min_grace_seconds,  # no live worker: wait, as the job does
+        membership=spec_membership(args.job, workers, os.environ),
     )
     verifier = VerifierClient(args.verifier_url)
     publisher, stop_publisher = make_publisher(args, spec, keep_last=3, world=world)

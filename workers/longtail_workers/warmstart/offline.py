@@ -35,7 +35,7 @@ from longtail_workers.data.prompts import format_example
 from longtail_workers.drafter.checkpoint import save_drafter
 from longtail_workers.drafter.model import EagleDrafter, layout_options
 from longtail_workers.engine.interface import GenerationRequest
-from longtail_workers.engine.torch_engine import EngineConfig, TorchEngine
+from longtail_workers.engine.native.torch_engine import EngineConfig, TorchEngine
 from longtail_workers.jobspec import JobSpecError, load_job_spec
 from longtail_workers.models.loading import load_policy
 from longtail_workers.spot.windows import Window, top1_over

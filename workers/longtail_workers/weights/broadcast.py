@@ -1,31 +1,34 @@
-"""The broadcast transport, trainer side: each policy version in buckets on a group of its own.
+"""The broadcast delivery, trainer side: each policy version in buckets on a group of its own.
 
-``trainer/setup.py``'s ``make_publisher`` builds a :class:`BroadcastPublisher` for
-``--weight-sync broadcast``; the driver calls :meth:`~BroadcastPublisher.publish_stream` (or
-``publish``) once per version. Per version (the phases are ``docs/architecture.md``'s "Weight
-sync"): membership (the live members of the :class:`~longtail_workers.weights.membership.Roster`
-are announced an attempt; whoever does not acknowledge within the phase timeout, or stops
-beating, is named and dropped), a gloo/NCCL group of the acknowledged members (the last
-version's when they are the same members and it went well, else a fresh one), then the
-buckets: bucket ``k+1`` is cast and packed from the tensor stream while bucket ``k`` is on the
-wire, each followed by its digest (``buckets.py``), and finish (every member reports ``ok``, or
-why it refused, within the timeout). A member lost mid-broadcast fails the attempt within the
-timeout; the version is sent again, from the trainer's host copy (no second gather), to the
-members still beating, at most :attr:`BroadcastConfig.attempts` times; then the step goes on.
+``trainer/setup.py`` attaches a :class:`Broadcast` to the trainer's
+:class:`~longtail_workers.weights.store.WeightStore` when the job's plan
+(``plan.sync_plan``) is ``broadcast``; the store hands it each version's one pass over the
+tensors (:meth:`Broadcast.send`). Per version (the phases are ``docs/architecture.md``'s
+"Weight sync"): membership (the live members of the
+:class:`~longtail_workers.weights.membership.Roster` are announced an attempt; whoever does not
+acknowledge within the phase timeout, or stops beating, is named and dropped), a gloo/NCCL
+group of the acknowledged members (the last version's when they are the same members and it
+went well, else a fresh one), then the buckets: bucket ``k+1`` is cast and packed from the
+tensor stream while bucket ``k`` is on the wire, each followed by its digest (``buckets.py``),
+and finish (every member reports its :class:`~longtail_workers.weights.records.Report`:
+``ok``, or ``refused``/``failed`` with the reason, within the timeout). A member lost
+mid-broadcast fails the attempt within the timeout; the version is sent again, from the
+trainer's host copy (no second gather), to the members still beating, at most
+:attr:`~longtail_workers.weights.plan.BroadcastConfig.attempts` times; then the step goes on.
 
-The trainer's HTTP :class:`~longtail_workers.weights.http_sync.WeightServer` always runs too:
-the host copy of the buckets is its version (pieces = buckets), reserved in its store before
+The store's HTTP delivery (``http_sync.WeightServer``) always runs too: the host copy the
+buckets are packed into is the store's copy of the version (pieces = buckets), reserved before
 the first bucket and hashed in the background once the broadcast is over (nothing on the
 critical path waits for sha256s: the receivers check each bucket's digest), so a dropped, new
 or restarted worker and the drafter workers catch up over HTTP (``broadcast_source.py``), then
-join the next broadcast.
+join the next broadcast. Every record on the rendezvous store goes through ``records.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -38,14 +41,11 @@ from longtail_workers.weights.buckets import (
     fill_buckets,
 )
 from longtail_workers.weights.buffers import BufferPool
-from longtail_workers.weights.http_sync import WeightServer
 from longtail_workers.weights.membership import (
     ATTEMPTS,
     BEAT_S,
     POLL_S,
     STALE_S,
-    AttemptRecord,
-    Go,
     KeptGroup,
     Roster,
     attempt_group,
@@ -53,37 +53,12 @@ from longtail_workers.weights.membership import (
     broadcast,
     error_line,
 )
-from longtail_workers.weights.pieces import LazySha256, canonical_layout, metas_of
-from longtail_workers.weights.sync import (
-    Published,
-    SyncPhases,
-    TensorMeta,
-    TensorStream,
-    WeightPublisher,
-)
+from longtail_workers.weights.plan import BroadcastConfig
+from longtail_workers.weights.records import Ack, AttemptRecord, Go, Report, decode, encode
+from longtail_workers.weights.store import Delivery, Outgoing
+from longtail_workers.weights.sync import SyncPhases, TensorMeta, TensorStream
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class BroadcastConfig:
-    """How the trainer broadcasts (from ``spec.weightSync`` and the roles' devices)."""
-
-    bucket_bytes: int = 1 << 30
-    """Bytes per bucket (``bucketMB``); the sender holds at most two at a time on its device."""
-    phase_timeout_s: float = 120.0
-    """Longest any phase may take (``phaseTimeoutSeconds``): acks, group set-up, one bucket,
-    the finish."""
-    device: str = "cpu"
-    """``cpu`` (gloo, buckets in host memory) or ``cuda`` (NCCL, buckets on the GPU)."""
-    attempts: int = 3
-    """Broadcast attempts per version before the rest are left to catch up over HTTP."""
-
-    def __post_init__(self) -> None:
-        if self.bucket_bytes < 8 or self.bucket_bytes % 8:
-            raise ValueError(f"bucket_bytes={self.bucket_bytes}: must be a multiple of 8, >= 8")
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"device={self.device!r}: use cpu (gloo) or cuda (NCCL)")
 
 
 @dataclass
@@ -155,20 +130,20 @@ def _drop(pg: Backend | None, *, broken: bool) -> None:
         pg.abort()  # NCCL: tear down the communicator of a broken attempt
 
 
-class BroadcastPublisher(WeightPublisher):
-    """Trainer rank 0: broadcast each version to the registered rollout workers, and keep it in
-    ``server``'s store for HTTP catch-up."""
+class Broadcast(Delivery):
+    """Trainer rank 0: broadcast each version of its store to the registered rollout workers
+    (the store keeps it for HTTP catch-up)."""
 
-    def __init__(
-        self,
-        server: WeightServer,
-        port: int,
-        config: BroadcastConfig | None = None,
-        wire_dtype: torch.dtype | None = None,
-    ) -> None:
-        self.server, self.config, self.wire_dtype = server, config or BroadcastConfig(), wire_dtype
+    transport = "broadcast"
+    sends = True
+
+    def __init__(self, port: int, config: BroadcastConfig | None = None) -> None:
+        self.config = config or BroadcastConfig()
+        self.piece_bytes = self.config.bucket_bytes
+        """The store hashes its copy in pieces of one bucket each."""
         self.roster = Roster(port, self.config.phase_timeout_s)
-        self.store = self.roster.store
+        self.rendezvous = self.roster.store
+        """The job's rendezvous store (hosted here): attempts, acks, gos and reports."""
         self.port = self.roster.port
         """The rendezvous port actually bound (``port`` 0 picks a free one)."""
         self._buffers: list[torch.Tensor] = []  # the two device buckets (cuda only)
@@ -181,39 +156,14 @@ class BroadcastPublisher(WeightPublisher):
         self._forget_group()
         self.roster.close()
 
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Published:
-        metas = metas_of(state_dict)
-        if self.wire_dtype is not None:
-            metas = [
-                TensorMeta(m.name, self.wire_dtype, m.shape) if m.dtype.is_floating_point else m
-                for m in metas
-            ]
-        layout, _ = canonical_layout(metas)
-        return self.publish_stream(version, layout, lambda: (state_dict[m.name] for m in layout))
-
-    def publish_stream(
-        self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
-    ) -> Published:
-        ordered, header = canonical_layout(layout)
-        if [m.name for m in ordered] != [m.name for m in layout]:
-            raise ValueError(
-                "publish_stream: the layout is not in canonical order; build it with "
-                "pieces.canonical_layout(metas) and iterate the tensors in that order"
-            )
-        store = self.server.store
-        store.reserve(version)  # HTTP readers of this version wait for its catch-up copy
-        try:
-            size = len(header) + sum(m.nbytes for m in ordered)
-            phases = SyncPhases("broadcast", bytes=size, attempts=0)
-            host = store.buffers.take(size)  # the HTTP copy: [size], not zeroed
-            view = host.numpy().data.cast("B")  # keeps host alive
-            self._broadcast(version, header, ordered, tensors, host, phases)
-        except BaseException:
-            store.cancel(version)
-            raise
-        dtypes = {m.name: str(m.dtype).removeprefix("torch.") for m in ordered}
-        ready = store.hash_later(version, view, dtypes, self.config.bucket_bytes)
-        return Published(version, size, phases, ready, LazySha256(view))
+    def send(self, out: Outgoing, tensors: TensorStream | None) -> None:
+        """One pass over ``out``'s tensors (started once the attempt is announced), packed into
+        ``out.host`` and broadcast as it goes, then retried from ``out.host`` to the members
+        that did not get it."""
+        if tensors is None:
+            raise ValueError("the broadcast packs the version itself: it needs the tensors")
+        out.phases.attempts = 0
+        self._broadcast(out.version, out.header, out.layout, tensors, out.host, out.phases)
 
     def _broadcast(
         self,
@@ -328,17 +278,18 @@ class BroadcastPublisher(WeightPublisher):
         if not members:
             return None
         timeout = self.config.phase_timeout_s
-        n = self.store.add(ATTEMPTS, 1)
+        store = self.rendezvous
+        n = store.add(ATTEMPTS, 1)
         phases.attempts += 1
         record = AttemptRecord(version, size, self.config.bucket_bytes, members, self.config.device)
-        self.store.set(attempt_key(n, "record"), record.dumps())
+        store.set(attempt_key(n, "record"), encode(record))
         missing, holds, deadline = set(members), {}, time.monotonic() + timeout
         while missing and time.monotonic() < deadline:
             for name in sorted(missing):
                 key = attempt_key(n, f"ack/{name}")
-                if self.store.check([key]):
+                if store.check([key]):
                     missing.discard(name)
-                    holds[name] = int(self.store.get(key))
+                    holds[name] = decode(Ack, store.get(key), key).group
                 elif self.roster.stale(name):
                     missing.discard(name)
                     phases.dropped.append(name)
@@ -357,15 +308,15 @@ class BroadcastPublisher(WeightPublisher):
         joined = [m for m in members if m not in phases.dropped]
         kept, self._kept = self._kept, None  # the attempt owns it now; kept again if it goes well
         if kept and kept.members == tuple(joined) and all(holds[m] == kept.group for m in joined):
-            self.store.set(attempt_key(n, "go"), Go(joined, kept.group).dumps())
+            store.set(attempt_key(n, "go"), encode(Go(joined, kept.group)))
             return _Attempt(n, joined, kept.pg, kept.group)
         if kept is not None:  # the members changed (or one lost it): a fresh group
             _drop(kept.pg, broken=False)
-        self.store.set(attempt_key(n, "go"), Go(joined, n).dumps())
+        store.set(attempt_key(n, "go"), encode(Go(joined, n)))
         if not joined:
             return None
         try:
-            pg = attempt_group(self.store, n, 0, len(joined) + 1, self.config.device, timeout)
+            pg = attempt_group(store, n, 0, len(joined) + 1, self.config.device, timeout)
         except RuntimeError as exc:  # a member lost between its ack and the group (timeout)
             attempt = _Attempt(n, joined, None, n)
             attempt.error = error_line(exc)
@@ -387,15 +338,15 @@ class BroadcastPublisher(WeightPublisher):
         while waiting:
             for name in sorted(waiting):
                 key = attempt_key(attempt.n, f"done/{name}")
-                if self.store.check([key]):
-                    text = self.store.get(key).decode()
-                    if text == "ok":
+                if self.rendezvous.check([key]):
+                    report = decode(Report, self.rendezvous.get(key), key)
+                    if report.outcome == "ok":
                         out.ok.append(name)
-                    elif text.startswith("refused"):
-                        out.refused[name] = text
-                        log.warning("weight sync attempt %d: %s %s", attempt.n, name, text)
+                    elif report.outcome == "refused":
+                        out.refused[name] = report.reason
+                        log.warning("weight sync attempt %d: %s %s", attempt.n, name, report)
                     else:
-                        out.failed[name] = text
+                        out.failed[name] = report.reason
                     waiting.discard(name)
                 elif self.roster.stale(name) or time.monotonic() > deadline:
                     out.failed[name] = "stopped beating" if self.roster.stale(name) else "timeout"

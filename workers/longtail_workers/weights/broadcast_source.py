@@ -1,14 +1,15 @@
 """The broadcast transport, rollout side: receive versions in the background, catch up over HTTP.
 
-``runtime.make_weight_source`` builds a :class:`BroadcastSource` for ``--weight-sync
-broadcast``; the rollout worker calls ``load_into`` between rollouts as with HTTP. A background
+``runtime.make_weight_source`` builds a :class:`BroadcastSource` when the job's plan
+(``plan.sync_plan``) is ``broadcast``; the rollout worker calls ``load_into`` between rollouts
+as with HTTP. A background
 thread follows the trainer's attempts (``membership.py``): for each one naming this worker it
 acknowledges, builds the attempt's fresh group, receives every bucket straight into one buffer
 on the engine's device and compares each bucket's digest with the trainer's
 (``buckets.bucket_digest``). Only a version whose every bucket matched, whose size is the
-announced one and whose header parses is kept; it then reports ``ok`` (else ``refused: ...`` or
-``failed: ...``) to the trainer. A refused version never reaches the model: it keeps its
-previous one.
+announced one and whose header parses is kept; it then reports it to the trainer
+(``records.Report``: ``ok``, else ``refused`` or ``failed`` with the reason). A refused version
+never reaches the model: it keeps its previous one.
 
 :meth:`BroadcastSource.fetch` hands out the version received by broadcast when it is the one
 asked for, waits (at most the phase timeout) while an attempt carrying it is running, and
@@ -37,8 +38,6 @@ from longtail_workers.weights.membership import (
     ATTEMPTS,
     IDLE_POLL_S,
     POLL_S,
-    AttemptRecord,
-    Go,
     KeptGroup,
     Registration,
     attempt_group,
@@ -49,6 +48,7 @@ from longtail_workers.weights.membership import (
     parse_addr,
 )
 from longtail_workers.weights.pieces import tensors_from_buffer
+from longtail_workers.weights.records import Ack, AttemptRecord, Go, Report, decode, encode
 from longtail_workers.weights.sync import StateDict, WeightSource, WeightVersionError
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,8 @@ class BroadcastSource(WeightSource):
         while True:
             for n in range(seen + 1, store.add(ATTEMPTS, 0) + 1):
                 seen = n
-                record = AttemptRecord.loads(store.get(attempt_key(n, "record")))
+                key = attempt_key(n, "record")
+                record = decode(AttemptRecord, store.get(key), key)
                 if self.name in record.members and not store.check([attempt_key(n, "go")]):
                     self._attempt(store, n, record)
             if self._stop.wait(IDLE_POLL_S):
@@ -166,18 +167,18 @@ class BroadcastSource(WeightSource):
             self._busy = record.version
         try:
             held = self._kept.group if self._kept is not None else 0
-            store.set(attempt_key(n, f"ack/{self.name}"), str(held))
+            store.set(attempt_key(n, f"ack/{self.name}"), encode(Ack(held)))
             go = self._go(store, n)
             if go is None:
-                result = f"failed: no go for attempt {n} within {self.timeout_s:g}s"
+                report = Report("failed", f"no go for attempt {n} within {self.timeout_s:g}s")
             elif self.name not in go.members:
                 self._kept = None  # the members change: the next group is a fresh one
                 return  # dropped before the group formed: HTTP catch-up
             else:
-                result = self._receive(store, n, record, go)
-            if result != "ok":
-                log.warning("weight sync attempt %d (version %d): %s", n, record.version, result)
-            store.set(attempt_key(n, f"done/{self.name}"), result)
+                report = self._receive(store, n, record, go)
+            if report.outcome != "ok":
+                log.warning("weight sync attempt %d (version %d): %s", n, record.version, report)
+            store.set(attempt_key(n, f"done/{self.name}"), encode(report))
         finally:
             with self._cond:
                 self._busy = None
@@ -190,7 +191,7 @@ class BroadcastSource(WeightSource):
             if time.monotonic() > deadline or self._stop.is_set():
                 return None
             time.sleep(POLL_S)
-        return Go.loads(store.get(key))
+        return decode(Go, store.get(key), key)
 
     def _group(self, store: Store, n: int, record: AttemptRecord, go: Go) -> Backend:
         """The attempt's group: the kept one when the trainer says so, else a fresh one."""
@@ -205,33 +206,35 @@ class BroadcastSource(WeightSource):
         rank, size = go.members.index(self.name) + 1, len(go.members) + 1
         return attempt_group(store, n, rank, size, record.device, self.timeout_s)
 
-    def _receive(self, store: Store, n: int, record: AttemptRecord, go: Go) -> str:
+    def _receive(self, store: Store, n: int, record: AttemptRecord, go: Go) -> Report:
         """Every bucket of attempt ``n`` into one buffer; ``ok`` once it is kept, else why not."""
         t0 = time.perf_counter()
         try:
             pg = self._group(store, n, record, go)
             buf, bad = self._buckets(pg, record)
         except RuntimeError as exc:
-            return f"failed: {error_line(exc)}"  # the group is dropped: it broke
+            return Report("failed", error_line(exc))  # the group is dropped: it broke
         self._kept = KeptGroup(go.group, tuple(go.members), pg)
         if bad:
             self.count_refused(len(bad))  # logged at warning by the caller
-            return (
-                f"refused: version {record.version}: bucket(s) {bad[:10]} of "
+            return Report(
+                "refused",
+                f"version {record.version}: bucket(s) {bad[:10]} of "
                 f"{bucket_count(record.size, record.bucket_bytes)} failed their digest; the "
-                "model keeps its previous version (it fetches this one over HTTP)"
+                "model keeps its previous version (it fetches this one over HTTP)",
             )
         try:
             state = tensors_from_buffer(buf)
         except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-            return f"refused: version {record.version}: digests ok but not safetensors: {exc}"
+            reason = f"version {record.version}: digests ok but not safetensors: {exc}"
+            return Report("refused", reason)
         with self._cond:
             self._latest = (record.version, state)
         log.info(
             "weight sync: version %d received by broadcast (%.1f MB in %.2fs)",
             record.version, record.size / 1e6, time.perf_counter() - t0,
         )  # fmt: skip
-        return "ok"
+        return Report("ok")
 
     def _buckets(self, pg: Backend, record: AttemptRecord) -> tuple[torch.Tensor, list[int]]:
         """Every bucket into one buffer (``[size]`` uint8 on the device), and the buckets whose

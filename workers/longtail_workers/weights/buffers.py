@@ -1,11 +1,11 @@
 """Reused byte buffers for policy versions: the trainer's copies and a receiver's landing buffer.
 
-Used by ``store.WeightStore`` (each HTTP version's canonical bytes), ``broadcast.py`` (the
-trainer's host copy of the buckets, pinned on a GPU trainer) and ``broadcast_source.py`` (where
-a CPU receiver lands a version). A fresh multi-GB buffer per version costs its page faults on
-the critical path (about 0.2 s per GB on the 2-core CI machine, on each side of every sync), and
-on a GPU trainer a pinned allocation costs more than the copy into it; so a version's buffer is
-handed out again once nothing views it any more.
+Used by ``store.WeightStore`` (each version's canonical bytes: the broadcast packs its buckets
+into the same host copy), ``broadcast.py`` (a GPU trainer's pinned staging buckets) and
+``broadcast_source.py`` (where a CPU receiver lands a version). A fresh multi-GB buffer per
+version costs its page faults on the critical path (about 0.2 s per GB on the 2-core CI machine,
+on each side of every sync), and on a GPU trainer a pinned allocation costs more than the copy
+into it; so a version's buffer is handed out again once nothing views it any more.
 
 "Nothing views it" is read from the buffer's storage use count, which every tensor view, numpy
 array and memoryview of it raises (the view :meth:`BufferPool.take` returns, the tensors read out

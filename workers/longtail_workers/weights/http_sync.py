@@ -1,17 +1,23 @@
 """HTTP pull of versioned policy weights: the default transport, works anywhere.
 
 The trainer runs a :class:`WeightServer` (``httpserver.py``: uvicorn in a background thread,
-this route table) over a :class:`~longtail_workers.weights.store.WeightStore`; each rollout
-worker uses an :class:`HttpWeightClient` between rollouts::
+this route table), the HTTP delivery of its
+:class:`~longtail_workers.weights.store.WeightStore` (it serves the store's versions on
+request); each rollout worker uses an :class:`HttpWeightClient` between rollouts::
 
-    GET /v1/weights/latest              -> 200 JSON manifest {"version", "size", "dtypes",
-                                           "piece_bytes", "pieces": [[offset, size, sha256],
-                                           ...], "pieces_sha256"}; 404 JSON {"error"} before
-                                           the first
-    GET /v1/weights/{version}/manifest  -> 200 that version's manifest; 404 when not kept
+    GET /v1/weights/latest              -> 200 JSON {"manifest": the newest version's
+                                           manifest, null before the first publish}
+    GET /v1/weights/{version}/manifest  -> 200 JSON manifest {"version", "size", "dtypes",
+                                           "pieceBytes", "pieces": [{"offset", "size",
+                                           "sha256"}, ...], "piecesSha256"}; 404 when not
+                                           kept
     GET /v1/weights/{version}/pieces/{i} -> 200 piece i's bytes, headers
                                            X-Longtail-Weights-Version, X-Longtail-Weights-Sha256
                                            (the piece's); 404 when not kept (any more)
+
+The manifest is :class:`~longtail_workers.weights.sync.WeightsManifest` and the latest answer
+:class:`Latest`, written by the wire codec (``longtail_api.wirecodec.to_wire``) and read by it
+(``records.decode``): both ends spell them once.
 
 A version the trainer has announced but not finished hashing (a broadcast's catch-up copy,
 ``store.WeightStore.reserve``) is waited for (at most ``PENDING_WAIT_S``), then answered 503
@@ -29,31 +35,35 @@ raises before anything reaches the model, so the model keeps its previous versio
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from http import HTTPStatus
-from pathlib import Path
+from typing import TypeVar
 
 import torch
 from starlette.routing import Route
 
+from longtail_api.wirecodec import to_wire
 from longtail_workers import httpclient
 from longtail_workers.httprequest import JSONRequestHandler, error_text, fail
 from longtail_workers.httpserver import BackgroundHTTPServer, route
-from longtail_workers.weights.pieces import DEFAULT_PIECE_BYTES, check_layout, tensors_from_bytes
-from longtail_workers.weights.store import PublishedWeights, VersionPending, WeightStore
+from longtail_workers.weights.pieces import check_layout, tensors_from_bytes
+from longtail_workers.weights.records import decode
+from longtail_workers.weights.store import (
+    Delivery,
+    Outgoing,
+    PublishedWeights,
+    VersionPending,
+    WeightStore,
+)
 from longtail_workers.weights.sync import (
     Piece,
-    Published,
     StateDict,
-    TensorMeta,
     TensorStream,
     WeightFetchError,
     WeightIntegrityError,
-    WeightPublisher,
     WeightsManifest,
     WeightSource,
     WeightVersionError,
@@ -61,6 +71,7 @@ from longtail_workers.weights.sync import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LATEST_PATH = "/v1/weights/latest"
 MANIFEST_PATH = "/v1/weights/{version}/manifest"
@@ -72,9 +83,18 @@ PENDING_WAIT_S = 30.0
 """Longest a request for a version still being hashed waits before its 503."""
 
 
-class WeightServer(WeightPublisher, BackgroundHTTPServer):
-    """Serves a :class:`WeightStore` over HTTP; ``publish`` goes straight to the store."""
+@dataclass(frozen=True)
+class Latest:
+    """Body of ``GET /v1/weights/latest``."""
 
+    manifest: WeightsManifest | None
+    """The newest version's manifest; null before the first publish."""
+
+
+class WeightServer(Delivery, BackgroundHTTPServer):
+    """Serves a :class:`WeightStore`'s versions over HTTP: the store's HTTP delivery."""
+
+    transport = "http"
     service = "weight server"
     thread_name = "weights-http"
     started_log = "policy weights served on %s"
@@ -83,16 +103,16 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
 
     def __init__(
         self,
+        store: WeightStore,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        keep_last: int = 2,
-        piece_bytes: int = DEFAULT_PIECE_BYTES,
         request_timeout_s: float = 300.0,
-        spool_dir: Path | None = None,
     ) -> None:
         super().__init__(host, port, request_timeout_s=request_timeout_s)
-        self.store = WeightStore(keep_last=keep_last, piece_bytes=piece_bytes, spool_dir=spool_dir)
+        self.store = store
+        """The store whose versions this server serves (it reads them on request)."""
+        store.attach(self)
 
     def routes(self) -> list[Route]:
         return [
@@ -102,15 +122,16 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
         ]
 
     def _latest(self, handler: JSONRequestHandler) -> None:
-        handler.send_json(HTTPStatus.OK, self._stored(None).manifest.to_dict())
+        entry = self._stored(None)
+        handler.send_json(HTTPStatus.OK, to_wire(Latest(None if entry is None else entry.manifest)))
 
     def _manifest(self, handler: JSONRequestHandler) -> None:
-        entry = self._stored(handler.params["version"])
-        handler.send_json(HTTPStatus.OK, entry.manifest.to_dict())
+        entry = self._kept(handler.params["version"])
+        handler.send_json(HTTPStatus.OK, to_wire(entry.manifest))
 
     def _piece(self, handler: JSONRequestHandler) -> None:
         version, index = handler.params["version"], handler.params["index"]
-        entry = self._stored(version)
+        entry = self._kept(version)
         count = len(entry.manifest.pieces)
         if index >= count:
             fail(HTTPStatus.NOT_FOUND, f"version {version} has {count} pieces, no piece {index}")
@@ -119,9 +140,10 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
         headers = {VERSION_HEADER: str(version), CHECKSUM_HEADER: piece.sha256}
         handler.send_body(HTTPStatus.OK, body, "application/octet-stream", headers)
 
-    def _stored(self, version: int | None) -> PublishedWeights:
-        """``version`` (None: the newest) from the store, waiting while it is hashed: 503 with
-        ``Retry-After`` past the wait (the client retries any 5xx), 404 when not kept."""
+    def _stored(self, version: int | None) -> PublishedWeights | None:
+        """``version`` (None: the newest, itself None before the first publish) from the store,
+        waiting while it is hashed: 503 with ``Retry-After`` past the wait (the client retries
+        any 5xx), 404 when not kept."""
         try:
             if version is None:
                 entry = self.store.latest(wait_s=PENDING_WAIT_S)
@@ -129,21 +151,21 @@ class WeightServer(WeightPublisher, BackgroundHTTPServer):
                 entry = self.store.get(version, wait_s=PENDING_WAIT_S)
         except VersionPending as exc:
             fail(HTTPStatus.SERVICE_UNAVAILABLE, str(exc), {"Retry-After": "1"})
-        if entry is None and version is None:
-            fail(HTTPStatus.NOT_FOUND, f"{NOTHING_PUBLISHED}; retry later")
-        if entry is None:
+        if entry is None and version is not None:
             kept = self.store.versions()
             fail(HTTPStatus.NOT_FOUND, f"version {version} is not kept; kept versions: {kept}")
         return entry
 
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Published:
-        return self.store.publish(version, state_dict)
+    def _kept(self, version: int) -> PublishedWeights:
+        entry = self._stored(version)
+        assert entry is not None  # _stored answered 404 otherwise
+        return entry
 
-    def publish_stream(
-        self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
-    ) -> Published:
-        """Pieces packed and hashed as the stream (a sharded trainer's gather) produces them."""
-        return self.store.publish_stream(version, layout, tensors)
+    def send(self, out: Outgoing, tensors: TensorStream | None) -> None:
+        """Nothing to push: the workers pull ``out`` from the store when they need it."""
+
+    def close(self) -> None:
+        self.stop()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop serving and close the socket (idempotent); ``start()`` may be called again."""
@@ -181,14 +203,11 @@ class HttpWeightClient(WeightSource):
         """The newest advertised version, or ``None`` when nothing is published yet."""
         answer = self._get(LATEST_PATH)
         if answer.status == 404:
-            text = error_text(answer.body)
-            if text.startswith(NOTHING_PUBLISHED):
-                return None
             raise WeightFetchError(
-                f"{self.base_url}{LATEST_PATH} answered 404 ({text}); is {self.base_url} the "
-                "trainer's weight server?"
+                f"{self.base_url}{LATEST_PATH} answered 404 ({error_text(answer.body)}); is "
+                f"{self.base_url} the trainer's weight server?"
             )
-        return self._manifest(answer, LATEST_PATH)
+        return self._read(Latest, answer, LATEST_PATH).manifest
 
     def manifest(self, version: int) -> WeightsManifest:
         """``version``'s manifest (:class:`WeightVersionError` when it is not kept)."""
@@ -200,7 +219,7 @@ class HttpWeightClient(WeightSource):
                 requested=version,
                 received=None,
             )
-        manifest = self._manifest(answer, path)
+        manifest = self._read(WeightsManifest, answer, path)
         if manifest.version != version:
             raise WeightVersionError(
                 f"asked {self.base_url} for policy version {version}, got version "
@@ -348,18 +367,10 @@ class HttpWeightClient(WeightSource):
         self.count_refused()
         return exc
 
-    def _manifest(self, answer: httpclient.Response, path: str) -> WeightsManifest:
+    def _read(self, cls: type[T], answer: httpclient.Response, path: str) -> T:
         try:
-            obj = json.loads(answer.body)
-            return WeightsManifest(
-                version=int(obj["version"]),
-                size=int(obj["size"]),
-                dtypes={str(k): str(v) for k, v in obj["dtypes"].items()},
-                piece_bytes=int(obj.get("piece_bytes", 0)),
-                pieces=tuple(Piece(int(o), int(n), str(d)) for o, n, d in obj.get("pieces", [])),
-                pieces_sha256=str(obj.get("pieces_sha256", "")),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return decode(cls, answer.body, "body")
+        except ValueError as exc:  # a ProtocolError names the field
             raise WeightFetchError(
                 f"unreadable manifest from {self.base_url}{path}: {exc}"
             ) from exc

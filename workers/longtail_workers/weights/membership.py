@@ -1,12 +1,12 @@
 """Who receives a broadcast policy version: the job's rendezvous store, members, attempts, groups.
 
-The trainer's :class:`~longtail_workers.weights.broadcast.BroadcastPublisher` hosts a
+The trainer's :class:`~longtail_workers.weights.broadcast.Broadcast` hosts a
 ``torch.distributed.TCPStore`` (:class:`Roster`) on ``--weight-sync-port``; each rollout
 worker's :class:`~longtail_workers.weights.broadcast_source.BroadcastSource` connects to it
 (:class:`Registration`), registers under its worker name, beats every ~0.5 s and publishes the
-version it holds. Every broadcast attempt is announced as an :class:`AttemptRecord`; its members
-acknowledge (saying which group they hold), the trainer writes the final member list and the
-group to use (:class:`Go`): the group of an earlier attempt when the members are exactly its
+version it holds. Every broadcast attempt is announced as an ``AttemptRecord``; its members
+acknowledge (``Ack``: which group they hold), the trainer writes the final member list and the
+group to use (``Go``): the group of an earlier attempt when the members are exactly its
 members and every one of them still holds it, else a FRESH process group built for this attempt
 (:func:`attempt_group`) from a ``PrefixStore`` of the same store. Never the default process group
 (a sharded trainer's FSDP owns it); a join, restart or loss of a worker changes the members and
@@ -14,21 +14,20 @@ so builds a new group, and a group that failed once is dropped on both sides.
 (:class:`KeptGroup`: building a group is a rendezvous of every member, and NCCL's costs seconds.)
 
 Store keys (all under ``ws/``): ``nreg`` counter and ``reg/<i>`` names; ``beat/<name>``
-counters; ``held/<name>`` versions; ``attempt`` counter; ``attempt/<n>/record``,
-``attempt/<n>/ack/<name>`` (the attempt whose group it holds, 0 for none), ``attempt/<n>/go``,
-``attempt/<n>/done/<name>`` (``ok`` or the error) and ``attempt/<n>/pg/`` (a fresh group's own
-rendezvous).
+counters; ``held/<name>`` (``Held``); ``attempt`` counter; ``attempt/<n>/record``,
+``attempt/<n>/ack/<name>``, ``attempt/<n>/go``, ``attempt/<n>/done/<name>`` (the member's
+``Report``) and ``attempt/<n>/pg/`` (a fresh group's own rendezvous). The records are
+``records.py``'s, written and read only through its ``encode``/``decode``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -43,6 +42,7 @@ from torch._C._distributed_c10d import (
 )
 
 from longtail_api import podenv, rendezvous
+from longtail_workers.weights.records import Held, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -103,55 +103,6 @@ def sync_port(flag: int | None) -> int:
     if not raw.isdigit() or int(raw) > 65535:
         raise ValueError(f"{PORT_ENV}={raw!r}: not a port number (0-65535; 0 picks a free one)")
     return int(raw)
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    """What the trainer announces for one broadcast attempt."""
-
-    version: int
-    """The policy version this attempt carries."""
-    size: int
-    """Length of its canonical bytes."""
-    bucket_bytes: int
-    """Bytes per bucket (the last may be shorter)."""
-    members: list[str]
-    """Worker names asked to receive, in rank order (rank 0 is the trainer)."""
-    device: str
-    """``cpu`` (gloo) or ``cuda`` (NCCL): where the buckets live on both sides."""
-
-    def dumps(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def loads(cls, text: bytes | str) -> AttemptRecord:
-        obj = json.loads(text)
-        return cls(
-            version=int(obj["version"]),
-            size=int(obj["size"]),
-            bucket_bytes=int(obj["bucket_bytes"]),
-            members=[str(m) for m in obj["members"]],
-            device=str(obj["device"]),
-        )
-
-
-@dataclass(frozen=True)
-class Go:
-    """The trainer's word to start an attempt."""
-
-    members: list[str]
-    """The members that acknowledged, in rank order (rank 0 is the trainer)."""
-    group: int
-    """The attempt whose group they use: this attempt's own number for a fresh group, an
-    earlier one's when these are exactly its members and each acknowledged holding it."""
-
-    def dumps(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def loads(cls, text: bytes | str) -> Go:
-        obj = json.loads(text)
-        return cls(members=[str(m) for m in obj["members"]], group=int(obj["group"]))
 
 
 @dataclass(frozen=True)
@@ -231,9 +182,10 @@ class Roster:
 
     def held(self, name: str) -> int | None:
         """The version ``name`` last reported holding (None: none yet)."""
-        if not self._poller.check([held_key(name)]):
+        key = held_key(name)
+        if not self._poller.check([key]):
             return None
-        return int(self._poller.get(held_key(name)))
+        return decode(Held, self._poller.get(key), key).version
 
     def close(self) -> None:
         self._stop.set()
@@ -306,7 +258,7 @@ class Registration:
                 store.add(beat_key(self.name), 1)
                 if self._held is not None and self._held != sent:
                     sent = self._held
-                    store.set(held_key(self.name), str(sent))
+                    store.set(held_key(self.name), encode(Held(sent)))
         finally:
             self.registered.clear()
 

@@ -1,10 +1,12 @@
 """The weight-sync interface: the trainer publishes policy versions, rollout workers load them.
 
-The trainer calls :meth:`WeightPublisher.publish` after each optimiser step; a rollout worker
-calls :meth:`WeightSource.load_into` between rollouts (never during one). Two transports
-implement the pair: ``http_sync`` (the trainer serves versions over HTTP, workers pull; the
-default, works anywhere) and ``broadcast`` (buckets on a process group of its own per attempt,
-with HTTP catch-up).
+The trainer streams each version into its :class:`WeightPublisher` (the one implementation is
+``store.WeightStore``: :meth:`WeightPublisher.publish_stream` after each optimiser step, from
+``trainer/group.py``); the store's deliveries take it to the workers (``http_sync``: the
+trainer serves versions over HTTP, workers pull, the default, works anywhere; ``broadcast``:
+buckets on a process group of its own per attempt, with HTTP catch-up). A rollout worker calls
+:meth:`WeightSource.load_into` between rollouts (never during one). ``plan.py`` decides which
+transport a job uses, for both sides.
 
 The guarantee every transport gives, and the reason this module exists: **a rollout worker
 never generates with a mix of versions.** :func:`apply_state_dict` (used by every
@@ -28,6 +30,8 @@ from typing import TypeVar
 
 import torch
 from torch import nn
+
+from longtail_api.wirecodec import Count
 
 StateDict = dict[str, torch.Tensor]
 T = TypeVar("T")
@@ -75,9 +79,9 @@ class WeightMismatchError(WeightSyncError, ValueError):
 class Piece:
     """One piece of a published version: a byte range of its canonical bytes and its sha256."""
 
-    offset: int
+    offset: Count
     """First byte of the piece within the canonical bytes."""
-    size: int
+    size: Count
     """Length in bytes (the version's ``piece_bytes``; the last piece may be shorter)."""
     sha256: str
     """sha256 (hex) of those bytes: a receiver refuses the piece (and the version) otherwise."""
@@ -138,14 +142,15 @@ class SyncPhases:
 
 @dataclass(frozen=True)
 class WeightsManifest:
-    """What the trainer advertises about one published version (the HTTP catch-up copy)."""
+    """What the trainer advertises about one published version (the HTTP copy): the body of
+    ``GET /v1/weights/latest``, JSON by the wire codec (``records.encode``/``decode``)."""
 
-    version: int
-    size: int
+    version: Count
+    size: Count
     """Length of the canonical safetensors bytes (``weights.checksum``)."""
     dtypes: dict[str, str]
     """``{name: dtype}``, e.g. ``{"lm_head.weight": "bfloat16"}``."""
-    piece_bytes: int = 0
+    piece_bytes: Count = 0
     """Size of each piece (0: published without pieces, by a transport that sends it whole)."""
     pieces: tuple[Piece, ...] = ()
     """The canonical bytes cut every ``piece_bytes`` (tensors larger than a piece span
@@ -154,16 +159,6 @@ class WeightsManifest:
     """:func:`pieces_checksum` of ``pieces``: the version's checksum a receiver verifies once
     every piece has matched its own sha256 (it commits to every byte without hashing the whole
     version a second time)."""
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "version": self.version,
-            "size": self.size,
-            "dtypes": dict(self.dtypes),
-            "piece_bytes": self.piece_bytes,
-            "pieces": [[p.offset, p.size, p.sha256] for p in self.pieces],
-            "pieces_sha256": self.pieces_sha256,
-        }
 
 
 CONTENT_TIMEOUT_S = 600.0
@@ -230,18 +225,12 @@ class WeightPublisher(abc.ABC):
     """Trainer side: make a new policy version available to rollout workers."""
 
     @abc.abstractmethod
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Published:
-        """Publish ``state_dict`` as ``version`` (strictly greater than the last one)."""
-
     def publish_stream(
         self, version: int, layout: Sequence[TensorMeta], tensors: TensorStream
     ) -> Published:
-        """Publish ``version`` from a stream of whole tensors in ``layout`` order, without a
-        whole state dict in memory (the sharded trainer's way). This fallback collects the
-        stream; transports override it to pack as the tensors arrive."""
-        names = [m.name for m in layout]
-        collected = {m.name: t.to(m.dtype) for m, t in zip(layout, tensors(), strict=True)}
-        return self.publish(version, {n: collected[n] for n in names})
+        """Publish ``version`` (strictly greater than the last one) from a stream of whole
+        tensors in ``layout`` order (``pieces.canonical_layout``'s), without a whole state
+        dict in memory (``store.publish_state_dict`` publishes a state dict this way)."""
 
 
 class WeightSource(abc.ABC):

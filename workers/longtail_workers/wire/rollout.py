@@ -1,7 +1,8 @@
 """JSON form of the rollout worker's ``POST /v1/generate``: the trainer <-> rollout contract.
 
 The step driver (``trainer/dispatch.py``) sends one :class:`GenerateCall` per worker shard;
-the rollout service (``rollout/service.py``) answers with a :class:`GenerateReply`. Both sides
+the rollout service (``rollout/service.py``) answers with the :class:`GenerateReply` its
+worker builds (``rollout/control.py``, the engine's figures by :meth:`EngineDelta.of`). Both sides
 read and write them with ``longtail_api.wirecodec``, so a field is spelled once. Keys are
 camelCase like the other worker APIs. A call names the policy version the answers must come
 from: the worker loads exactly that version before it generates (never a mix of versions
@@ -11,6 +12,7 @@ within one call).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +24,7 @@ from longtail_workers.engine.interface import (
     GenerationResult,
     InvalidRequestError,
 )
+from longtail_workers.engine.stats import RolloutStats
 
 GENERATE_PATH = "/v1/generate"
 WIRE_FIELDS = {f.name: json_name(f) for f in dataclasses.fields(GenerationRequest)}
@@ -128,6 +131,34 @@ class EngineDelta:
     """The speculation split by draft source (``longtail_api.policies.DRAFT_SOURCES``:
     ``learned``, ``history``); a source that drafted nothing is absent (and so is the whole
     field in a reply from a worker older than the split)."""
+
+    @classmethod
+    def of(cls, call: RolloutStats, seconds: float, policy_load_seconds: float) -> EngineDelta:
+        """The figures of one call from the engine's stats of that call alone
+        (``RolloutStats.since``)."""
+        hist = call.accepted_length_hist
+        rows = sum(hist.values())
+        by_source: dict[str, SourceDelta] = {}
+        for source in sorted(set(call.source_sd_tokens) | set(call.source_accepted_hist)):
+            accepted = call.source_accepted_hist.get(source, Counter[int]())
+            part = SourceDelta(
+                call.source_sd_tokens.get(source, 0),
+                sum(k * c for k, c in accepted.items()),
+                sum(accepted.values()),
+            )
+            if part.sd_tokens or part.accepted_rows:
+                by_source[source] = part
+        return cls(
+            seconds=seconds,
+            decode_steps=call.steps,
+            sd_steps=call.sd_steps,
+            tokens=call.tokens,
+            sd_tokens=call.sd_tokens,
+            mean_accepted_length=sum(k * c for k, c in hist.items()) / rows if rows else 0.0,
+            accepted_rows=rows,
+            policy_load_seconds=policy_load_seconds,
+            by_source=by_source,
+        )
 
 
 def source_figures(deltas: Sequence[EngineDelta]) -> tuple[dict[str, float], dict[str, float]]:
