@@ -26,6 +26,19 @@ for _path in (_HERE, *sorted(p for p in _HERE.iterdir() if p.is_dir() and p.name
         sys.path.insert(0, str(_path))
 
 
+_SET_NUM_THREADS = torch.set_num_threads
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_set_num_threads_restored() -> Iterator[None]:
+    """torch's own ``set_num_threads`` back after each module: vLLM's CPU worker replaces it
+    with a no-op in the process that builds an engine (``vllm/v1/worker/cpu_worker.py``, after
+    it binds its threads), so a module that ran an in-process vLLM engine would leave every
+    later module's thread settings silently ignored."""
+    yield
+    torch.set_num_threads = _SET_NUM_THREADS
+
+
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
     """A tiny random Qwen2 policy (seed 5, vocabulary 32) with sharp next-token distributions."""
