@@ -2,7 +2,7 @@
 differ, and how close the target's top two tokens were there (issue #53, sitting C).
 
 Called by ``bench/gpu/run.sh`` (stage ``divergence`` of suite ``rl``, after the arms) on a lent
-GPU, and on CPU by its ``--dry-run-cpu`` and ``tests/unit/workers/test_greedy_divergence.py``.
+GPU, and on CPU by its ``--dry-run-cpu`` and ``tests/unit/workers/bench/test_rl_step_bench.py``.
 The first GPU sitting of the RL step found the step-0 greedy eval of the two arms different on
 all 4 prompts in bf16, while ``pytest -m gpu`` (float32) had SD and plain greedy identical. A
 verify step scores k+1 positions in one forward, a decode step one: in bf16 the two reduce in

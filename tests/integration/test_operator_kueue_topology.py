@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from opharness import ALL_PODS, apply, cond, live_pods, pods, wait_phase
+from opharness import ALL_PODS, apply, cond, job, live_pods, pods, wait_phase
 from test_operator_kueue import FakeKueue, install_kueue, queued_job, remove_kueue, the_workload
 
 if TYPE_CHECKING:
@@ -81,9 +81,16 @@ def test_a_trainer_topology_and_a_priority_class_reach_the_workload_and_every_po
         "topology": [{"group": "trainer", "level": BLOCK}],
     }
     apply(cp, m)
-    # The class does not exist yet: no Workload (Kueue needs its value), the job says why.
-    j = wait_phase(cp, ns, "Queued", timeout=60)
-    assert cond(j, "Queued") == ("True", "PriorityClassNotFound")
+    # The class does not exist yet: no Workload (Kueue needs its value), the job says why. The
+    # operator may first say KueueNotInstalled: it learns that the Workload API is served again
+    # (this module installs it after the one before removed it) by its next discovery.
+    wait_phase(cp, ns, "Queued", timeout=60)
+
+    def queued_for_the_class() -> dict[str, Any] | None:
+        j = job(cp, ns)
+        return j if cond(j, "Queued") == ("True", "PriorityClassNotFound") else None
+
+    j = cp.wait_for(queued_for_the_class, timeout=60, what="Queued for the missing class")
     message = next(c["message"] for c in j["status"]["conditions"] if c["type"] == "Queued")
     assert high in message and "PriorityClass" in message
     assert not kueue.workloads() and not pods(cp, ns)

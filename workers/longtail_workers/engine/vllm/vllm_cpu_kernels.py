@@ -11,8 +11,9 @@ on a CPU device); nothing else calls them. GPU builds of vLLM need neither.
   the output stays uninitialised memory, so the target's probabilities on speculative positions
   come out uniform or NaN. Greedy requests are not affected (they take the argmax of the raw
   logits), but sampling at temperature > 0 with a drafter is then not lossless, which
-  ``tests/unit/workers/test_vllm_engine.py``'s chi-square test shows. Registered through vLLM's
-  own ``register_kernels`` hook; arguments are the kernel's own (launch grid dropped).
+  ``tests/unit/workers/engine/test_vllm_engine.py``'s chi-square test shows. Registered
+  through vLLM's own ``register_kernels`` hook; arguments are the kernel's own (launch grid
+  dropped).
 
 * :class:`SeededChunkedPrefill`, for seeded requests whose prefill is split over engine steps.
   When the prompts of one engine step exceed the scheduler's token budget
