@@ -20,32 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from opharness import ALL_PODS, apply, cond, job, live_pods, pods, wait_phase
-from test_operator_kueue import FakeKueue, install_kueue, queued_job, remove_kueue, the_workload
+from test_operator_kueue import FakeKueue, kueue, kueue_crds, queued_job, the_workload
 
 if TYPE_CHECKING:
     from conftest import ControlPlane
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+__all__ = ["kueue", "kueue_crds"]  # the fake Kueue's fixtures, used here too
 
 BLOCK = "network.topology.kubernetes.io/block"
 RESOURCES = {
     "PriorityClass": ("scheduling.k8s.io/v1", "priorityclasses.scheduling.k8s.io"),
     "WorkloadPriorityClass": ("kueue.x-k8s.io/v1beta2", "workloadpriorityclasses.kueue.x-k8s.io"),
 }
-
-
-@pytest.fixture(scope="module")
-def kueue_crds(control_plane: ControlPlane) -> Iterator[None]:
-    install_kueue(control_plane)
-    yield
-    remove_kueue(control_plane)
-
-
-@pytest.fixture
-def kueue(control_plane: ControlPlane, ns: str, kueue_crds: None) -> Iterator[FakeKueue]:
-    k = FakeKueue(control_plane, ns)
-    yield k
-    k.close()
 
 
 @pytest.fixture
