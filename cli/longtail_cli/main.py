@@ -7,6 +7,7 @@ returning an exit code; heavy packages are imported inside the subcommand that n
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -106,7 +107,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except podenv.PodEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return entry(argv)
+    try:
+        return entry(argv)
+    finally:
+        # The process ends next. Its objects go to the permanent generation, which the
+        # interpreter's last collection skips: that collection would otherwise walk torch's and
+        # transformers' whole object graph, the larger part of a worker's exit time
+        # (docs/performance.md, "Test suite time"). The role has closed its files and servers.
+        gc.freeze()
 
 
 def forward_to(target: str, doc: str) -> Callable[[argparse.Namespace], int]:

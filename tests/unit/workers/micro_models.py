@@ -7,8 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from longtail_workers.models.builtin import TinyRecipe
-from longtail_workers.models.recipe import SMALL
-from longtail_workers.models.sft import SftConfig
+from longtail_workers.models.recipe import SMALL, SftConfig
 from longtail_workers.tasks import arith_long
 from longtail_workers.tasks.arith import ArithConfig
 

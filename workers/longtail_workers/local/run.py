@@ -30,8 +30,10 @@ on the disk; the rollout workers left and ``minReplicas``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -42,6 +44,7 @@ import yaml
 
 from longtail_api.context import spec_context_error
 from longtail_api.drafterstatus import describe_refusals
+from longtail_api.policies import DrafterLayout
 from longtail_api.protocol import ProtocolError
 from longtail_api.rendezvous import TrainerRendezvous
 from longtail_api.spec import RLJobSpec
@@ -58,6 +61,9 @@ from longtail_workers.local.report import write_report
 from longtail_workers.local.restarts import Restarts
 from longtail_workers.local.tracking_end import log_report, tracking_switch
 from longtail_workers.models.cache import BuildWaitStopped
+from longtail_workers.models.recipe import BUILD_INFO_FILE, RECIPES, policy_dir
+from longtail_workers.warmstart.recipe import BUILD_INFO_FILE as DRAFTER_BUILD_INFO
+from longtail_workers.warmstart.recipe import builtin_drafter_dir, is_builtin
 from longtail_workers.weights.plan import sync_plan
 
 STOPPED = 130
@@ -290,18 +296,47 @@ def gpu_error(spec: RLJobSpec) -> str | None:
 
 def prepare_builtins(spec: RLJobSpec) -> None:
     """Build the job's ``builtin:`` model and drafter once, here, before any process starts
-    (each would otherwise wait on the other's lock inside its startup timeout)."""
-    if spec.model.path.startswith("builtin:"):
-        from longtail_workers.models.loading import resolve_model_path
+    (each would otherwise wait on the other's lock inside its startup timeout). Whether they
+    are built already is asked of the torch-free recipe modules: the builders' imports (torch,
+    transformers: seconds) are paid only when something is to be built."""
+    model = spec.model.path
+    if model.startswith("builtin:"):
+        if (built := _built_model(model)) is not None:
+            print(f"using {model}, cached in {built}", flush=True)
+        else:
+            from longtail_workers.models.loading import resolve_model_path
 
-        print(f"preparing {spec.model.path} (built once, then cached) ...", flush=True)
-        resolve_model_path(spec.model.path)
+            print(f"preparing {model} (built once, then cached) ...", flush=True)
+            resolve_model_path(model)
     drafter = spec.drafter_training.initial_drafter
-    if drafter and drafter.startswith("builtin:"):
-        from longtail_workers.warmstart.builtin import ensure_builtin_drafter
+    layout = spec.drafter_training.layout
+    if drafter and is_builtin(drafter):
+        if (built := _built_drafter(drafter, layout)) is not None:
+            print(f"using the {drafter} drafter, cached in {built}", flush=True)
+        else:
+            from longtail_workers.warmstart.builtin import ensure_builtin_drafter
 
-        print(f"preparing the {drafter} drafter (fitted once, then cached) ...", flush=True)
-        ensure_builtin_drafter(drafter, spec.drafter_training.layout)
+            print(f"preparing the {drafter} drafter (fitted once, then cached) ...", flush=True)
+            ensure_builtin_drafter(drafter, layout)
+
+
+def _built_model(path: str) -> Path | None:
+    """The directory of ``builtin:<name>`` if it is built and complete, else None (also for an
+    unknown name: the build path names the known ones)."""
+    recipe = RECIPES.get(path.removeprefix("builtin:"))
+    if recipe is None or not (policy_dir(recipe) / BUILD_INFO_FILE).is_file():
+        return None
+    return policy_dir(recipe)
+
+
+def _built_drafter(name: str, layout: DrafterLayout) -> Path | None:
+    """The directory of the built-in drafter ``name`` in ``layout`` if it is fitted and
+    complete, else None."""
+    try:
+        final = builtin_drafter_dir(name, layout)
+    except ValueError:  # not a built-in drafter: ensure_builtin_drafter names the known ones
+        return None
+    return final if (final / DRAFTER_BUILD_INFO).is_file() else None
 
 
 def run(argv: list[str]) -> int:
@@ -400,7 +435,8 @@ def supervise(trainer: Child, children: list[Child], coordinator: Coordinator,
                 trainer.signal(signal.SIGTERM)  # it checkpoints the last completed step
                 asked_stop = below_min = True
                 reason = why
-        time.sleep(0.5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            trainer.proc.wait(0.5)  # the next poll, or at once when the trainer exits
     rc = trainer.proc.wait()
     if rc != 0:
         progress.message(f"trainer failed (exit {rc}):\n{trainer.tail()}")

@@ -42,9 +42,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from longtail_workers.models.cache import build_once, cache_root
+from longtail_workers.models.cache import build_once
 from longtail_workers.models.evaluation import greedy_accuracy
 from longtail_workers.models.recipe import (
+    BUILD_INFO_FILE,
     DEFAULT_RECIPE,
     SMALL,
     PolicyRecipe,
@@ -52,6 +53,7 @@ from longtail_workers.models.recipe import (
     build_device,
     build_estimate,
     model_config,
+    policy_dir,
 )
 from longtail_workers.models.sft import fit
 from longtail_workers.models.tokenizer import build_char_tokenizer
@@ -76,7 +78,6 @@ __all__ = [  # the recipe names are re-exported: callers import them from here
 ]
 
 log = logging.getLogger(__name__)
-BUILD_INFO_FILE = "longtail_build.json"
 _PROSE_STREAM = 7  # seed stream of the prose-ending draw, apart from init and data order
 _SHORTCUT_STREAM = 8  # seed stream of the short-cut draw
 
@@ -140,11 +141,6 @@ def with_shortcuts(items: Sequence[TaskItem], fraction: float, seed: int) -> lis
         dataclasses.replace(item, solution=f"{ANSWER_PREFIX}{item.answer}") if s else item
         for item, s in zip(items, short, strict=True)
     ]
-
-
-def policy_dir(recipe: PolicyRecipe = DEFAULT_RECIPE) -> Path:
-    """Where ``builtin:<recipe.name>`` built with ``recipe`` lives (it may not exist yet)."""
-    return cache_root() / "models" / f"{recipe.name}-{recipe.fingerprint()}"
 
 
 tiny_dir = policy_dir  # its first name, still used by bench/

@@ -16,7 +16,13 @@ Both keep the same two-phase design (worked solutions, then the short-cut mixtur
 :mod:`longtail_workers.models.builtin`), which gives GRPO a style decision to learn.
 
 Called by :mod:`~longtail_workers.models.builtin` (the build), :mod:`~.loading` (the
-``builtin:<name>`` registry), ``warmstart/builtin.py`` (drafter cache names), tests and benches.
+``builtin:<name>`` registry), ``warmstart/recipe.py`` (drafter cache names), the local
+launcher (is a built-in model built already?), tests and benches.
+
+Imports neither torch nor transformers at module level: ``longtail run`` asks
+:func:`policy_dir` whether a built-in model is built before it starts any process, and that
+answer must not cost the seconds of those imports (the functions that build configs and devices
+import them when called).
 """
 
 from __future__ import annotations
@@ -25,18 +31,21 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
-
-from longtail_workers.models.sft import SftConfig
-from longtail_workers.models.tokenizer import build_char_tokenizer
+from longtail_workers.models.cache import cache_root
 from longtail_workers.tasks import arith_long
 from longtail_workers.tasks.arith import ArithConfig, make_item
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase, Qwen2Config
+
 # Bump when the build code changes in a way that changes the weights for the same recipe.
 BUILD_CODE_VERSION = 1
+BUILD_INFO_FILE = "longtail_build.json"
+"""Written last into a built model's directory: its presence means the build is complete."""
 DEVICES = ("cpu", "auto")
 # Knobs added after builtin:tiny first shipped, each with the value that builds as before: a
 # recipe at that value leaves the knob out of its hash, so caches built before stay valid.
@@ -50,6 +59,22 @@ _LATER_KNOBS: dict[str, object] = {
 _LATER_TASK_KNOBS: dict[str, object] = {"label_letters": 1}  # in train_task and task
 H100_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 SXM, FLOP/s
 ASSUMED_MFU = 0.35  # share of that peak the SFT loop is assumed to reach (to be measured)
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    """Optimizer, schedule and batching of a supervised fit (:mod:`~.sft` runs it)."""
+
+    steps: int = 700
+    # 1e-3 is the largest rate at which the copy circuits the task needs form reliably with
+    # ~1k-token batches; 3e-3 was measured to stay noisy and learn far less in 800 steps.
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    decay_fraction: float = 0.5  # the last half of the steps decays linearly...
+    min_lr_ratio: float = 0.1  # ...to lr * min_lr_ratio
+    weight_decay: float = 0.01
+    tokens_per_batch: int = 1024  # padded tokens per step (batch size shrinks for long items)
+    clip_norm: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -139,6 +164,12 @@ RECIPES: dict[str, PolicyRecipe] = {"tiny": TINY, "small": SMALL}
 """``builtin:<name>`` -> its shipped recipe."""
 
 
+def policy_dir(recipe: PolicyRecipe = DEFAULT_RECIPE) -> Path:
+    """Where ``builtin:<recipe.name>`` built with ``recipe`` lives (it may not exist yet; it is
+    complete once it holds :data:`BUILD_INFO_FILE`)."""
+    return cache_root() / "models" / f"{recipe.name}-{recipe.fingerprint()}"
+
+
 def placement(device: str, knob: str) -> torch.device:
     """A built-in artefact's ``device`` knob (``cpu``, or ``auto``: CUDA when a GPU is visible)
     as the device to build on; ValueError naming ``knob`` for any other value."""
@@ -147,6 +178,8 @@ def placement(device: str, knob: str) -> torch.device:
             f"{knob}: {device!r} is not one of {', '.join(DEVICES)} (cpu: always on the CPU; "
             f"auto: CUDA when a GPU is visible)"
         )
+    import torch
+
     if device == "auto" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -159,6 +192,8 @@ def build_device(recipe: PolicyRecipe) -> torch.device:
 
 def model_config(recipe: PolicyRecipe, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
     """The Qwen2 config of the recipe, with the tokenizer's vocabulary and special ids."""
+    from transformers import Qwen2Config
+
     return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,
@@ -176,6 +211,11 @@ def model_config(recipe: PolicyRecipe, tokenizer: PreTrainedTokenizerBase) -> Qw
 
 def parameter_count(recipe: PolicyRecipe) -> int:
     """Parameters of the recipe's model, counted on the meta device (nothing is allocated)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from longtail_workers.models.tokenizer import build_char_tokenizer
+
     with torch.device("meta"):
         model = Qwen2ForCausalLM(model_config(recipe, build_char_tokenizer()))
     return sum(p.numel() for p in model.parameters())

@@ -24,33 +24,17 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from longtail_workers.models.recipe import SftConfig
 from longtail_workers.tasks.arith import TaskItem
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100  # label of prompt and padding positions: no loss there
 Encoded = tuple[list[int], int]  # (prompt + solution + EOS ids, number of prompt tokens)
-
-
-@dataclass(frozen=True)
-class SftConfig:
-    """Optimizer, schedule and batching of a supervised fit."""
-
-    steps: int = 700
-    # 1e-3 is the largest rate at which the copy circuits the task needs form reliably with
-    # ~1k-token batches; 3e-3 was measured to stay noisy and learn far less in 800 steps.
-    lr: float = 1e-3
-    warmup_steps: int = 50
-    decay_fraction: float = 0.5  # the last half of the steps decays linearly...
-    min_lr_ratio: float = 0.1  # ...to lr * min_lr_ratio
-    weight_decay: float = 0.01
-    tokens_per_batch: int = 1024  # padded tokens per step (batch size shrinks for long items)
-    clip_norm: float = 1.0
 
 
 def encode_items(items: Sequence[TaskItem], tokenizer: PreTrainedTokenizerBase) -> list[Encoded]:

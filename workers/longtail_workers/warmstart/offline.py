@@ -44,6 +44,7 @@ from longtail_workers.warmstart.fit import (
     collect_training_sequences,
     fit_drafter,
 )
+from longtail_workers.warmstart.recipe import OfflineFit, Sampling
 
 HOLDOUT_EVERY = 10  # every 10th sampled answer is held out to measure the fit
 _SEED_BASE = 7_000_000  # sampling seeds apart from the RL run's answer seeds
@@ -80,27 +81,6 @@ def heldout_top1(drafter: EagleDrafter, seqs: Sequence[TrainingSequence]) -> flo
     device = next(drafter.parameters()).device  # packed where the drafter runs (CUDA on a GPU)
     share, _ = top1_over(drafter.eval(), windows, row, device)
     return float("nan") if share is None else share
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the policy's answers are sampled: a job's rollout temperature, top-p and seed."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class OfflineFit:
-    """Settings of one offline fit (the ``longtail drafter fit`` options)."""
-
-    steps: int = 600  # AdamW steps
-    batch_size: int = 16  # windows per step
-    learning_rate: float = 3e-4
-    window_tokens: int = 512  # pairs per window
-    max_running: int = 64  # answers sampled at once
-    seed: int = 0  # order of the windows
 
 
 @dataclass

@@ -30,7 +30,8 @@ from longtail_workers.models.builtin import (
 from longtail_workers.models.cache import CACHE_ENV, cache_root
 from longtail_workers.models.evaluation import generate_greedy, greedy_accuracy, math_correct
 from longtail_workers.models.loading import load_policy, resolve_model_path
-from longtail_workers.models.sft import SftConfig, token_budget_batches
+from longtail_workers.models.recipe import SftConfig
+from longtail_workers.models.sft import token_budget_batches
 from longtail_workers.models.tokenizer import build_char_tokenizer
 from longtail_workers.rewards import get_reward
 from longtail_workers.tasks.arith import ArithConfig, generate, make_item
