@@ -37,7 +37,7 @@ test: lint typecheck contracts verify ## Everything CI runs: lint, types, import
 	@# The control-plane tests mostly wait on the API server and the operator (about a third of
 	@# one core in all), so they run beside the unit tests, which keep the terminal; the local
 	@# end-to-end runs, the heaviest on CPU, come last in `unit`, after the control-plane tests
-	@# have ended (docs/testing.md). Each suite prints its own durations list.
+	@# have ended (docs/performance.md, "Test suite time"). Each suite prints its durations list.
 	@mkdir -p $(dir $(ITEST_LOG))
 	@echo "control-plane tests run beside the unit tests; output in $(ITEST_LOG), printed when both end"
 	@$(MAKE) --no-print-directory integration >$(ITEST_LOG) 2>&1 & itest=$$!; \

@@ -14,8 +14,8 @@
   after it answers again (never the step in flight), loading that step's policy version at its
   first call (the row's ``worker_load_s``), and ``rollout_workers`` goes back to 2.
 
-The harness is ``test_local_run.py``'s (a subprocess per run, the run directory's files read
-back); the trainer's pool alone, with stub workers:
+The harness is ``tests/doubles/localrun.py``, shared with ``test_local_run.py`` (a subprocess
+per run, the run directory's files read back); the trainer's pool alone, with stub workers:
 ``tests/unit/workers/trainer/test_elastic_pool.py``.
 """
 
@@ -24,15 +24,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from httpcall import http_json
+from localrun import finish, longtail_run, rows, wait_for
 
 JOB = Path(__file__).resolve().parent / "ci-tiny.yaml"
 pytestmark = pytest.mark.slow
@@ -51,35 +49,6 @@ def elastic_job(tmp_path: Path, total_steps: int, backoff: int, **rollout: Any) 
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def start(job: Path, run_dir: Path) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "longtail_cli.main", "run", str(job), "--output", str(run_dir)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def finish(proc: subprocess.Popen[str], timeout_s: float = 240) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"longtail run did not finish in {timeout_s}s:\n{out}")
-    return proc.returncode, out
-
-
-def rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines(keepends=True) if path.is_file() else []
-    return [json.loads(ln) for ln in lines if ln.strip() and ln.endswith("\n")]
-
-
-def wait_for(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def kill_rollout_1_while_it_generates(run_dir: Path) -> int:
@@ -113,7 +82,7 @@ def test_a_killed_worker_past_its_restarts_shrinks_the_run_which_completes(
     run_dir = tmp_path / "run"
     # Steps after the kill: one that lands as rollout-1 ends its shard shows at the next step.
     job = elastic_job(tmp_path, total_steps=8, backoff=0, minReplicas=1)
-    proc = start(job, run_dir)
+    proc = longtail_run(str(job), "--output", str(run_dir))
     try:
         kill_rollout_1_while_it_generates(run_dir)
     finally:
@@ -143,7 +112,7 @@ def test_a_killed_worker_past_its_restarts_shrinks_the_run_which_completes(
 def test_below_min_replicas_past_the_grace_the_run_checkpoints_and_stops(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     job = elastic_job(tmp_path, total_steps=500, backoff=0, minReplicas=2, belowMinGraceSeconds=2)
-    proc = start(job, run_dir)
+    proc = longtail_run(str(job), "--output", str(run_dir))
     try:
         kill_rollout_1_while_it_generates(run_dir)
     finally:
@@ -168,7 +137,7 @@ def test_below_min_replicas_past_the_grace_the_run_checkpoints_and_stops(tmp_pat
 def test_a_restarted_worker_gets_prompts_from_the_step_after_it_is_back(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     job = elastic_job(tmp_path, total_steps=500, backoff=1)
-    proc = start(job, run_dir)
+    proc = longtail_run(str(job), "--output", str(run_dir))
     back = "rollout worker rollout-1 answers again; back in the pool"
     trainer_log = run_dir / "logs" / "trainer.log"
     try:

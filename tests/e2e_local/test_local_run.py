@@ -43,6 +43,7 @@ from typing import Any
 import pytest
 import yaml
 from httpcall import http_json
+from localrun import finish, longtail_run, rows, wait_for
 from tmpfs import resize, small_disk
 
 HERE = Path(__file__).resolve().parent
@@ -71,51 +72,6 @@ def ci_sized(example: Path, tmp_path: Path, **drafter_training: Any) -> Path:
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     return job
-
-
-def _as_in_a_terminal() -> None:
-    """SIGHUP at its default in the child, as in a terminal session: when the suite itself runs
-    under ``nohup`` the child would inherit SIGHUP ignored, and ``longtail run`` then rightly
-    keeps ignoring it (``local/run.py::stop_signals``), which the SIGHUP test is not about."""
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
-def longtail_run(*args: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "longtail_cli.main", "run", *args]
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=_as_in_a_terminal,
-    )
-
-
-def finish(proc: subprocess.Popen[str], timeout_s: float = 240) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"longtail run did not finish in {timeout_s}s:\n{out}")
-    return proc.returncode, out
-
-
-def rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    lines = path.read_text().splitlines(keepends=True)
-    # A line the trainer is appending meanwhile (no newline yet) is the next read's.
-    return [json.loads(ln) for ln in lines if ln.strip() and ln.endswith("\n")]
-
-
-def wait_for(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def running_children(run_dir: Path) -> list[str]:
