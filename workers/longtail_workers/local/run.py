@@ -324,9 +324,8 @@ def _built_model(path: str) -> Path | None:
     """The directory of ``builtin:<name>`` if it is built and complete, else None (also for an
     unknown name: the build path names the known ones)."""
     recipe = RECIPES.get(path.removeprefix("builtin:"))
-    if recipe is None or not (policy_dir(recipe) / BUILD_INFO_FILE).is_file():
-        return None
-    return policy_dir(recipe)
+    final = policy_dir(recipe) if recipe is not None else None
+    return final if final is not None and (final / BUILD_INFO_FILE).is_file() else None
 
 
 def _built_drafter(name: str, layout: DrafterLayout) -> Path | None:
